@@ -1,0 +1,211 @@
+"""Companion experiment `charlm`: a tiny character LM on eight sentences (../seeds/003).
+
+The document's model is a ModelConfig of the project's TinyGPT: vocab 73, block 32,
+d 64, 4 heads of 16, 4 Pre-LN blocks, q/k/v without bias, output projection with
+bias, FFN 4x with ReLU, dropout 0.1 (attention weights and both residual branches,
+as in the document), untied head with bias, PyTorch's default initialization:
+210,761 parameters.
+
+Text: the eight sentences joined by newlines with a leading and trailing newline
+(162 characters, as the document reports), repeated `repeat` times; the last
+`val_fraction` of the token stream is validation. Vocabulary: sorted distinct
+characters (73). The document does not state the repeat count, the split, the
+optimizer or how its losses were estimated; our choices are recorded in params.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+
+from .config import UserError, require
+from .model import ModelConfig, TinyGPT, generate
+from .training import BatchSampler, fixed_batches
+
+
+@dataclass
+class CharLMConfig:
+    text_file: str = "src/attnrepro/data/charlm_sentences.txt"
+    repeat: int = 100  # unstated in the source ("repeated many times")
+    val_fraction: float = 0.1  # unstated; the last 10% of the repeated stream
+    seed: int = 1337  # model init and dropout
+    batch_seed: int = 1  # training batch order
+    eval_seed: int = 2  # the fixed train/val evaluation batches
+    threads: int = 1
+    block_size: int = 32
+    batch_size: int = 32
+    d_model: int = 64
+    n_head: int = 4
+    n_layer: int = 4
+    mlp_ratio: int = 4
+    dropout: float = 0.1
+    lr: float = 1e-3
+    weight_decay: float = 0.01  # torch.optim.AdamW's default
+    steps: int = 1000
+    eval_every: int = 100
+    eval_batches: int = 20  # per split, fixed batches
+    prompt: str = "我正在学习"
+    gen_tokens: int = 120
+    sample_temperature: float = 1.0
+    sample_seed: int = 0
+    attn_text: str = "自注意力可以让序列"
+    attn_layers: tuple[int, ...] = (0, 3)  # blocks 1 and 4 of the document
+
+    def validate(self, prefix: str = "charlm") -> None:
+        for name in ("repeat", "threads", "block_size", "batch_size", "d_model", "n_head", "n_layer",
+                     "mlp_ratio", "steps", "eval_every", "eval_batches", "gen_tokens"):
+            require(getattr(self, name) > 0, f"{prefix}.{name}", getattr(self, name), "a positive integer")
+        require(0 < self.val_fraction < 1, f"{prefix}.val_fraction", self.val_fraction, "in (0, 1)")
+        require(0 <= self.dropout < 1, f"{prefix}.dropout", self.dropout, "in [0, 1)")
+        require(self.lr > 0, f"{prefix}.lr", self.lr, "a positive number")
+        require(self.weight_decay >= 0, f"{prefix}.weight_decay", self.weight_decay, ">= 0")
+        require(self.sample_temperature > 0, f"{prefix}.sample_temperature", self.sample_temperature,
+                "a positive number (greedy decoding is always written too)")
+        require(self.d_model % self.n_head == 0, f"{prefix}.d_model", self.d_model,
+                f"a multiple of n_head ({self.n_head})")
+        require(0 < len(self.prompt) <= self.block_size, f"{prefix}.prompt", self.prompt,
+                f"1 to block_size ({self.block_size}) characters")
+        require(0 < len(self.attn_text) <= self.block_size, f"{prefix}.attn_text", self.attn_text,
+                f"1 to block_size ({self.block_size}) characters")
+        for i, layer in enumerate(self.attn_layers):
+            require(0 <= layer < self.n_layer, f"{prefix}.attn_layers[{i}]", layer,
+                    f"a layer index in [0, {self.n_layer})")
+
+    def model_config(self, vocab_size: int) -> ModelConfig:
+        return ModelConfig(
+            vocab_size=vocab_size, block_size=self.block_size, d_model=self.d_model, n_head=self.n_head,
+            n_layer=self.n_layer, fused_qkv=False, qkv_bias=False, proj_bias=True,
+            mlp_ratio=self.mlp_ratio, activation="relu", dropout=self.dropout, tie_weights=False,
+            head_bias=True, init="torch")
+
+
+def read_sentences(path) -> list[str]:
+    """Non-empty, non-comment lines of the sentence file."""
+    path = Path(path)
+    if not path.exists():
+        raise UserError(f"charlm.text_file: {path} not found")
+    lines = path.read_text(encoding="utf-8").splitlines()
+    return [ln for ln in lines if ln.strip() and not ln.startswith("#")]
+
+
+def join_text(sentences: list[str]) -> str:
+    """The document's text: sentences on their own lines inside a leading/trailing newline."""
+    return "\n" + "\n".join(sentences) + "\n"
+
+
+class CharVocab:
+    """Sorted distinct characters of the text; unknown characters are an error."""
+
+    def __init__(self, text: str):
+        self.itos = sorted(set(text))
+        self.stoi = {c: i for i, c in enumerate(self.itos)}
+
+    def __len__(self) -> int:
+        return len(self.itos)
+
+    def encode(self, s: str) -> torch.Tensor:
+        missing = sorted(set(s) - set(self.stoi))
+        if missing:
+            raise UserError(f"characters not in the vocabulary: {''.join(missing)!r}")
+        return torch.tensor([self.stoi[c] for c in s], dtype=torch.long)
+
+    def decode(self, ids) -> str:
+        return "".join(self.itos[int(i)] for i in ids)
+
+
+def split_stream(text: str, repeat: int, val_fraction: float, vocab: CharVocab):
+    """Token stream of text * repeat, split into (train, val) with the last fraction as val."""
+    ids = vocab.encode(text * repeat)
+    n_val = max(1, int(round(len(ids) * val_fraction)))
+    return ids[:-n_val], ids[-n_val:]
+
+
+@torch.no_grad()
+def mean_loss(model: TinyGPT, batches) -> float:
+    was = model.training
+    model.eval()
+    losses = [model(x, y)[1].item() for x, y in batches]
+    model.train(was)
+    return sum(losses) / len(losses)
+
+
+@dataclass
+class CharLMRun:
+    history: list[dict]  # eval rows: step, train_loss, val_loss (after `step` updates)
+    steps: list[dict]  # every step: step, loss (training batch, dropout on)
+    seconds: float
+
+
+def train(model: TinyGPT, train_ids: torch.Tensor, val_ids: torch.Tensor, cfg: CharLMConfig,
+          progress: Optional[Callable[[int, float], None]] = None) -> CharLMRun:
+    """AdamW at a constant lr, no clipping, no schedule (the document uses neither)."""
+    sampler = BatchSampler(train_ids, cfg.block_size, cfg.batch_size, seed=cfg.batch_seed)
+    ev_train = fixed_batches(train_ids, cfg.block_size, cfg.batch_size, cfg.eval_batches, seed=cfg.eval_seed)
+    ev_val = fixed_batches(val_ids, cfg.block_size, cfg.batch_size, cfg.eval_batches, seed=cfg.eval_seed + 1)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    history, rows = [], []
+    t0 = time.perf_counter()
+    model.train()
+    for step in range(cfg.steps + 1):
+        if step % cfg.eval_every == 0 or step == cfg.steps:
+            history.append({"step": step, "train_loss": mean_loss(model, ev_train),
+                            "val_loss": mean_loss(model, ev_val)})
+        if step == cfg.steps:
+            break
+        x, y = sampler.next()
+        _, loss = model(x, y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        rows.append({"step": step, "loss": loss.item()})
+        if progress is not None:
+            progress(step, rows[-1]["loss"])
+    model.eval()
+    return CharLMRun(history, rows, time.perf_counter() - t0)
+
+
+def continuations(model: TinyGPT, vocab: CharVocab, cfg: CharLMConfig) -> dict[str, str]:
+    """Greedy and seeded sampled continuations of the prompt (prompt included)."""
+    model.eval()
+    prompt = vocab.encode(cfg.prompt)[None]
+    greedy = generate(model, prompt, cfg.gen_tokens, temperature=0)
+    gen = torch.Generator().manual_seed(cfg.sample_seed)
+    sampled = generate(model, prompt, cfg.gen_tokens, temperature=cfg.sample_temperature, generator=gen)
+    return {"greedy": vocab.decode(greedy[0]), "sampled": vocab.decode(sampled[0])}
+
+
+def verbatim_fraction(generated: str, text: str) -> float:
+    """Longest prefix of `generated` occurring verbatim in `text`, as a fraction of its length."""
+    lo, hi = 0, len(generated)
+    while lo < hi:  # substring-ness of prefixes is monotone: binary search
+        mid = (lo + hi + 1) // 2
+        if generated[:mid] in text:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo / len(generated)
+
+
+def exact_lines(generated: str, sentences: list[str]) -> float:
+    """Fraction of the complete generated lines (all but the unfinished last) that are training sentences."""
+    lines = generated.split("\n")[:-1]
+    lines = [ln for ln in lines if ln]
+    if not lines:
+        return 0.0
+    known = set(sentences)
+    return sum(ln in known for ln in lines) / len(lines)
+
+
+@torch.no_grad()
+def attention_maps(model: TinyGPT, ids: torch.Tensor) -> torch.Tensor:
+    """(n_layer, n_head, T, T) attention weights of one sequence (eval mode)."""
+    model.eval()
+    model.set_record(True)
+    model(ids[None])
+    maps = torch.stack([a.last["weights"][0] for a in model.attentions])
+    model.set_record(False)
+    return maps

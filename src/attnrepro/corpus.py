@@ -1,0 +1,229 @@
+"""The Tang-poetry corpus: fetch, verify, build text, tokenize, split.
+
+Three sources give the same four files of the chinese-poetry collection:
+  npm    the npm package (default), fetched with the machine's own `npm pack`
+         and checked against its pinned sha512 integrity;
+  url    one URL per file, for users with open internet;
+  local  a directory that already holds the files (offline use, tests).
+Every file's SHA-256 is checked against the pinned value before it is used.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import shutil
+import subprocess
+import tarfile
+import tempfile
+import urllib.request
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from .config import UserError, require
+
+PAD, UNK = "<pad>", "<unk>"
+
+
+class CorpusError(UserError):
+    """The corpus source is unusable; the message says what and where."""
+
+
+@dataclass
+class CorpusConfig:
+    source: Literal["npm", "url", "local"] = "npm"
+    npm_package: str = "chinese-poetry@2.0.1"
+    npm_integrity: str = ""
+    npm_dir: str = "package/dist/quantangshi"  # where the files sit inside the tarball
+    url_template: str = ""  # "{name}" is replaced by each file name
+    local_dir: str = ""
+    files: dict[str, str] = field(default_factory=dict)  # file name -> sha256
+    vocab_size: int = 1200
+    val_fraction: float = 0.1
+
+    def validate(self, prefix: str = "corpus") -> None:
+        require(len(self.files) > 0, f"{prefix}.files", self.files, "at least one file: sha256")
+        for name, digest in self.files.items():
+            require(
+                len(digest) == 64 and all(c in "0123456789abcdef" for c in digest),
+                f"{prefix}.files.{name}",
+                digest,
+                "a 64-digit lowercase hex SHA-256",
+            )
+        require(self.vocab_size > 2, f"{prefix}.vocab_size", self.vocab_size, "an integer > 2")
+        require(0 < self.val_fraction < 1, f"{prefix}.val_fraction", self.val_fraction, "in (0, 1)")
+        if self.source == "npm":
+            require(
+                self.npm_integrity.startswith("sha512-"),
+                f"{prefix}.npm_integrity",
+                self.npm_integrity,
+                "'sha512-<base64>' as printed by npm pack",
+            )
+        if self.source == "url":
+            require("{name}" in self.url_template, f"{prefix}.url_template", self.url_template,
+                    "a URL containing {name}")
+        if self.source == "local":
+            require(bool(self.local_dir), f"{prefix}.local_dir", self.local_dir, "a directory path")
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def npm_integrity(path: Path) -> str:
+    h = hashlib.sha512()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return "sha512-" + base64.b64encode(h.digest()).decode()
+
+
+def _fetch_npm(cfg: CorpusConfig, dest: Path, work: Path) -> dict:
+    npm = shutil.which("npm")
+    if npm is None:
+        raise CorpusError("npm is not on PATH: install Node.js, or set corpus.source to 'url' or 'local'")
+    proc = subprocess.run(
+        [npm, "pack", cfg.npm_package, "--json", "--pack-destination", str(work)],
+        capture_output=True, text=True,
+    )
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise CorpusError(f"npm pack {cfg.npm_package} failed: {last}")
+    tarballs = sorted(work.glob("*.tgz"))
+    if len(tarballs) != 1:
+        raise CorpusError(f"npm pack {cfg.npm_package} produced no tarball")
+    got = npm_integrity(tarballs[0])
+    if got != cfg.npm_integrity:
+        raise CorpusError(
+            f"integrity mismatch for {cfg.npm_package}: pinned {cfg.npm_integrity}, got {got}"
+        )
+    with tarfile.open(tarballs[0], "r:gz") as tar:
+        for name in cfg.files:
+            member = f"{cfg.npm_dir}/{name}"
+            try:
+                src = tar.extractfile(member)
+            except KeyError:
+                src = None
+            if src is None:
+                raise CorpusError(f"{member} is missing from {cfg.npm_package}")
+            with open(dest / name, "wb") as out:
+                shutil.copyfileobj(src, out)
+    return {"package": cfg.npm_package, "integrity": got}
+
+
+def _fetch_url(cfg: CorpusConfig, dest: Path) -> dict:
+    for name in cfg.files:
+        url = cfg.url_template.format(name=name)
+        try:
+            with urllib.request.urlopen(url, timeout=60) as r, open(dest / name, "wb") as out:
+                shutil.copyfileobj(r, out)
+        except OSError as e:
+            raise CorpusError(f"cannot download {url}: {e}") from None
+    return {"url_template": cfg.url_template}
+
+
+def _fetch_local(cfg: CorpusConfig, dest: Path) -> dict:
+    src = Path(cfg.local_dir)
+    if not src.is_dir():
+        raise CorpusError(f"corpus.local_dir {src} is not a directory")
+    if not any(src.iterdir()):
+        raise CorpusError(f"corpus.local_dir {src} is empty")
+    for name in cfg.files:
+        if not (src / name).is_file():
+            raise CorpusError(f"{name} is missing from corpus.local_dir {src}")
+        shutil.copyfile(src / name, dest / name)
+    return {"local_dir": str(src)}
+
+
+def fetch(cfg: CorpusConfig, dest: Path) -> dict:
+    """Put the verified source files into `dest`; return a provenance record."""
+    dest.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as work:
+        if cfg.source == "npm":
+            prov = _fetch_npm(cfg, dest, Path(work))
+        elif cfg.source == "url":
+            prov = _fetch_url(cfg, dest)
+        else:
+            prov = _fetch_local(cfg, dest)
+    hashes = {}
+    for name, pinned in cfg.files.items():
+        got = sha256_file(dest / name)
+        if got != pinned:
+            raise CorpusError(f"sha256 mismatch for {name}: pinned {pinned}, got {got}")
+        hashes[name] = got
+    return {"source": cfg.source, **prov, "sha256": hashes}
+
+
+def load_poems(paths: list[Path]) -> list[str]:
+    """Each poem's paragraphs joined by newlines, in file order."""
+    poems = []
+    for path in paths:
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            poems.extend("\n".join(p["paragraphs"]) for p in data)
+        except (ValueError, KeyError, TypeError) as e:
+            raise CorpusError(f"{path.name} is not a chinese-poetry JSON file ({e})") from None
+    if not poems:
+        raise CorpusError("the corpus files hold no poems")
+    return poems
+
+
+@dataclass
+class Tokenizer:
+    itos: list[str]
+
+    @classmethod
+    def build(cls, text: str, vocab_size: int) -> "Tokenizer":
+        """<pad>, <unk>, then the most frequent characters (newline included).
+
+        Ties are broken by code point so the vocabulary never depends on dict order.
+        """
+        counts = Counter(text)
+        ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+        return cls([PAD, UNK] + [c for c, _ in ranked[: vocab_size - 2]])
+
+    @property
+    def stoi(self) -> dict[str, int]:
+        return {c: i for i, c in enumerate(self.itos)}
+
+    def encode(self, text: str) -> np.ndarray:
+        stoi = self.stoi
+        return np.array([stoi.get(c, 1) for c in text], dtype=np.uint16)
+
+    def decode(self, ids) -> str:
+        return "".join(self.itos[int(i)] if int(i) > 1 else "□" for i in ids)
+
+
+def build(poems: list[str], vocab_size: int, val_fraction: float) -> tuple[Tokenizer, dict, dict]:
+    """Text -> tokenizer, token arrays {train, val}, and corpus metrics."""
+    text = "\n".join(poems)
+    tok = Tokenizer.build(text, vocab_size)
+    ids = tok.encode(text)
+    n_val = max(1, int(round(len(ids) * val_fraction)))
+    if n_val >= len(ids) - 1:
+        raise CorpusError(f"corpus.val_fraction {val_fraction} leaves no training tokens ({len(ids)} in all)")
+    chars = Counter(text.replace("\n", ""))
+    kept = set(tok.itos[2:])
+    n_chars = sum(chars.values())
+    metrics = {
+        "poems": len(poems),
+        "chars": n_chars,
+        "tokens": len(ids),
+        "distinct_chars": len(chars),
+        "vocab_size": len(tok.itos),
+        # share of the poems' characters (newlines aside) that the vocabulary keeps
+        "coverage": sum(n for c, n in chars.items() if c in kept) / n_chars,
+        "unk_rate": float((ids == 1).mean()),
+        "train_tokens": len(ids) - n_val,
+        "val_tokens": n_val,
+    }
+    return tok, {"train": ids[: len(ids) - n_val], "val": ids[len(ids) - n_val :]}, metrics

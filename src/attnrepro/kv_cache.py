@@ -1,0 +1,191 @@
+"""A preallocated KV cache for TinyGPT generation (§1.8.7) and per-token latency.
+
+`TinyGPT.forward(idx, kv_caches=[one cache per layer])` calls
+`cache.append(k, v)` with k, v of shape (B, H, T_new, d_head) and attends over
+what it returns; it reads `kv_caches[0].length` as the position offset. The
+cache allocates (B, H, max_len, d_head) for K and for V once, so its memory is
+exactly eq. 1.20 with seq_len = max_len, and a decoding step costs O(context)
+instead of re-running the whole prefix (O(context^2) attention + O(context) MLP).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+
+from .memory import kv_cache_bytes
+from .model import TinyGPT
+
+
+class KVCache:
+    """K and V of one layer for positions 0..length-1, in preallocated buffers."""
+
+    def __init__(self, batch: int, n_head: int, max_len: int, d_head: int, *,
+                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+        if min(batch, n_head, max_len, d_head) <= 0:
+            raise ValueError("KVCache sizes must be positive")
+        self.k = torch.zeros(batch, n_head, max_len, d_head, dtype=dtype, device=device)
+        self.v = torch.zeros_like(self.k)
+        self.max_len = max_len
+        self.length = 0
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store the new positions; return K, V of all positions so far (views, no copy)."""
+        B, H, T, D = k.shape
+        if (B, H, D) != (self.k.shape[0], self.k.shape[1], self.k.shape[3]) or v.shape != k.shape:
+            raise ValueError(f"KVCache.append: got k {tuple(k.shape)}, v {tuple(v.shape)} for a cache "
+                             f"of {tuple(self.k.shape)}")
+        end = self.length + T
+        if end > self.max_len:
+            raise ValueError(f"KVCache full: {self.length} + {T} positions > max_len {self.max_len}")
+        self.k[:, :, self.length:end] = k
+        self.v[:, :, self.length:end] = v
+        self.length = end
+        return self.k[:, :, :end], self.v[:, :, :end]
+
+    def truncate(self, length: int) -> None:
+        """Forget positions >= length (they are overwritten by the next append)."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"KVCache.truncate: {length} not in [0, {self.length}]")
+        self.length = length
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the two buffers (their storages, not just the used part)."""
+        return self.k.untyped_storage().nbytes() + self.v.untyped_storage().nbytes()
+
+
+def make_caches(model: TinyGPT, batch: int, max_len: Optional[int] = None, *,
+                dtype: Optional[torch.dtype] = None) -> list[KVCache]:
+    """One cache per layer, sized for `max_len` positions (default: block_size)."""
+    cfg = model.cfg
+    max_len = cfg.block_size if max_len is None else max_len
+    p = next(model.parameters())
+    return [KVCache(batch, cfg.n_head, max_len, cfg.d_head, dtype=dtype or p.dtype, device=p.device)
+            for _ in range(cfg.n_layer)]
+
+
+def caches_nbytes(caches: list[KVCache]) -> int:
+    return sum(c.nbytes for c in caches)
+
+
+def formula_nbytes(model: TinyGPT, batch: int, max_len: int, bytes_per_elem: int) -> int:
+    cfg = model.cfg
+    return kv_cache_bytes(cfg.n_layer, cfg.n_head, cfg.d_head, max_len, bytes_per_elem, batch)
+
+
+def _next_token(logits: torch.Tensor, temperature: float, top_k: Optional[int],
+                generator: Optional[torch.Generator]) -> torch.Tensor:
+    """The same sampling rule as model.generate (greedy when temperature == 0)."""
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = logits / temperature
+    if top_k is not None:
+        kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return torch.multinomial(F.softmax(logits, dim=-1), 1, generator=generator)
+
+
+@torch.no_grad()
+def generate_cached(model: TinyGPT, idx: torch.Tensor, max_new_tokens: int, *, temperature: float = 0.0,
+                    top_k: Optional[int] = None, generator: Optional[torch.Generator] = None,
+                    caches: Optional[list[KVCache]] = None) -> torch.Tensor:
+    """model.generate with a KV cache: prefill the prompt once, then one token per step.
+
+    Learned positions cannot slide, so prompt + new tokens must fit in block_size
+    (model.generate crops the context instead; within block_size both agree).
+    """
+    total = idx.shape[1] + max_new_tokens
+    if total > model.cfg.block_size:
+        raise ValueError(f"generate_cached: {total} tokens exceed block_size {model.cfg.block_size}")
+    if max_new_tokens <= 0:
+        return idx
+    caches = caches if caches is not None else make_caches(model, idx.shape[0], total)
+    logits, _ = model(idx, kv_caches=caches)
+    out = [idx]
+    for step in range(max_new_tokens):
+        nxt = _next_token(logits[:, -1, :], temperature, top_k, generator)
+        out.append(nxt)
+        if step + 1 < max_new_tokens:
+            logits, _ = model(nxt, kv_caches=caches)
+    return torch.cat(out, dim=1)
+
+
+# ---------------------------------------------------------------- latency
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _median_ms(fn: Callable[[], None], reps: int, warmup: int, device: str) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        _sync(device)
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(1000 * (time.perf_counter() - t0))
+    return statistics.median(times)
+
+
+@torch.no_grad()
+def step_latency(model: TinyGPT, context: int, *, reps: int, warmup: int, seed: int = 0) -> dict:
+    """Time of producing the logits of the next token when `context` tokens are known.
+
+    uncached_ms: a forward over all `context` tokens (what model.generate does);
+    cached_ms: one token through the model with the first context-1 positions
+    already in a KV cache (the cache is rolled back before every repetition).
+    """
+    dev = str(next(model.parameters()).device)
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.randint(model.cfg.vocab_size, (1, context), generator=g).to(dev)
+    caches = make_caches(model, 1, context)
+    if context > 1:
+        model(idx[:, :-1], kv_caches=caches)
+    last = idx[:, -1:]
+
+    def cached() -> None:
+        for c in caches:
+            c.truncate(context - 1)
+        model(last, kv_caches=caches)
+
+    return {"context": context,
+            "uncached_ms": _median_ms(lambda: model(idx), reps, warmup, dev),
+            "cached_ms": _median_ms(cached, reps, warmup, dev)}
+
+
+@torch.no_grad()
+def generation_time(model: TinyGPT, prompt_len: int, new_tokens: int, *, cached: bool, seed: int = 0) -> float:
+    """Seconds to generate `new_tokens` greedily after a random prompt."""
+    from .model import generate
+
+    dev = str(next(model.parameters()).device)
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.randint(model.cfg.vocab_size, (1, prompt_len), generator=g).to(dev)
+    _sync(dev)
+    t0 = time.perf_counter()
+    if cached:
+        generate_cached(model, idx, new_tokens, temperature=0)
+    else:
+        generate(model, idx, new_tokens, temperature=0)
+    _sync(dev)
+    return time.perf_counter() - t0
+
+
+def cuda_cache_alloc(model: TinyGPT, batch: int, max_len: int) -> dict:
+    """On CUDA: torch.cuda.memory_allocated before/after building the caches."""
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    caches = make_caches(model, batch, max_len)
+    torch.cuda.synchronize()
+    delta = torch.cuda.memory_allocated() - before
+    out = {"cuda_allocated_delta": delta, "nbytes": caches_nbytes(caches)}
+    del caches
+    return out

@@ -1,0 +1,211 @@
+"""TinyGPT: the chapter's small decoder-only model, configurable enough to also be
+the companion documents' models (separate/fused projections, biases, untied head).
+
+Pre-LN blocks: x = x + attn(ln1(x)); x = x + mlp(ln2(x)).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal, Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .attention import BUGS, attention, fused_attention
+from .config import require
+
+
+@dataclass
+class ModelConfig:
+    vocab_size: int = 1200
+    block_size: int = 64
+    d_model: int = 128
+    n_head: int = 4
+    n_layer: int = 2
+    scaled: bool = True  # divide scores by sqrt(d_head)
+    bug: str = "correct"  # injected failure mode, see attention.BUGS
+    causal: bool = True
+    impl: Literal["manual", "fused"] = "manual"  # fused = F.scaled_dot_product_attention
+    fused_qkv: bool = True  # one Linear(d, 3d) or three Linear(d, d)
+    qkv_bias: bool = False
+    proj_bias: bool = False
+    mlp_ratio: int = 2
+    activation: Literal["gelu", "relu"] = "gelu"
+    dropout: float = 0.0
+    tie_weights: bool = True
+    head_bias: bool = False
+    init_std: float = 0.02
+    # gpt2: N(0, init_std), residual projections N(0, init_std/sqrt(2 n_layer));
+    # normal: every weight N(0, init_std); torch: PyTorch's own defaults
+    init: Literal["gpt2", "normal", "torch"] = "gpt2"
+
+    @property
+    def d_head(self) -> int:
+        return self.d_model // self.n_head
+
+    def validate(self, prefix: str = "model") -> None:
+        for name in ("vocab_size", "block_size", "d_model", "n_head", "n_layer", "mlp_ratio"):
+            val = getattr(self, name)
+            require(val > 0, f"{prefix}.{name}", val, "a positive integer")
+        require(
+            self.d_model % self.n_head == 0,
+            f"{prefix}.d_model",
+            self.d_model,
+            f"a multiple of n_head ({self.n_head})",
+        )
+        require(self.bug in BUGS, f"{prefix}.bug", self.bug, "one of " + ", ".join(BUGS))
+        require(0.0 <= self.dropout < 1.0, f"{prefix}.dropout", self.dropout, "in [0, 1)")
+        require(self.init_std > 0, f"{prefix}.init_std", self.init_std, "a positive number")
+        require(
+            self.impl == "manual" or self.bug == "correct",
+            f"{prefix}.impl",
+            self.impl,
+            "'manual' when a bug is injected (the fused kernel cannot inject bugs)",
+        )
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        d = cfg.d_model
+        if cfg.fused_qkv:
+            self.qkv = nn.Linear(d, 3 * d, bias=cfg.qkv_bias)
+        else:
+            self.q = nn.Linear(d, d, bias=cfg.qkv_bias)
+            self.k = nn.Linear(d, d, bias=cfg.qkv_bias)
+            self.v = nn.Linear(d, d, bias=cfg.qkv_bias)
+        self.proj = nn.Linear(d, d, bias=cfg.proj_bias)
+        self.attn_drop = nn.Dropout(cfg.dropout)
+        self.record = False
+        self.last: Optional[dict] = None  # weights and logits of the last recorded call
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v split into heads: each (B, H, T, d_head)."""
+        B, T, d = x.shape
+        if self.cfg.fused_qkv:
+            q, k, v = self.qkv(x).split(d, dim=2)
+        else:
+            q, k, v = self.q(x), self.k(x), self.v(x)
+        H = self.cfg.n_head
+        return tuple(t.view(B, T, H, d // H).transpose(1, 2) for t in (q, k, v))
+
+    def forward(self, x: torch.Tensor, kv_cache=None) -> torch.Tensor:
+        cfg = self.cfg
+        q, k, v = self.project(x)
+        if kv_cache is not None:
+            k, v = kv_cache.append(k, v)
+        if cfg.impl == "fused" and not self.record and not (self.training and cfg.dropout > 0):
+            y = fused_attention(q, k, v, scaled=cfg.scaled, causal=cfg.causal)
+        else:
+            res = attention(q, k, v, scaled=cfg.scaled, causal=cfg.causal, bug=cfg.bug)
+            if self.record:
+                self.last = {"weights": res.weights.detach(), "logits": res.logits.detach(),
+                             "q": q.detach(), "k": k.detach()}
+            y = self.attn_drop(res.weights) @ v if cfg.dropout > 0 and self.training else res.out
+        B, H, T, dh = y.shape
+        return self.proj(y.transpose(1, 2).reshape(B, T, H * dh))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        d = cfg.d_model
+        self.ln1 = nn.LayerNorm(d)
+        self.attn = SelfAttention(cfg)
+        self.ln2 = nn.LayerNorm(d)
+        act = nn.GELU() if cfg.activation == "gelu" else nn.ReLU()
+        self.mlp = nn.Sequential(nn.Linear(d, cfg.mlp_ratio * d), act, nn.Linear(cfg.mlp_ratio * d, d))
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor, kv_cache=None) -> torch.Tensor:
+        x = x + self.drop(self.attn(self.ln1(x), kv_cache))
+        return x + self.drop(self.mlp(self.ln2(x)))
+
+
+class TinyGPT(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        cfg.validate()
+        self.cfg = cfg
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.pos_emb = nn.Embedding(cfg.block_size, cfg.d_model)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.ln_f = nn.LayerNorm(cfg.d_model)
+        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=cfg.head_bias)
+        if cfg.tie_weights:
+            self.head.weight = self.tok_emb.weight
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        if self.cfg.init == "torch":
+            return
+        std = self.cfg.init_std
+        resid_std = std / math.sqrt(2 * self.cfg.n_layer) if self.cfg.init == "gpt2" else std
+        for name, mod in self.named_modules():
+            if isinstance(mod, (nn.Linear, nn.Embedding)):
+                if name == "head" and self.cfg.tie_weights:
+                    continue  # shares the embedding matrix, already initialized
+                resid = name.endswith("attn.proj") or name.endswith("mlp.2")
+                nn.init.normal_(mod.weight, mean=0.0, std=resid_std if resid else std)
+                if getattr(mod, "bias", None) is not None:
+                    nn.init.zeros_(mod.bias)
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())  # tied weights counted once
+
+    @property
+    def attentions(self) -> list[SelfAttention]:
+        return [b.attn for b in self.blocks]
+
+    def set_record(self, on: bool) -> None:
+        """Make every attention layer keep its weights/logits of the next forward."""
+        for a in self.attentions:
+            a.record = on
+            if not on:
+                a.last = None
+
+    def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None, kv_caches=None):
+        B, T = idx.shape
+        start = kv_caches[0].length if kv_caches else 0
+        if start + T > self.cfg.block_size:
+            raise ValueError(f"sequence of {start + T} tokens exceeds block_size {self.cfg.block_size}")
+        pos = torch.arange(start, start + T, device=idx.device)
+        x = self.tok_emb(idx) + self.pos_emb(pos)
+        for i, blk in enumerate(self.blocks):
+            x = blk(x, kv_caches[i] if kv_caches else None)
+        logits = self.head(self.ln_f(x))
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
+        return logits, loss
+
+
+@torch.no_grad()
+def generate(
+    model: TinyGPT,
+    idx: torch.Tensor,
+    max_new_tokens: int,
+    *,
+    temperature: float = 1.0,
+    top_k: Optional[int] = None,
+    generator: Optional[torch.Generator] = None,
+) -> torch.Tensor:
+    """Sample (temperature > 0) or decode greedily (temperature == 0) new tokens."""
+    for _ in range(max_new_tokens):
+        ctx = idx[:, -model.cfg.block_size :]
+        logits, _ = model(ctx)
+        logits = logits[:, -1, :]
+        if temperature == 0:
+            nxt = logits.argmax(dim=-1, keepdim=True)
+        else:
+            logits = logits / temperature
+            if top_k is not None:
+                kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
+                logits = logits.masked_fill(logits < kth, float("-inf"))
+            nxt = torch.multinomial(F.softmax(logits, dim=-1), 1, generator=generator)
+        idx = torch.cat([idx, nxt], dim=1)
+    return idx

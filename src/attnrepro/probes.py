@@ -1,0 +1,227 @@
+"""Measurements on fixed models: the init sweep (§1.3/§1.19.1), head portraits and
+ablation (§1.8.5-1.8.6), and the post-training symptoms of the injected bugs (§1.11.7).
+
+Failure-symptom entropy (`weight_symptoms`, metrics/failures.json `<variant>.entropy`):
+the normalized entropy of the ROW-RENORMALIZED weights q = p / sum_j p_j, divided by
+log(number of keys the row can actually give weight to): every key (t_k) when the
+variant's mask leaks (MASK_LEAKS, i.e. mask_zero), the causal count i+1 otherwise;
+averaged over rows with more than one such key. So every variant's `entropy` lies in
+[0, 1] and the variants are comparable: scale_after_softmax (rows summing to
+1/sqrt(d_head)) gets the entropy of the softmax it actually computed, and mask_zero
+(weight on future keys) is measured against the keys it really spreads over.
+`entropy_raw` keeps the naive value (entropy of p as it is, / log(causal keys)),
+which is outside [0, 1] for those two bugs; `entropy_support_all_keys` is 1 when the
+normalization used all keys.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Optional
+
+import numpy as np
+import torch
+
+from .attention import causal_mask
+from .diagnostics import logit_std, normalized_entropy, position_stats
+from .model import ModelConfig, TinyGPT
+
+# ---------------------------------------------------------------- init sweep
+
+
+def init_model(d_head: int, *, vocab_size: int, block_size: int, init_std: float, seed: int) -> TinyGPT:
+    """Single-head, single-layer TinyGPT at initialization, unscaled (raw q.k logits)."""
+    cfg = ModelConfig(vocab_size=vocab_size, block_size=block_size, d_model=d_head, n_head=1, n_layer=1,
+                      scaled=False, init_std=init_std)
+    torch.manual_seed(seed)
+    return TinyGPT(cfg).eval()
+
+
+def random_batches(n: int, batch: int, block: int, low: int, high: int, seed: int) -> torch.Tensor:
+    """n token batches `randint(low, high, (batch, block))` from one seeded generator."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(low, high, (n, batch, block), generator=g)
+
+
+@torch.no_grad()
+def measure_init(model: TinyGPT, batches: torch.Tensor, tick: Optional[Callable[[], None]] = None) -> dict:
+    """Unscaled logit std (mean of per-batch stds, and pooled), entropy, q/k variance."""
+    model.set_record(True)
+    attn = model.attentions[0]
+    stds, ents, q_vars, k_vars, pooled = [], [], [], [], []
+    block = model.blocks[0]
+    for x in batches:
+        # only layer 0's attention is measured: skip the MLP and the output head
+        pos = torch.arange(x.shape[1])
+        block.attn(block.ln1(model.tok_emb(x) + model.pos_emb(pos)))
+        last = attn.last
+        stds.append(logit_std(last["logits"]))
+        ents.append(normalized_entropy(last["weights"]).mean().item())
+        q_vars.append(last["q"].double().var().item())
+        k_vars.append(last["k"].double().var().item())
+        allowed = causal_mask(x.shape[1], x.shape[1])
+        pooled.append(last["logits"][..., allowed].double().reshape(-1))
+        if tick is not None:
+            tick()
+    model.set_record(False)
+    return {
+        "logit_std": float(np.mean(stds)),
+        "logit_std_pooled": torch.cat(pooled).std().item(),
+        "logit_std_batch_sd": float(np.std(stds)),
+        "entropy": float(np.mean(ents)),
+        "q_var": float(np.mean(q_vars)),
+        "k_var": float(np.mean(k_vars)),
+    }
+
+
+def predictions(d_head: int, init_std: float) -> dict:
+    """Footnote sqrt(d) and the variance-propagation v*sqrt(d), v = d_model * sigma^2 (eq. 1.1-1.2)."""
+    v = d_head * init_std**2
+    return {"theory_sqrt_d": math.sqrt(d_head), "v": v, "pred_varprop": v * math.sqrt(d_head)}
+
+
+def loglog_slope(x, y) -> float:
+    """Least-squares slope of log y against log x."""
+    return float(np.polyfit(np.log(np.asarray(x, float)), np.log(np.asarray(y, float)), 1)[0])
+
+
+def sweep_fit(rows: list[dict]) -> dict:
+    """Which prediction fits: fitted slope vs 0.5 (footnote) and 1.5 (varprop), log ratios."""
+    d = [r["d_head"] for r in rows]
+    meas = [r["logit_std"] for r in rows]
+    lr_sqrt = [abs(math.log10(r["ratio_sqrt_d"])) for r in rows]
+    lr_var = [abs(math.log10(r["ratio_varprop"])) for r in rows]
+    return {
+        "slope_measured": loglog_slope(d, meas),
+        "slope_footnote": 0.5,
+        "slope_varprop": 1.5,
+        "max_abs_log10_ratio_footnote": max(lr_sqrt),
+        "max_abs_log10_ratio_varprop": max(lr_var),
+        "varprop_fits_better": int(max(lr_var) < min(lr_sqrt)),
+    }
+
+
+# ---------------------------------------------------------------- heads
+
+
+def fixed_sequences(tokens: torch.Tensor, n: int, length: int, seed: int) -> torch.Tensor:
+    """n windows of `length` tokens at start positions drawn from a seeded generator."""
+    if len(tokens) <= length:
+        raise ValueError(f"token stream of {len(tokens)} is too short for sequences of {length}")
+    g = torch.Generator().manual_seed(seed)
+    starts = torch.randint(0, len(tokens) - length, (n,), generator=g)
+    return torch.stack([tokens[s: s + length] for s in starts.tolist()])
+
+
+@torch.no_grad()
+def attention_maps(model: TinyGPT, x: torch.Tensor) -> list[torch.Tensor]:
+    """Per layer the attention weights (B, H, T, T) of one forward."""
+    model.eval()
+    model.set_record(True)
+    model(x)
+    maps = [a.last["weights"].clone() for a in model.attentions]
+    model.set_record(False)
+    return maps
+
+
+def head_stats(maps: list[torch.Tensor]) -> list[dict]:
+    """Rows {layer, head, entropy, diag, prev, distance}, averaged over sequences and rows."""
+    rows = []
+    for li, w in enumerate(maps):
+        ent = normalized_entropy(w).mean(0)  # (H,)
+        pos = {k: v.mean(0) for k, v in position_stats(w).items()}
+        for h in range(w.shape[1]):
+            rows.append({"layer": li, "head": h, "entropy": ent[h].item(), "diag": pos["diag"][h].item(),
+                         "prev": pos["prev"][h].item(), "distance": pos["distance"][h].item()})
+    return rows
+
+
+@torch.no_grad()
+def mean_loss(model: TinyGPT, batches) -> float:
+    model.eval()
+    return float(np.mean([model(x, y)[1].item() for x, y in batches]))
+
+
+@torch.no_grad()
+def ablate_heads(model: TinyGPT, batches, tick: Optional[Callable[[], None]] = None) -> tuple[float, list[dict]]:
+    """Zero each head's d_head input columns of attn.proj.weight in turn; loss delta; restore.
+
+    Raises RuntimeError if a projection is not restored bit-exactly.
+    """
+    base = mean_loss(model, batches)
+    rows = []
+    dh = model.cfg.d_head
+    for li, attn in enumerate(model.attentions):
+        W = attn.proj.weight
+        original = W.detach().clone()
+        for h in range(model.cfg.n_head):
+            cols = slice(h * dh, (h + 1) * dh)
+            saved = W[:, cols].clone()
+            W[:, cols] = 0
+            loss = mean_loss(model, batches)
+            W[:, cols] = saved
+            if not torch.equal(W, original):
+                raise RuntimeError(f"layer {li} head {h}: attn.proj.weight not restored after ablation")
+            rows.append({"layer": li, "head": h, "loss": loss, "delta": loss - base})
+            if tick is not None:
+                tick()
+    if mean_loss(model, batches) != base:
+        raise RuntimeError("loss after restoring every head differs from the baseline")
+    return base, rows
+
+
+# ---------------------------------------------------------------- failure symptoms
+
+
+# bugs whose mask leaks weight onto future keys: their rows can spread over all t_k keys
+MASK_LEAKS = frozenset({"mask_zero"})
+
+
+def renormalized_entropy(w: torch.Tensor, leaks: bool) -> torch.Tensor:
+    """Normalized entropy of the row-renormalized weights w / w.sum(-1).
+
+    Normalized by log(keys the row can give weight to): all t_k keys when the mask
+    leaks, the causal count otherwise; rows with one such key are excluded. In [0, 1]
+    for any non-negative weights; equals normalized_entropy(w) when rows sum to 1 and
+    nothing leaks. Leading dims are kept (averaged over rows), like normalized_entropy.
+    """
+    w = w.double()
+    q = w / w.sum(-1, keepdim=True)
+    return normalized_entropy(q, causal=not leaks)
+
+
+@torch.no_grad()
+def weight_symptoms(model: TinyGPT, batches) -> dict:
+    """Entropy, diagonal weight, max row sum and future-key mass of the attention
+    weights on fixed batches, layer 0 (the contract's value) and per layer.
+
+    `entropy` is renormalized_entropy (see the module docstring), `entropy_raw` the
+    naive normalized entropy of the weights as they are (causal normalization)."""
+    leaks = getattr(model.cfg, "bug", "correct") in MASK_LEAKS
+    model.eval()
+    model.set_record(True)
+    acc: dict[str, list[float]] = {}
+    for x, _ in batches:
+        model(x)
+        for li, a in enumerate(model.attentions):
+            w = a.last["weights"]
+            future = ~causal_mask(w.shape[-2], w.shape[-1])
+            vals = {
+                "entropy": renormalized_entropy(w, leaks).mean().item(),
+                "entropy_raw": normalized_entropy(w).mean().item(),
+                "diag_weight": position_stats(w)["diag"].mean().item(),
+                "max_row_sum": w.double().sum(-1).max().item(),
+                "min_row_sum": w.double().sum(-1).min().item(),
+                "future_weight": w[..., future].double().sum().item() / (w[..., 0].numel()),
+            }
+            for k, v in vals.items():
+                acc.setdefault(f"{k}_l{li}", []).append(v)
+    model.set_record(False)
+    out = {}
+    for k, v in acc.items():
+        agg = max if k.startswith("max_") else min if k.startswith("min_") else np.mean
+        out[k] = float(agg(v))
+    for k in ("entropy", "entropy_raw", "diag_weight", "max_row_sum", "min_row_sum", "future_weight"):
+        out[k] = out[f"{k}_l0"]
+    out["entropy_support_all_keys"] = int(leaks)
+    return out

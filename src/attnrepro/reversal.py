@@ -1,0 +1,321 @@
+"""Companion experiment `reversal`: reverse six digits with a two-layer TinyGPT.
+
+Task (../seeds/000): tokens 0-9 are digits, BOS 10, SEP 11, EOS 12; a sequence is
+`BOS d1..d6 SEP d6..d1 EOS` (15 tokens). The model reads the first 14 tokens and
+is trained to predict the next token only on the 7 answer targets (six digits and
+EOS); the 7 prompt targets carry label -100. At test time the model sees only the
+8-token prompt `BOS d1..d6 SEP` and generates 7 tokens greedily.
+
+The model is the project's TinyGPT (one attention implementation); the companion
+document's architecture is a ModelConfig: three biased Linear(d, d) projections,
+biased output projection, FFN d -> 2d -> d with GELU, untied head with bias, every
+weight N(0, 0.02) and biases zero.
+
+"Identical initial weights" across variants: the q/k/v/proj matrices are (d, d)
+whatever the head count, so every variant's state_dict has the same shapes. One
+model is initialized from the seed and its state_dict is loaded into each variant;
+the 1-head variant reads the same q/k/v matrices as one 64-dim head instead of
+four 16-dim slices, and the no-mask variant differs only in `causal`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .config import require
+from .model import ModelConfig, SelfAttention, TinyGPT, generate
+
+VOCAB = 13
+BOS, SEP, EOS = 10, 11, 12
+N_DIGITS = 6
+PROMPT_LEN = N_DIGITS + 2  # BOS d1..d6 SEP
+SEQ_LEN = 2 * N_DIGITS + 3  # 15 tokens, 14 model inputs
+ANSWER_LEN = N_DIGITS + 1  # six digits and EOS
+# answer query positions 7..12 should read the source digits at key positions 6..1
+ALIGN_QUERIES = list(range(PROMPT_LEN - 1, PROMPT_LEN - 1 + N_DIGITS))
+ALIGN_KEYS = list(range(N_DIGITS, 0, -1))
+# with teacher forcing, the label of query i is the input token at i + 1
+FUTURE_KEYS = [q + 1 for q in ALIGN_QUERIES]
+
+
+@dataclass
+class Variant:
+    n_head: int = 4
+    causal: bool = True
+
+
+@dataclass
+class ReversalConfig:
+    seed: int = 42  # model initialization (shared by every variant)
+    data_seed: int = 0  # which digit sequences land in train/val/test
+    batch_seed: int = 1  # the pre-drawn (steps, batch_size) training indices
+    threads: int = 1
+    n_train: int = 4096
+    n_val: int = 512
+    n_test: int = 512
+    steps: int = 600
+    batch_size: int = 64
+    lr: float = 1e-3
+    grad_clip: float = 1.0
+    eval_every: int = 50
+    d_model: int = 64
+    n_layer: int = 2
+    mlp_ratio: int = 2
+    init_std: float = 0.02
+    sample_index: int = 0  # test sample used for alignment, heatmaps and the mask toggle
+    variants: dict[str, Variant] = field(default_factory=lambda: {
+        "heads4": Variant(4, True), "heads1": Variant(1, True), "no_mask": Variant(4, False)})
+
+    def validate(self, prefix: str = "reversal") -> None:
+        for name in ("n_train", "n_val", "n_test", "steps", "batch_size", "eval_every", "threads",
+                     "d_model", "n_layer", "mlp_ratio"):
+            require(getattr(self, name) > 0, f"{prefix}.{name}", getattr(self, name), "a positive integer")
+        total = self.n_train + self.n_val + self.n_test
+        require(total <= 10 ** N_DIGITS, f"{prefix}.n_train", self.n_train,
+                f"n_train + n_val + n_test <= {10 ** N_DIGITS} (distinct digit strings)")
+        require(self.lr > 0, f"{prefix}.lr", self.lr, "a positive number")
+        require(self.grad_clip > 0, f"{prefix}.grad_clip", self.grad_clip, "a positive number")
+        require(self.init_std > 0, f"{prefix}.init_std", self.init_std, "a positive number")
+        require(0 <= self.sample_index < self.n_test, f"{prefix}.sample_index", self.sample_index,
+                f"in [0, n_test={self.n_test})")
+        require(len(self.variants) > 0, f"{prefix}.variants", self.variants, "at least one variant")
+        for name, v in self.variants.items():
+            require(v.n_head > 0 and self.d_model % v.n_head == 0, f"{prefix}.variants.{name}.n_head",
+                    v.n_head, f"a positive divisor of d_model ({self.d_model})")
+
+    def model_config(self, variant: str) -> ModelConfig:
+        v = self.variants[variant]
+        return ModelConfig(
+            vocab_size=VOCAB, block_size=SEQ_LEN, d_model=self.d_model, n_head=v.n_head,
+            n_layer=self.n_layer, causal=v.causal, fused_qkv=False, qkv_bias=True, proj_bias=True,
+            mlp_ratio=self.mlp_ratio, activation="gelu", dropout=0.0, tie_weights=False,
+            head_bias=True, init_std=self.init_std, init="normal")
+
+
+# ---------------------------------------------------------------- data
+
+def encode(digits: torch.Tensor) -> torch.Tensor:
+    """(N, 6) digits -> (N, 15) token sequences BOS d SEP reversed(d) EOS."""
+    n = digits.shape[0]
+    col = lambda tok: torch.full((n, 1), tok, dtype=torch.long)  # noqa: E731
+    return torch.cat([col(BOS), digits, col(SEP), digits.flip(1), col(EOS)], dim=1)
+
+
+def inputs_labels(seqs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inputs are tokens 0..13; labels tokens 1..14 with the 7 prompt targets set to -100."""
+    x = seqs[:, :-1].contiguous()
+    y = seqs[:, 1:].clone()
+    y[:, : PROMPT_LEN - 1] = -100
+    return x, y
+
+
+def make_splits(n_train: int, n_val: int, n_test: int, seed: int) -> dict[str, torch.Tensor]:
+    """Disjoint train/val/test sets of distinct digit strings, as (N, 15) sequences."""
+    gen = torch.Generator().manual_seed(seed)
+    codes = torch.randperm(10 ** N_DIGITS, generator=gen)[: n_train + n_val + n_test]
+    powers = 10 ** torch.arange(N_DIGITS - 1, -1, -1)
+    digits = (codes[:, None] // powers) % 10
+    seqs = encode(digits)
+    return {"train": seqs[:n_train], "val": seqs[n_train:n_train + n_val],
+            "test": seqs[n_train + n_val:]}
+
+
+def batch_indices(n_train: int, steps: int, batch_size: int, seed: int) -> torch.Tensor:
+    """The (steps, batch_size) training indices every variant consumes in the same order."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, n_train, (steps, batch_size), generator=gen)
+
+
+# ---------------------------------------------------------------- training
+
+def build_models(cfg: ReversalConfig) -> dict[str, TinyGPT]:
+    """One initialization from cfg.seed, loaded into every variant (see module doc)."""
+    names = list(cfg.variants)
+    torch.manual_seed(cfg.seed)
+    reference = TinyGPT(cfg.model_config(names[0]))
+    state = reference.state_dict()
+    models = {}
+    for name in names:
+        m = TinyGPT(cfg.model_config(name))
+        m.load_state_dict(state)
+        models[name] = m
+    return models
+
+
+@torch.no_grad()
+def answer_loss(model: TinyGPT, seqs: torch.Tensor, chunk: int = 1024) -> float:
+    """Mean cross-entropy over all answer targets of a whole set (eval mode)."""
+    was = model.training
+    model.eval()
+    total, count = 0.0, 0
+    for i in range(0, len(seqs), chunk):
+        x, y = inputs_labels(seqs[i:i + chunk])
+        logits, _ = model(x)
+        total += F.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=-100,
+                                 reduction="sum").item()
+        count += int((y != -100).sum())
+    model.train(was)
+    return total / count
+
+
+def train_model(model: TinyGPT, splits: dict, indices: torch.Tensor, cfg: ReversalConfig,
+                progress: Optional[Callable[[int, float], None]] = None) -> list[dict]:
+    """Adam at a constant lr with grad-norm clipping; full-set losses every eval_every steps.
+
+    Row `step` s holds the losses after s updates (s = 0 is the initialization).
+    """
+    x_all, y_all = inputs_labels(splits["train"])
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    history = []
+
+    def record(step: int, batch_loss: Optional[float]) -> None:
+        history.append({"step": step, "batch_loss": batch_loss,
+                        "train_loss": answer_loss(model, splits["train"]),
+                        "val_loss": answer_loss(model, splits["val"])})
+
+    record(0, None)
+    model.train()
+    for step in range(len(indices)):
+        idx = indices[step]
+        _, loss = model(x_all[idx], y_all[idx])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip, error_if_nonfinite=True)
+        opt.step()
+        done = step + 1
+        if done % cfg.eval_every == 0 or done == len(indices):
+            record(done, loss.item())
+        if progress is not None:
+            progress(step, loss.item())
+    model.eval()
+    return history
+
+
+# ---------------------------------------------------------------- evaluation
+
+@torch.no_grad()
+def generate_answers(model: TinyGPT, prompts: torch.Tensor) -> torch.Tensor:
+    """Greedy 7-token continuation of 8-token prompts; the answer is never an input."""
+    if prompts.shape[1] != PROMPT_LEN or not bool((prompts[:, -1] == SEP).all()):
+        raise ValueError(f"prompts must be (N, {PROMPT_LEN}) sequences ending in SEP")
+    was = model.training
+    model.eval()
+    out = generate(model, prompts, ANSWER_LEN, temperature=0)[:, PROMPT_LEN:]
+    model.train(was)
+    return out
+
+
+def accuracy(pred: torch.Tensor, seqs: torch.Tensor) -> dict:
+    """digit_acc over the six digit positions; seq_acc needs all six digits and EOS."""
+    truth = seqs[:, PROMPT_LEN:]
+    ok = pred == truth
+    return {"digit_acc": ok[:, :N_DIGITS].float().mean().item(),
+            "eos_acc": ok[:, N_DIGITS].float().mean().item(),
+            "seq_acc": ok.all(dim=1).float().mean().item()}
+
+
+@torch.no_grad()
+def attention_maps(model: TinyGPT, seq: torch.Tensor) -> torch.Tensor:
+    """(n_layer, n_head, 14, 14) weights of one teacher-forced sequence."""
+    model.eval()
+    model.set_record(True)
+    model(seq[None, :-1])
+    maps = torch.stack([a.last["weights"][0] for a in model.attentions])
+    model.set_record(False)
+    return maps
+
+
+def alignment(maps: torch.Tensor, keys=ALIGN_KEYS) -> torch.Tensor:
+    """(n_layer, n_head): mean weight of answer queries 7..12 on `keys`, not renormalized."""
+    return maps[:, :, ALIGN_QUERIES, keys].mean(dim=-1)
+
+
+def with_causal(model: TinyGPT, causal: bool) -> TinyGPT:
+    """A copy of `model` with the same weights and the mask switched on or off."""
+    m = TinyGPT(dataclasses.replace(model.cfg, causal=causal))
+    m.load_state_dict(model.state_dict())
+    return m.eval()
+
+
+@torch.no_grad()
+def prefix_change(model: TinyGPT, seq: torch.Tensor, causal: bool) -> float:
+    """Max |change| of the logits at input positions 0..7 when the future answer digits
+    (input positions 8..13) are replaced by (d + s) mod 10 for every shift s = 1..9."""
+    m = with_causal(model, causal)
+    x = seq[None, :-1]
+    base, _ = m(x)
+    worst = 0.0
+    for s in range(1, 10):
+        alt = x.clone()
+        alt[:, PROMPT_LEN:] = (alt[:, PROMPT_LEN:] + s) % 10
+        logits, _ = m(alt)
+        worst = max(worst, (logits[:, :PROMPT_LEN] - base[:, :PROMPT_LEN]).abs().max().item())
+    return worst
+
+
+@torch.no_grad()
+def mha_parity(attn: SelfAttention, x: torch.Tensor) -> dict:
+    """Max |difference| between `attn` and torch.nn.MultiheadAttention given the same weights."""
+    cfg = attn.cfg
+    if cfg.fused_qkv or not cfg.qkv_bias or not cfg.proj_bias:
+        raise ValueError("parity check expects separate biased q/k/v and a biased output projection")
+    d = cfg.d_model
+    mha = nn.MultiheadAttention(d, cfg.n_head, bias=True, batch_first=True).to(x.dtype)
+    mha.in_proj_weight.copy_(torch.cat([attn.q.weight, attn.k.weight, attn.v.weight]))
+    mha.in_proj_bias.copy_(torch.cat([attn.q.bias, attn.k.bias, attn.v.bias]))
+    mha.out_proj.weight.copy_(attn.proj.weight)
+    mha.out_proj.bias.copy_(attn.proj.bias)
+    mha.eval()
+    T = x.shape[1]
+    mask = torch.ones(T, T, dtype=torch.bool).triu(1) if cfg.causal else None  # True = blocked
+    ref_out, ref_w = mha(x, x, x, attn_mask=mask, need_weights=True, average_attn_weights=False)
+    was = (attn.training, attn.record)
+    attn.eval()
+    attn.record = True
+    out = attn(x)
+    w = attn.last["weights"]
+    attn.train(was[0])
+    attn.record = was[1]
+    attn.last = None
+    return {"out": (out - ref_out).abs().max().item(), "weights": (w - ref_w).abs().max().item()}
+
+
+@torch.no_grad()
+def layer0_input(model: TinyGPT, seqs: torch.Tensor) -> torch.Tensor:
+    """What the first attention layer sees: ln1(token + position embeddings)."""
+    x = seqs[:, :-1]
+    h = model.tok_emb(x) + model.pos_emb(torch.arange(x.shape[1]))
+    return model.blocks[0].ln1(h)
+
+
+def evaluate_variant(model: TinyGPT, splits: dict, history: list[dict], cfg: ReversalConfig) -> tuple[dict, torch.Tensor, torch.Tensor]:
+    """Metrics of one trained variant, plus its test predictions and sample attention maps."""
+    test = splits["test"]
+    pred = generate_answers(model, test[:, :PROMPT_LEN])
+    out = {"params": model.num_params(), **accuracy(pred, test)}
+    sample = test[cfg.sample_index]
+    maps = attention_maps(model, sample)
+    align = alignment(maps)
+    future = alignment(maps, FUTURE_KEYS)
+    for layer in range(align.shape[0]):
+        out[f"align_l{layer}"] = align[layer].mean().item()
+        out[f"future_l{layer}"] = future[layer].mean().item()
+        for h in range(align.shape[1]):
+            out[f"align_l{layer}_h{h}"] = align[layer, h].item()
+    out["prefix_change_mask_on"] = prefix_change(model, sample, causal=True)
+    out["prefix_change_mask_off"] = prefix_change(model, sample, causal=False)
+    parity = mha_parity(model.attentions[0], layer0_input(model, test[:64]))
+    out["mha_parity_out_maxabs"] = parity["out"]
+    out["mha_parity_weights_maxabs"] = parity["weights"]
+    out["train_loss_final"] = history[-1]["train_loss"]
+    out["val_loss_final"] = history[-1]["val_loss"]
+    out["train_loss_start"] = history[0]["train_loss"]
+    out["val_loss_start"] = history[0]["val_loss"]
+    out["test_loss"] = answer_loss(model, test)
+    return out, pred, maps

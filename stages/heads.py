@@ -1,0 +1,112 @@
+"""DVC stage `heads`: what the 8 heads of the trained d32_scaled model do (§1.8.5-1.8.6).
+
+On fixed validation sequences: per layer/head mean normalized entropy, diagonal
+weight, previous-token weight and mean attention distance; heatmaps per layer; and
+head ablation (zero the head's d_head input columns of attn.proj.weight, loss change
+on fixed validation batches, restore bit-exactly). Writes metrics/heads.json
+(l<L>h<H>.entropy, ..., layer<L>.*, top-level layer1_minus_layer0_distance, base_loss),
+plots/heads/heads.csv and plots/heads/layer<L>.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from attnrepro.config import UserError, load_section, require, run_stage
+from attnrepro.envinfo import environment, setup_determinism
+from attnrepro.io import write_csv, write_json
+from attnrepro.model import ModelConfig, TinyGPT
+from attnrepro.probe_plots import cjk_font, heads_figure
+from attnrepro.probes import ablate_heads, attention_maps, fixed_sequences, head_stats
+from attnrepro.runtime import progress
+from attnrepro.training import fixed_batches, load_tokens
+
+CORPUS = Path("data/corpus")
+STATS = ("entropy", "diag", "prev", "distance")
+
+
+@dataclass
+class HeadsConfig:
+    checkpoint: str = "data/train/d32_scaled/model.pt"
+    n_seqs: int = 3
+    seq_len: int = 24
+    seq_seed: int = 0
+    ablation_batches: int = 8
+    ablation_batch_size: int = 32
+    ablation_seed: int = 1234
+    threads: int = 2
+
+    def validate(self, prefix: str = "heads") -> None:
+        for name in ("n_seqs", "seq_len", "ablation_batches", "ablation_batch_size", "threads"):
+            require(getattr(self, name) > 0, f"{prefix}.{name}", getattr(self, name), "a positive integer")
+        require(self.seq_len >= 2, f"{prefix}.seq_len", self.seq_len, "at least 2")
+
+
+def load_model(path: Path) -> TinyGPT:
+    if not path.exists():
+        raise UserError(f"heads.checkpoint: {path} not found (run the train stage first)")
+    ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    model = TinyGPT(ModelConfig(**ckpt["model_config"]))
+    model.load_state_dict(ckpt["state_dict"])
+    return model.eval()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--params", default="params.yaml")
+    args = ap.parse_args()
+    cfg = load_section(HeadsConfig, "heads", args.params)
+    setup_determinism(cfg.threads, "cpu")
+
+    model = load_model(Path(cfg.checkpoint))
+    if cfg.seq_len > model.cfg.block_size:
+        raise UserError(f"heads.seq_len: got {cfg.seq_len}, expected at most the model's block_size "
+                        f"{model.cfg.block_size}")
+    itos = json.loads((CORPUS / "vocab.json").read_text(encoding="utf-8"))
+    val_ids = load_tokens(CORPUS / "val.npy")
+    seqs = fixed_sequences(val_ids, cfg.n_seqs, cfg.seq_len, cfg.seq_seed)
+    maps = attention_maps(model, seqs)
+    rows = head_stats(maps)
+
+    batches = fixed_batches(val_ids, model.cfg.block_size, cfg.ablation_batch_size, cfg.ablation_batches,
+                            cfg.ablation_seed)
+    bar = progress(len(rows), "heads ablation")
+    base, ablation = ablate_heads(model, batches, tick=lambda: bar.update(1))
+    bar.close()
+    for r, a in zip(rows, ablation):
+        r["ablation_loss"], r["ablation_delta"] = a["loss"], a["delta"]
+
+    metrics = {f"l{r['layer']}h{r['head']}": {k: r[k] for k in (*STATS, "ablation_delta")} for r in rows}
+    for li in range(model.cfg.n_layer):
+        lr = [r for r in rows if r["layer"] == li]
+        metrics[f"layer{li}"] = {k: float(np.mean([r[k] for r in lr])) for k in (*STATS, "ablation_delta")}
+    metrics.update({
+        "base_loss": base,
+        "layer1_minus_layer0_distance": (metrics["layer1"]["distance"] - metrics["layer0"]["distance"]
+                                         if model.cfg.n_layer > 1 else 0.0),
+        "max_prev": max(r["prev"] for r in rows),
+        "entropy_spread": max(r["entropy"] for r in rows) - min(r["entropy"] for r in rows),
+        "max_ablation_delta": max(r["ablation_delta"] for r in rows),
+        "n_positions": cfg.n_seqs * cfg.seq_len,
+    })
+    write_json("metrics/heads.json", metrics)
+    write_json("metrics/env/heads.json", environment("cpu"))
+    out = Path("plots/heads")
+    write_csv(out / "heads.csv", rows)
+    for li, w in enumerate(maps):
+        heads_figure(w, seqs.tolist(), itos, li, out / f"layer{li}.png")
+    if cjk_font() is None:
+        print("note: no CJK font found, heatmap axes show token ids")
+    for r in rows:
+        print(f"l{r['layer']}h{r['head']}  entropy {r['entropy']:.3f}  diag {r['diag']:.3f}  prev {r['prev']:.3f}  "
+              f"distance {r['distance']:.2f}  ablation {r['ablation_delta']:+.4f}")
+
+
+if __name__ == "__main__":
+    run_stage(main)

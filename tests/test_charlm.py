@@ -1,0 +1,154 @@
+"""Character-LM companion experiment: text, vocabulary, model shape, masks, determinism."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from attnrepro import charlm as C
+from attnrepro import companion_plots
+from attnrepro.config import ConfigError, from_dict
+from attnrepro.model import TinyGPT
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """The CI box has 2 shared cores; several threads contending is slower, not faster."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+TEXT_FILE = ROOT / "src/attnrepro/data/charlm_sentences.txt"
+
+
+def cfg(**kw) -> C.CharLMConfig:
+    return from_dict(C.CharLMConfig, {"text_file": str(TEXT_FILE), **kw}, prefix="charlm")
+
+
+def test_text_and_vocabulary():
+    sentences = C.read_sentences(TEXT_FILE)
+    assert len(sentences) == 8 and sentences[0].startswith("我正在学习")
+    text = C.join_text(sentences)
+    assert len(text) == 162  # the document's "原始文本长度"
+    vocab = C.CharVocab(text)
+    assert len(vocab) == 73 and "\n" in vocab.stoi
+    assert vocab.decode(vocab.encode("我正在学习")) == "我正在学习"
+    with pytest.raises(C.UserError):
+        vocab.encode("猫")
+
+
+def test_split_is_a_prefix_and_a_suffix():
+    text = C.join_text(C.read_sentences(TEXT_FILE))
+    vocab = C.CharVocab(text)
+    tr, va = C.split_stream(text, 10, 0.1, vocab)
+    assert len(tr) + len(va) == 1620 and len(va) == 162
+    assert vocab.decode(torch.cat([tr, va])) == text * 10
+
+
+def test_parameter_count_exact():
+    model = TinyGPT(cfg().model_config(73))
+    assert model.num_params() == 210_761
+    blk = model.blocks[0]
+    assert blk.attn.q.bias is None and blk.attn.proj.bias is not None
+    assert isinstance(blk.mlp[1], torch.nn.ReLU) and blk.mlp[0].out_features == 256
+    assert model.head.weight is not model.tok_emb.weight and model.head.bias is not None
+
+
+def test_causal_mask_and_dropout_off_in_eval():
+    torch.manual_seed(0)
+    model = TinyGPT(cfg().model_config(73)).eval()
+    x = torch.randint(0, 73, (2, 32))
+    alt = x.clone()
+    alt[:, 20:] = (alt[:, 20:] + 7) % 73
+    with torch.no_grad():
+        a, _ = model(x)
+        b, _ = model(alt)
+        again, _ = model(x)
+    assert torch.equal(a[:, :20], b[:, :20])
+    assert not torch.allclose(a[:, 20:], b[:, 20:])
+    assert torch.equal(a, again)  # eval mode: no dropout noise
+    maps = C.attention_maps(model, x[0, :9])
+    assert maps.shape == (4, 4, 9, 9)
+    assert maps.triu(1).abs().max() == 0
+    assert torch.allclose(maps.sum(-1), torch.ones(4, 4, 9))
+
+
+def test_initial_loss_is_near_uniform():
+    torch.manual_seed(0)
+    model = TinyGPT(cfg().model_config(73))
+    x = torch.randint(0, 73, (4, 32))
+    _, loss = model(x, torch.randint(0, 73, (4, 32)))
+    assert abs(loss.item() - math.log(73)) < 0.5
+
+
+def test_verbatim_and_exact_lines():
+    text = "\n甲乙丙。\n丁戊。\n"
+    assert C.verbatim_fraction("甲乙丙。\n丁", text) == 1.0
+    assert C.verbatim_fraction("甲乙丁丁", text) == 0.5
+    assert C.exact_lines("甲乙丙。\n丁乙。\n丁", ["甲乙丙。", "丁戊。"]) == 0.5
+
+
+def test_bad_params_are_config_errors():
+    with pytest.raises(ConfigError, match="attn_layers"):
+        cfg(attn_layers=[0, 4])
+    with pytest.raises(ConfigError, match="val_fraction"):
+        cfg(val_fraction=1.5)
+    with pytest.raises(ConfigError, match="unknown key"):
+        cfg(optimizer="sgd")
+
+
+def test_no_cjk_font_falls_back(monkeypatch, tmp_path):
+    monkeypatch.setattr(companion_plots.shutil, "which", lambda name: None)
+    assert companion_plots.cjk_font() is None
+    out = tmp_path / "a.png"
+    companion_plots.attention_grid(out, torch.eye(3)[None, None].numpy(), list("自注意"), "t", ["b"])
+    assert out.read_bytes()[:4] == b"\x89PNG"
+
+
+TINY = dict(repeat=4, steps=6, eval_every=3, eval_batches=2, batch_size=4, gen_tokens=12)
+
+
+def tiny_run(c: C.CharLMConfig) -> tuple:
+    text = C.join_text(C.read_sentences(c.text_file))
+    vocab = C.CharVocab(text)
+    tr, va = C.split_stream(text, c.repeat, c.val_fraction, vocab)
+    torch.manual_seed(c.seed)
+    model = TinyGPT(c.model_config(len(vocab)))
+    run = C.train(model, tr, va, c)
+    return run.history, run.steps, C.continuations(model, vocab, c), C.attention_maps(model, vocab.encode(c.attn_text))
+
+
+def test_tiny_run_is_deterministic():
+    a, b = tiny_run(cfg(**TINY)), tiny_run(cfg(**TINY))
+    assert a[:3] == b[:3] and torch.equal(a[3], b[3])
+    assert [r["step"] for r in a[0]] == [0, 3, 6]
+    assert a[0][-1]["train_loss"] < a[0][0]["train_loss"]  # six updates already help
+    assert a[2]["greedy"].startswith("我正在学习") and len(a[2]["sampled"]) == 5 + 12
+    assert tiny_run(cfg(**TINY, seed=7))[1] != a[1]
+
+
+def test_stage_end_to_end(tmp_path):
+    sec = yaml.safe_load((ROOT / "params.yaml").read_text(encoding="utf-8"))["charlm"]
+    sec.update(TINY, text_file=str(TEXT_FILE))
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump({"charlm": sec}, allow_unicode=True), encoding="utf-8")
+    res = subprocess.run([sys.executable, str(ROOT / "stages/charlm.py"), "--params", str(params)],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    metrics = json.loads((tmp_path / "metrics/charlm.json").read_text(encoding="utf-8"))
+    assert metrics["params"] == 210_761 and metrics["vocab_size"] == 73
+    assert all(isinstance(v, (int, float)) for v in metrics.values())
+    assert metrics["attn_future_weight_max"] == 0
+    samples = (tmp_path / "plots/charlm/samples.txt").read_text(encoding="utf-8")
+    assert samples.count("我正在学习") >= 2
+    for f in ("losses.csv", "loss_curve.png", "attention_block1.png", "attention_block4.png"):
+        assert (tmp_path / "plots/charlm" / f).stat().st_size > 0

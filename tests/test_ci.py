@@ -1,0 +1,101 @@
+"""CI workflows: valid YAML, the expected jobs and runner labels, commands that exist."""
+
+from __future__ import annotations
+
+import shlex
+import tomllib
+from pathlib import Path
+
+import yaml
+
+from attnrepro.cli import PLUGINS, build_parser
+
+REPO = Path(__file__).resolve().parents[1]
+WF = REPO / ".github" / "workflows"
+DVC_COMMANDS = {"repro", "metrics", "plots", "pull", "push", "status", "exp"}
+SHELL = {"set", "cat", "tee", "echo", "if", "then", "else", "fi", "command", "nvidia-smi", "mkdir", "cp"}
+CREATED = {".venv/bin/python", ".venv/bin/dvc", ".venv/bin/attnrepro", ".venv/bin/pip"}
+
+
+def load(name: str) -> dict:
+    data = yaml.safe_load((WF / name).read_text(encoding="utf-8"))
+    data["on"] = data.pop(True, data.get("on"))  # YAML 1.1 reads `on:` as true
+    return data
+
+
+def commands(wf: dict) -> list[list[str]]:
+    out = []
+    for job in wf["jobs"].values():
+        for step in job["steps"]:
+            for line in str(step.get("run", "")).splitlines():
+                lex = shlex.shlex(line, posix=True, punctuation_chars=True)
+                lex.whitespace_split = True
+                words: list[str] = []
+                redirect = False
+                for tok in list(lex) + [";"]:
+                    if tok in ("&&", "||", ";", "|"):
+                        if words:
+                            out.append(words)
+                        words, redirect = [], False
+                    elif tok in (">", ">>"):
+                        redirect = True
+                    elif not redirect:
+                        words.append(tok)
+    return out
+
+
+def check_command(words: list[str]) -> None:
+    prog = words[0]
+    if prog in SHELL:
+        return
+    if prog in CREATED:
+        prog = Path(prog).name
+    if prog in ("bash", "sh", "source", "."):
+        assert (REPO / words[1]).is_file(), f"{words}: {words[1]} does not exist"
+    elif prog in ("python", "python3"):
+        if words[1] == "-m":
+            assert words[2] in ("venv", "pip", "pytest", "attnrepro"), words
+        else:
+            assert (REPO / words[1]).is_file(), f"{words}: {words[1]} does not exist"
+    elif prog == "dvc":
+        assert words[1] in DVC_COMMANDS, words
+    elif prog == "attnrepro":
+        subs = build_parser()._subparsers._group_actions[0].choices
+        assert words[1] in subs or words[1] in PLUGINS, words
+        build_parser().parse_args([w for w in words[1:] if w not in ("|",)])
+    elif prog == "cml":
+        assert words[1:3] == ["comment", "create"], words
+    else:
+        raise AssertionError(f"unexpected command in a workflow: {words}")
+
+
+def test_ci_workflow():
+    wf = load("ci.yml")
+    assert "pull_request" in wf["on"]
+    (job,) = wf["jobs"].values()
+    assert "ubuntu" in job["runs-on"]
+    runs = [s["run"] for s in job["steps"] if "run" in s]
+    assert runs == ["bash .ci/run"]
+    for words in commands(wf):
+        check_command(words)
+
+
+def test_reproduce_workflow():
+    wf = load("reproduce.yml")
+    (job,) = wf["jobs"].values()
+    assert job["runs-on"] == ["self-hosted", "linux", "gpu"]
+    text = (WF / "reproduce.yml").read_text(encoding="utf-8")
+    for needed in ("dvc repro", "attnrepro check", "dvc metrics diff", "--md", "upload-artifact", "report/",
+                   "cml comment create"):
+        assert needed in text, needed
+    uploads = [s for s in job["steps"] if "upload-artifact" in str(s.get("uses", ""))]
+    assert uploads and uploads[0].get("if") == "always()"
+    for words in commands(wf):
+        check_command(words)
+
+
+def test_console_script_declared():
+    py = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
+    assert py["project"]["scripts"]["attnrepro"] == "attnrepro.cli:main"
+    assert (REPO / ".ci" / "run").is_file()
+    assert (REPO / "docs" / "ci.md").is_file()

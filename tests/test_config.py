@@ -1,0 +1,192 @@
+"""Strict params loading: the real params.yaml loads; bad values stop a stage with exit 2,
+one line on stderr naming the key and what was expected, and no outputs."""
+
+import ast
+import copy
+
+import pytest
+import yaml
+
+from attnrepro import config
+from attnrepro.config import ConfigError, from_dict, load_section
+from attnrepro.corpus import CorpusConfig
+from attnrepro.model import ModelConfig
+from attnrepro.training import OptimConfig
+
+from conftest import REPO, call_stage, load_stage_module, output_files, run_script
+
+PARAMS = yaml.safe_load((REPO / "params.yaml").read_text(encoding="utf-8"))
+
+
+def test_real_params_corpus_section():
+    cfg = load_section(CorpusConfig, "corpus", REPO / "params.yaml")
+    assert cfg.source in ("npm", "url", "local")
+    assert len(cfg.files) == 4 and cfg.vocab_size == 1200
+
+
+def test_real_params_train_section():
+    train = load_stage_module("train")
+    cfg = load_section(train.TrainConfig, "train", REPO / "params.yaml")
+    assert set(cfg.variants) == {"d32_unscaled", "d32_scaled", "d256_unscaled", "d256_scaled"}
+    assert isinstance(cfg.lr, float) and cfg.betas == [0.9, 0.95]
+    for name in cfg.variants:
+        m = cfg.model_config(name, vocab_size=1200)
+        assert m.d_head in (32, 256)
+    sched = cfg.diag_schedule()
+    assert set(cfg.diag_steps) <= sched and 10 in sched and cfg.steps not in sched
+
+
+def _registered_sections():
+    """(stage script, section, class expression) for every dvc.yaml stage using load_section."""
+    stages = yaml.safe_load((REPO / "dvc.yaml").read_text(encoding="utf-8")).get("stages", {})
+    scripts = sorted({(REPO / "stages" / f"{n}.py") for n in stages} & set((REPO / "stages").glob("*.py")))
+    found = []
+    for path in scripts:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "load_section"
+                    and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)):
+                found.append((path.stem, node.args[1].value, ast.unparse(node.args[0])))
+    return found
+
+
+@pytest.mark.parametrize("stage,section,cls_expr", _registered_sections(), ids=lambda x: str(x))
+def test_real_params_every_registered_stage(stage, section, cls_expr):
+    """Every stage registered in dvc.yaml loads its section of the real params.yaml."""
+    mod = load_stage_module(stage)
+    cls = eval(cls_expr, vars(mod))  # e.g. "corpus.CorpusConfig" or "TrainConfig"
+    load_section(cls, section, REPO / "params.yaml")
+
+
+def test_registered_sections_include_the_spine():
+    assert {("corpus", "corpus"), ("train", "train")} <= {(a, b) for a, b, _ in _registered_sections()}
+
+
+# --- in-process validation -------------------------------------------------------------
+
+def test_unknown_key_rejected():
+    with pytest.raises(ConfigError, match=r"^corpus\.vocab_sise: unknown key"):
+        from_dict(CorpusConfig, {**PARAMS["corpus"], "vocab_sise": 3}, "corpus")
+
+
+@pytest.mark.parametrize("key,value,expected", [
+    ("steps", "many", "an integer"),
+    ("steps", True, "an integer"),
+    ("lr", "fast", "a number"),
+    ("betas", 0.9, "a list"),
+    ("steps", 0, "a positive integer"),
+    ("steps", -5, "a positive integer"),
+    ("lr", 0, "a positive number"),
+])
+def test_optim_bad_values(key, value, expected):
+    with pytest.raises(ConfigError) as e:
+        from_dict(OptimConfig, {key: value}, "train")
+    msg = str(e.value)
+    assert msg.startswith(f"train.{key}: ") and expected in msg and "\n" not in msg
+
+
+def test_float_accepts_yaml_exponent_string():
+    assert from_dict(OptimConfig, {"lr": "3e-3"}, "train").lr == 0.003
+
+
+def test_literal_rejects_other_values():
+    with pytest.raises(ConfigError, match="corpus.source.*'npm'"):
+        from_dict(CorpusConfig, {**PARAMS["corpus"], "source": "ftp"}, "corpus")
+
+
+def test_model_d_model_not_divisible():
+    with pytest.raises(ConfigError, match=r"m\.d_model: got 130, expected a multiple of n_head \(4\)"):
+        from_dict(ModelConfig, {"d_model": 130, "n_head": 4}, "m")
+
+
+def test_missing_params_file(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        config.read_params(tmp_path / "nope.yaml")
+
+
+# --- stage scripts: exit 2, one line, nothing written ---------------------------------
+
+def _write_params(root, mutate):
+    p = copy.deepcopy(PARAMS)
+    mutate(p)
+    path = root / "params.yaml"
+    path.write_text(yaml.safe_dump(p, allow_unicode=True, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def _set(path_keys, value):
+    def mutate(p):
+        d = p
+        for k in path_keys[:-1]:
+            d = d[k]
+        d[path_keys[-1]] = value
+    return mutate
+
+
+def _assert_one_line_error(proc, *needles):
+    """proc: a CompletedProcess or call_stage's (code, stdout, stderr)."""
+    code, stderr = (proc.returncode, proc.stderr) if hasattr(proc, "returncode") else (proc[0], proc[2])
+    assert code == 2, stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    for n in needles:
+        assert n in lines[0], lines[0]
+
+
+TRAIN_CASES = [
+    ("unknown key", _set(["train", "stepz"], 3), ["--variant", "d32_scaled"], ["train.stepz", "unknown key"]),
+    ("wrong type", _set(["train", "batch_size"], "32x"), ["--variant", "d32_scaled"],
+     ["train.batch_size", "an integer"]),
+    ("d_model % n_head", _set(["train", "models", "small", "d_model"], 130), ["--variant", "d32_scaled"],
+     ["train.models.small.d_model", "multiple of n_head"]),
+    ("steps <= 0", _set(["train", "steps"], 0), ["--variant", "d32_scaled"],
+     ["train.steps", "a positive integer"]),
+    ("unknown preset", _set(["train", "variants", "d32_scaled", "model"], "medium"),
+     ["--variant", "d32_scaled"], ["train.variants.d32_scaled.model", "one of large, small"]),
+    ("unknown variant", lambda p: None, ["--variant", "nope"], ["--variant", "'nope'", "d32_scaled"]),
+    ("bad device", _set(["train", "device"], "tpu"), ["--variant", "d32_scaled"], ["train.device", "'cpu'"]),
+]
+
+
+@pytest.mark.parametrize("case,mutate,args,needles", TRAIN_CASES, ids=[c[0] for c in TRAIN_CASES])
+def test_train_stage_rejects(repo_copy, case, mutate, args, needles):
+    _write_params(repo_copy, mutate)
+    _assert_one_line_error(call_stage("train", *args, cwd=repo_copy), *needles)
+    assert output_files(repo_copy) == []
+
+
+def test_train_stage_unknown_variant_subprocess(repo_copy):
+    """The real command line, as DVC runs it (the other cases run the same main in-process)."""
+    proc = run_script("stages/train.py", "--variant", "nope", cwd=repo_copy)
+    _assert_one_line_error(proc, "--variant", "'nope'", "d32_scaled")
+    assert output_files(repo_copy) == []
+
+
+def test_train_stage_with_params_flag(tmp_path, repo_copy):
+    params = _write_params(tmp_path, _set(["train", "threads"], 0))
+    proc = call_stage("train", "--variant", "d32_scaled", "--params", params, cwd=repo_copy)
+    _assert_one_line_error(proc, "train.threads", "a positive integer")
+    assert output_files(repo_copy) == []
+
+
+CORPUS_CASES = [
+    ("unknown key", _set(["corpus", "vocab"], 3), ["corpus.vocab", "unknown key"]),
+    ("wrong type", _set(["corpus", "vocab_size"], "1200"), ["corpus.vocab_size", "an integer"]),
+    ("vocab too small", _set(["corpus", "vocab_size"], 2), ["corpus.vocab_size", "> 2"]),
+    ("val_fraction", _set(["corpus", "val_fraction"], 1.5), ["corpus.val_fraction", "(0, 1)"]),
+    ("bad hash", _set(["corpus", "files", "poet.tang.0.json"], "abc"),
+     ["corpus.files.poet.tang.0.json", "SHA-256"]),
+    ("bad integrity", _set(["corpus", "npm_integrity"], "md5-xyz"), ["corpus.npm_integrity", "sha512-"]),
+]
+
+
+@pytest.mark.parametrize("case,mutate,needles", CORPUS_CASES, ids=[c[0] for c in CORPUS_CASES])
+def test_corpus_stage_rejects(tmp_path, repo_copy, case, mutate, needles):
+    params = _write_params(tmp_path, mutate)
+    _assert_one_line_error(call_stage("corpus", "--params", params, cwd=repo_copy), *needles)
+    assert output_files(repo_copy) == []
+
+
+def test_train_summary_without_runs(repo_copy):
+    proc = call_stage("train_summary", cwd=repo_copy)
+    _assert_one_line_error(proc, "train.variants.", "no trained run")
+    assert output_files(repo_copy) == []

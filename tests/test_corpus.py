@@ -1,0 +1,306 @@
+"""corpus: tokenizer, split, metrics and the three sources, on a tiny fake corpus.
+
+Never touches the network: the npm source runs against a fake `npm` executable
+that copies a tarball built here.
+"""
+
+import io
+import json
+import os
+import shutil
+import stat
+import sys
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from attnrepro import corpus
+from attnrepro.corpus import CorpusConfig, CorpusError, Tokenizer
+
+from conftest import REPO, call_stage, output_files, run_script
+
+CONTRACT = {"poems", "chars", "distinct_chars", "vocab_size", "coverage", "train_tokens", "val_tokens"}
+
+
+# --- tokenizer -------------------------------------------------------------------------
+
+def test_tokenizer_ids_and_ranking():
+    tok = Tokenizer.build("bbaac\n\n\n", vocab_size=10)
+    # <pad>, <unk>, then by count (newline 3) and ties by code point (a < b, both 2)
+    assert tok.itos == ["<pad>", "<unk>", "\n", "a", "b", "c"]
+    assert tok.encode("ab\nz").tolist() == [3, 4, 2, 1]
+    assert tok.decode([3, 4, 2, 1, 0]) == "ab\n□□"
+
+
+def test_tokenizer_ties_do_not_depend_on_text_order():
+    a = Tokenizer.build("乙甲丙丁" * 3 + "戊", vocab_size=5)
+    b = Tokenizer.build("戊" + "丁丙甲乙" * 3, vocab_size=5)
+    assert a.itos == b.itos
+    assert a.itos[2:] == sorted("甲乙丙丁")[:3]  # 4 tied characters, lowest code points kept
+
+
+def test_tokenizer_truncates_to_vocab_size():
+    tok = Tokenizer.build("aaabbc", vocab_size=4)
+    assert tok.itos == ["<pad>", "<unk>", "a", "b"]
+    assert tok.encode("c").tolist() == [1]
+
+
+# --- build: split and metrics ----------------------------------------------------------
+
+def test_build_split_and_metrics(fake_corpus):
+    poems = corpus.load_poems(sorted(fake_corpus.dir.glob("*.json"), key=lambda p: int(p.stem.split(".")[-1])))
+    assert len(poems) == 48 and all(p.count("\n") == 3 for p in poems)
+    tok, arrays, m = corpus.build(poems, vocab_size=40, val_fraction=0.1)
+    text = "\n".join(poems)
+    ids = tok.encode(text)
+    assert CONTRACT <= set(m)
+    assert all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in m.values())
+    assert m["poems"] == 48
+    assert m["vocab_size"] == len(tok.itos) == 40
+    assert m["chars"] == len(text) - text.count("\n")
+    assert m["distinct_chars"] == len(set(text) - {"\n"})
+    assert m["distinct_chars"] > 38 and 0 < m["coverage"] < 1
+    assert m["val_tokens"] == round(0.1 * len(ids)) and m["train_tokens"] + m["val_tokens"] == len(ids)
+    assert len(arrays["train"]) == m["train_tokens"] and len(arrays["val"]) == m["val_tokens"]
+    assert np.array_equal(np.concatenate([arrays["train"], arrays["val"]]), ids)
+    assert "\n" in tok.itos
+
+
+def test_build_tiny_corpus_split_is_consistent():
+    """When val_fraction * tokens rounds to 0 the split must still add up (no empty train).
+
+    Refusing with a CorpusError that names val_fraction is an acceptable answer too.
+    """
+    try:
+        tok, arrays, m = corpus.build(["春眠不覺曉"], vocab_size=10, val_fraction=0.05)
+    except CorpusError as e:
+        assert "val_fraction" in str(e)
+        return
+    assert len(arrays["train"]) == m["train_tokens"]
+    assert len(arrays["val"]) == m["val_tokens"]
+    assert len(arrays["train"]) > 0
+
+
+def test_load_poems_rejects_bad_json(tmp_path):
+    bad = tmp_path / "poet.tang.0.json"
+    bad.write_text('[{"title": "x"}]', encoding="utf-8")
+    with pytest.raises(CorpusError, match="poet.tang.0.json"):
+        corpus.load_poems([bad])
+
+
+# --- fetch: local source ---------------------------------------------------------------
+
+def local_cfg(d, files, **kw):
+    return CorpusConfig(source="local", local_dir=str(d), files=dict(files), vocab_size=40, **kw)
+
+
+def test_fetch_local_ok(fake_corpus, tmp_path):
+    prov = corpus.fetch(local_cfg(fake_corpus.dir, fake_corpus.files), tmp_path / "raw")
+    assert prov["source"] == "local" and prov["sha256"] == fake_corpus.files
+    assert sorted(p.name for p in (tmp_path / "raw").iterdir()) == sorted(fake_corpus.files)
+
+
+def test_fetch_local_sha_mismatch(fake_corpus, tmp_path):
+    files = dict(fake_corpus.files)
+    files["poet.tang.1000.json"] = "0" * 64
+    with pytest.raises(CorpusError, match="sha256 mismatch for poet.tang.1000.json"):
+        corpus.fetch(local_cfg(fake_corpus.dir, files), tmp_path / "raw")
+
+
+def test_fetch_local_missing_file(fake_corpus, tmp_path):
+    (fake_corpus.dir / "poet.tang.2000.json").unlink()
+    with pytest.raises(CorpusError, match="poet.tang.2000.json is missing"):
+        corpus.fetch(local_cfg(fake_corpus.dir, fake_corpus.files), tmp_path / "raw")
+
+
+def test_fetch_local_empty_and_absent_dir(fake_corpus, tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CorpusError, match="empty"):
+        corpus.fetch(local_cfg(tmp_path / "empty", fake_corpus.files), tmp_path / "raw")
+    with pytest.raises(CorpusError, match="not a directory"):
+        corpus.fetch(local_cfg(tmp_path / "absent", fake_corpus.files), tmp_path / "raw")
+
+
+# --- fetch: npm source, with a fake npm --------------------------------------------------
+
+def make_tarball(path: Path, corpus_dir: Path, inner="package/dist/quantangshi", skip=()) -> None:
+    with tarfile.open(path, "w:gz") as tar:
+        for f in sorted(corpus_dir.iterdir()):
+            if f.name in skip:
+                continue
+            data = f.read_bytes()
+            info = tarfile.TarInfo(f"{inner}/{f.name}")
+            info.size, info.mtime = len(data), 0
+            tar.addfile(info, io.BytesIO(data))
+
+
+def install_fake_npm(bindir: Path, tarball: Path, fail: str = "") -> Path:
+    """An `npm` that copies `tarball` into --pack-destination and logs its argv."""
+    bindir.mkdir(parents=True, exist_ok=True)
+    log = bindir / "npm.log"
+    impl = bindir / "fake_npm.py"
+    impl.write_text(
+        "import json, shutil, sys\n"
+        f"open({str(log)!r}, 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n"
+        f"if {fail!r}:\n"
+        f"    print('npm ERR! something', file=sys.stderr); print({fail!r}, file=sys.stderr); sys.exit(1)\n"
+        "dest = sys.argv[sys.argv.index('--pack-destination') + 1]\n"
+        f"shutil.copy({str(tarball)!r}, dest + '/chinese-poetry-2.0.1.tgz')\n"
+        "print('[]')\n",
+        encoding="utf-8",
+    )
+    script = bindir / "npm"  # a sh wrapper: no long-shebang limit on the interpreter path
+    script.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{impl}" "$@"\n', encoding="utf-8")
+    script.chmod(script.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return log
+
+
+@pytest.fixture
+def fake_npm(fake_corpus, tmp_path, monkeypatch):
+    tarball = tmp_path / "pkg.tgz"
+    make_tarball(tarball, fake_corpus.dir)
+    bindir = tmp_path / "fakebin"
+    log = install_fake_npm(bindir, tarball)
+    monkeypatch.setenv("PATH", str(bindir) + os.pathsep + os.environ["PATH"])
+
+    def cfg(**kw):
+        base = dict(source="npm", npm_integrity=corpus.npm_integrity(tarball), files=dict(fake_corpus.files),
+                    vocab_size=40)
+        return CorpusConfig(**{**base, **kw})
+
+    return type("FakeNpm", (), {"tarball": tarball, "bindir": bindir, "log": log, "cfg": staticmethod(cfg)})
+
+
+def test_fetch_npm_ok(fake_npm, tmp_path):
+    prov = corpus.fetch(fake_npm.cfg(), tmp_path / "raw")
+    assert prov["integrity"] == corpus.npm_integrity(fake_npm.tarball)
+    argv = json.loads(fake_npm.log.read_text().splitlines()[-1])
+    assert argv[:2] == ["pack", "chinese-poetry@2.0.1"] and "--pack-destination" in argv
+
+
+def test_fetch_npm_integrity_mismatch(fake_npm, tmp_path):
+    wrong = "sha512-" + "A" * 86 + "=="
+    with pytest.raises(CorpusError, match="integrity mismatch for chinese-poetry@2.0.1"):
+        corpus.fetch(fake_npm.cfg(npm_integrity=wrong), tmp_path / "raw")
+
+
+def test_fetch_npm_member_missing(fake_corpus, tmp_path, monkeypatch):
+    tarball = tmp_path / "short.tgz"
+    make_tarball(tarball, fake_corpus.dir, skip={"poet.tang.3000.json"})
+    install_fake_npm(tmp_path / "bin", tarball)
+    monkeypatch.setenv("PATH", str(tmp_path / "bin") + os.pathsep + os.environ["PATH"])
+    cfg = CorpusConfig(source="npm", npm_integrity=corpus.npm_integrity(tarball), files=fake_corpus.files)
+    with pytest.raises(CorpusError, match="poet.tang.3000.json is missing"):
+        corpus.fetch(cfg, tmp_path / "raw")
+
+
+def test_fetch_npm_pack_fails(fake_corpus, tmp_path, monkeypatch):
+    install_fake_npm(tmp_path / "bin", tmp_path / "none.tgz", fail="npm ERR! 404 Not Found")
+    monkeypatch.setenv("PATH", str(tmp_path / "bin") + os.pathsep + os.environ["PATH"])
+    cfg = CorpusConfig(source="npm", npm_integrity="sha512-x", files=fake_corpus.files)
+    with pytest.raises(CorpusError, match="failed: npm ERR! 404 Not Found$"):
+        corpus.fetch(cfg, tmp_path / "raw")
+
+
+# --- the stage: exit 2, one line, nothing left behind; and the happy paths ----------------
+
+def write_params(root: Path, corpus_section: dict) -> Path:
+    params = yaml.safe_load((REPO / "params.yaml").read_text(encoding="utf-8"))
+    params["corpus"] = {**params["corpus"], **corpus_section}
+    path = root / "params.yaml"
+    path.write_text(yaml.safe_dump(params, allow_unicode=True, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def assert_failed_cleanly(repo, code, stderr, *needles):
+    assert code == 2, stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), stderr
+    for n in needles:
+        assert n in lines[0], lines[0]
+    assert output_files(repo) == []
+    assert not (repo / "data").exists() or list((repo / "data").iterdir()) == []  # no temp dirs
+
+
+@pytest.mark.parametrize("case", ["sha256", "missing", "empty"])
+def test_stage_bad_local_source(case, fake_corpus, tmp_path, repo_copy):
+    files = dict(fake_corpus.files)
+    src = fake_corpus.dir
+    if case == "sha256":
+        files["poet.tang.0.json"] = "f" * 64
+        needle = "sha256 mismatch for poet.tang.0.json"
+    elif case == "missing":
+        (src / "poet.tang.3000.json").unlink()
+        needle = "poet.tang.3000.json is missing"
+    else:
+        src = tmp_path / "empty"
+        src.mkdir()
+        needle = "is empty"
+    params = write_params(tmp_path, {"source": "local", "local_dir": str(src), "files": files,
+                                     "vocab_size": 40})
+    code, _, err = call_stage("corpus", "--params", params, cwd=repo_copy)
+    assert_failed_cleanly(repo_copy, code, err, needle)
+
+
+def test_stage_npm_integrity_mismatch(fake_npm, tmp_path, repo_copy):
+    params = write_params(tmp_path, {"source": "npm", "npm_integrity": "sha512-" + "B" * 86 + "==",
+                                     "files": fake_npm.cfg().files, "vocab_size": 40})
+    code, _, err = call_stage("corpus", "--params", params, cwd=repo_copy)
+    assert_failed_cleanly(repo_copy, code, err, "integrity mismatch")
+
+
+def test_stage_npm_ok(fake_npm, tmp_path, repo_copy):
+    c = fake_npm.cfg()
+    params = write_params(tmp_path, {"source": "npm", "npm_integrity": c.npm_integrity, "files": c.files,
+                                     "vocab_size": 40})
+    code, out, err = call_stage("corpus", "--params", params, cwd=repo_copy)
+    assert code == 0, err
+    m = json.loads((repo_copy / "metrics/corpus.json").read_text(encoding="utf-8"))
+    assert m["poems"] == 48 and m["vocab_size"] == 40
+    prov = json.loads((repo_copy / "data/corpus/provenance.json").read_text(encoding="utf-8"))
+    assert prov["source"] == "npm" and prov["integrity"] == c.npm_integrity
+
+
+def test_stage_npm_not_on_path(fake_corpus, tmp_path, repo_copy):
+    """Subprocess with a PATH that has python (a wrapper) but no npm."""
+    bindir = tmp_path / "pyonly"
+    bindir.mkdir()
+    wrapper = bindir / "python"
+    wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n', encoding="utf-8")
+    wrapper.chmod(0o755)
+    keep = [d for d in os.environ["PATH"].split(os.pathsep) if d and not (Path(d) / "npm").exists()]
+    path = os.pathsep.join([str(bindir), *keep])
+    assert shutil.which("npm", path=path) is None
+    params = write_params(tmp_path, {"files": fake_corpus.files, "vocab_size": 40})  # source: npm
+    proc = run_script("stages/corpus.py", "--params", params, cwd=repo_copy, path=path)
+    assert_failed_cleanly(repo_copy, proc.returncode, proc.stderr, "npm is not on PATH")
+
+
+def test_stage_local_end_to_end(fake_corpus, tmp_path, repo_copy):
+    params = write_params(tmp_path, {"source": "local", "local_dir": str(fake_corpus.dir),
+                                     "files": fake_corpus.files, "vocab_size": 40, "val_fraction": 0.1})
+    proc = run_script("stages/corpus.py", "--params", params, cwd=repo_copy)
+    assert proc.returncode == 0, proc.stderr
+    out = repo_copy / "data/corpus"
+    assert sorted(p.name for p in out.iterdir()) == [
+        "provenance.json", "raw", "text.txt", "train.npy", "val.npy", "vocab.json"]
+    assert sorted(p.name for p in (out / "raw").iterdir()) == sorted(fake_corpus.files)
+    itos = json.loads((out / "vocab.json").read_text(encoding="utf-8"))
+    assert itos[:2] == ["<pad>", "<unk>"] and len(itos) == 40
+    text = (out / "text.txt").read_text(encoding="utf-8")
+    assert text.startswith("".join(json.loads((fake_corpus.dir / "poet.tang.0.json").read_text(
+        encoding="utf-8"))[0]["paragraphs"][:1]))
+    ids = np.concatenate([np.load(out / "train.npy"), np.load(out / "val.npy")])
+    assert Tokenizer(itos).decode(ids) == Tokenizer(itos).decode(Tokenizer(itos).encode(text.rstrip("\n")))
+    m = json.loads((repo_copy / "metrics/corpus.json").read_text(encoding="utf-8"))
+    assert CONTRACT <= set(m)
+    assert m["poems"] == 48 and m["vocab_size"] == 40
+    assert m["train_tokens"] == len(np.load(out / "train.npy")) and m["val_tokens"] == len(np.load(out / "val.npy"))
+    env = json.loads((repo_copy / "metrics/env/corpus.json").read_text(encoding="utf-8"))
+    assert "torch" in env and "python" in env
+    prov = json.loads((out / "provenance.json").read_text(encoding="utf-8"))
+    assert prov["source"] == "local" and prov["sha256"] == fake_corpus.files
+    assert "validation" in prov["split"]

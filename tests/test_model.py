@@ -1,0 +1,192 @@
+"""TinyGPT (§0): architecture checksum, init, causality, fused parity, generation."""
+
+import math
+
+import pytest
+import torch
+
+from attnrepro.config import ConfigError
+from attnrepro.model import ModelConfig, TinyGPT, generate
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+SMALL = dict(vocab_size=1200, block_size=64, d_model=128, n_head=4, n_layer=2)
+LARGE = dict(vocab_size=1200, block_size=64, d_model=256, n_head=1, n_layer=2)
+TINY = dict(vocab_size=50, block_size=12, d_model=16, n_head=2, n_layer=2)
+
+
+def make(seed=0, **kw):
+    torch.manual_seed(seed)
+    return TinyGPT(ModelConfig(**{**TINY, **kw})).eval()
+
+
+def tokens(B=2, T=10, vocab=50, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (B, T), generator=g)
+
+
+@pytest.mark.parametrize("shape,expected", [(SMALL, 425_984), (LARGE, 1_376_256)])
+def test_parameter_count_checksum(shape, expected):
+    model = TinyGPT(ModelConfig(**shape))
+    assert model.num_params() == expected
+    assert ModelConfig(**shape).d_head == shape["d_model"] // shape["n_head"]
+
+
+def test_architecture_spec():
+    m = TinyGPT(ModelConfig(**SMALL))
+    a = m.attentions[0]
+    assert a.qkv.bias is None and a.proj.bias is None
+    mlp = m.blocks[0].mlp
+    assert mlp[0].out_features == 256 and mlp[0].bias is not None
+    assert isinstance(mlp[1], torch.nn.GELU)
+    assert m.head.bias is None
+
+
+def test_tied_head_shares_storage():
+    m = TinyGPT(ModelConfig(**SMALL))
+    assert m.head.weight is m.tok_emb.weight
+    assert m.head.weight.data_ptr() == m.tok_emb.weight.data_ptr()
+    untied = TinyGPT(ModelConfig(**{**SMALL, "tie_weights": False}))
+    assert untied.head.weight.data_ptr() != untied.tok_emb.weight.data_ptr()
+    assert untied.num_params() == 425_984 + 1200 * 128
+
+
+def test_init_stds():
+    torch.manual_seed(0)
+    m = TinyGPT(ModelConfig(**LARGE))
+    resid = 0.02 / math.sqrt(2 * 2)
+    checks = {
+        "tok_emb.weight": 0.02,
+        "pos_emb.weight": 0.02,
+        "blocks.0.attn.qkv.weight": 0.02,
+        "blocks.1.mlp.0.weight": 0.02,
+        "blocks.0.attn.proj.weight": resid,
+        "blocks.1.attn.proj.weight": resid,
+        "blocks.0.mlp.2.weight": resid,
+        "blocks.1.mlp.2.weight": resid,
+    }
+    params = dict(m.named_parameters())
+    for name, std in checks.items():
+        w = params[name].detach()
+        assert abs(w.mean().item()) < 0.1 * std, name
+        assert w.std().item() == pytest.approx(std, rel=0.05), name
+    for name, p in params.items():
+        if name.endswith(".bias"):
+            assert (p == 0).all(), name
+        if ".ln" in name or name.startswith("ln_f"):
+            assert (p == (1 if name.endswith("weight") else 0)).all(), name
+
+
+def test_same_seed_same_state_dict():
+    a, b = make(seed=3), make(seed=3)
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys()
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    c = make(seed=4)
+    assert not torch.equal(sa["blocks.0.attn.qkv.weight"], c.state_dict()["blocks.0.attn.qkv.weight"])
+
+
+@pytest.mark.parametrize("impl", ["manual", "fused"])
+def test_causal_future_token_does_not_change_past_logits(impl):
+    m = make(impl=impl)
+    x = tokens(T=10)
+    y = x.clone()
+    y[:, 6] = (y[:, 6] + 1) % 50
+    with torch.no_grad():
+        lx, _ = m(x)
+        ly, _ = m(y)
+    assert torch.equal(lx[:, :6], ly[:, :6])
+    assert not torch.allclose(lx[:, 6:], ly[:, 6:])
+
+
+def test_non_causal_model_sees_the_future():
+    m = make(causal=False)
+    x = tokens(T=10)
+    y = x.clone()
+    y[:, 6] = (y[:, 6] + 1) % 50
+    with torch.no_grad():
+        assert not torch.allclose(m(x)[0][:, :6], m(y)[0][:, :6])
+
+
+@pytest.mark.parametrize("scaled", [True, False])
+def test_fused_equals_manual(scaled):
+    manual = make(scaled=scaled, impl="manual")
+    fused = make(scaled=scaled, impl="fused")
+    fused.load_state_dict(manual.state_dict())
+    x = tokens(T=12)
+    with torch.no_grad():
+        a, la = manual(x, x)
+        b, lb = fused(x, x)
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(la, lb, rtol=1e-5, atol=1e-6)
+
+
+def test_loss_ignores_minus_100():
+    m = make()
+    x = tokens(T=8)
+    t = x.clone()
+    with torch.no_grad():
+        logits, full = m(x, t)
+        t2 = t.clone()
+        t2[:, :4] = -100
+        _, part = m(x, t2)
+        ref = torch.nn.functional.cross_entropy(logits[:, 4:].flatten(0, 1), t[:, 4:].flatten())
+    torch.testing.assert_close(part, ref)
+    assert not torch.isclose(part, full)
+
+
+def test_record_fills_last():
+    m = make()
+    assert all(a.last is None for a in m.attentions)
+    m.set_record(True)
+    with torch.no_grad():
+        m(tokens(B=2, T=10))
+    for a in m.attentions:
+        assert set(a.last) == {"weights", "logits", "q", "k"}
+        assert a.last["weights"].shape == (2, 2, 10, 10)
+        assert a.last["logits"].shape == (2, 2, 10, 10)
+        assert a.last["q"].shape == (2, 2, 10, 8)
+        torch.testing.assert_close(a.last["weights"].sum(-1), torch.ones(2, 2, 10))
+    m.set_record(False)
+    assert all(a.last is None for a in m.attentions)
+
+
+def test_record_works_on_fused_model():
+    m = make(impl="fused")
+    m.set_record(True)
+    with torch.no_grad():
+        m(tokens())
+    assert all(a.last is not None and a.last["weights"] is not None for a in m.attentions)
+
+
+def test_longer_than_block_size_raises():
+    m = make()
+    with pytest.raises(ValueError, match="block_size"):
+        m(tokens(T=13))
+    m(tokens(T=12))  # exactly block_size is fine
+
+
+def test_invalid_config_rejected():
+    with pytest.raises(ConfigError, match="d_model"):
+        TinyGPT(ModelConfig(**{**TINY, "d_model": 15}))
+    with pytest.raises(ConfigError, match="bug"):
+        TinyGPT(ModelConfig(**{**TINY, "bug": "nope"}))
+    with pytest.raises(ConfigError, match="impl"):
+        TinyGPT(ModelConfig(**{**TINY, "impl": "fused", "bug": "mask_zero"}))
+
+
+def test_generate_greedy_and_seeded():
+    m = make()
+    prompt = tokens(B=1, T=3)
+    g1 = generate(m, prompt, 15, temperature=0)  # longer than block_size: context is cropped
+    g2 = generate(m, prompt, 15, temperature=0)
+    assert g1.shape == (1, 18) and torch.equal(g1[:, :3], prompt)
+    assert torch.equal(g1, g2)
+    s1 = generate(m, prompt, 15, temperature=1.0, generator=torch.Generator().manual_seed(7))
+    torch.manual_seed(123)  # the global RNG must not matter
+    s2 = generate(m, prompt, 15, temperature=1.0, generator=torch.Generator().manual_seed(7))
+    assert torch.equal(s1, s2)
+    s3 = generate(m, prompt, 15, temperature=1.0, generator=torch.Generator().manual_seed(8))
+    assert not torch.equal(s1, s3)
+    k1 = generate(m, prompt, 10, temperature=1.0, top_k=1, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(k1, generate(m, prompt, 10, temperature=0))

@@ -1,0 +1,164 @@
+"""The report stage: deterministic outputs from fixture metrics; `dvc plots show` renders."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+VARIANTS = ("d32_unscaled", "d32_scaled", "d256_unscaled", "d256_scaled")
+
+
+def make_workspace(root: Path) -> Path:
+    """A minimal workspace: params, claims, metrics, env records, training curves, one PNG."""
+    root.mkdir(parents=True, exist_ok=True)
+    params = yaml.safe_load((REPO / "params.yaml").read_text(encoding="utf-8"))
+    (root / "params.yaml").write_text(yaml.safe_dump({"train": params["train"], "report": params["report"]},
+                                                     allow_unicode=True), encoding="utf-8")
+    shutil.copy(REPO / "claims.yaml", root / "claims.yaml")
+    (root / "metrics" / "env").mkdir(parents=True)
+    train = {v: {"params": 425984 if "d32" in v else 1376256, "loss_start": 7.1,
+                 "loss_final": 4.0 + 0.1 * i, "entropy_step222": 0.5 - 0.1 * i} for i, v in enumerate(VARIANTS)}
+    train["comparison"] = {"gap_d32_loss_final": 0.1, "gap_ratio_loss_final": 1.0}
+    (root / "metrics" / "train.json").write_text(json.dumps(train), encoding="utf-8")
+    (root / "metrics" / "corpus.json").write_text(json.dumps({"poems": 4003, "vocab_size": 1200}), encoding="utf-8")
+    (root / "metrics" / "env" / "corpus.json").write_text(
+        json.dumps({"cpu": "Test CPU", "cuda_available": 0, "torch": "x", "ram_bytes": 2**33}), encoding="utf-8")
+    (root / "plots" / "train").mkdir(parents=True)
+    for i, v in enumerate(VARIANTS):
+        rows = ["step,lr,loss,grad_norm,entropy_l0,logit_std_l0,jacobian_fro_l0,val_loss"]
+        for s in range(60):
+            diag = f"{0.9 / (1 + i * s / 10):.6g},{1 + s * i:.6g},{0.3 / (1 + i * s / 10):.6g}" if s % 10 == 0 else ",,"
+            rows.append(f"{s},0.001,{7.1 - s * 0.03 * (1 + 0.1 * i):.6g},1.0,{diag},")
+        (root / "plots" / "train" / f"{v}.csv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    (root / "plots" / "init_sweep").mkdir(parents=True)
+    rows = ["d_head,logit_std,theory_sqrt_d,pred_varprop"] + [f"{d},{0.002 * d},{d ** 0.5:.6g},{0.002 * d}"
+                                                             for d in (32, 64, 128, 256, 512)]
+    (root / "plots" / "init_sweep" / "sweep.csv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    # a real PNG for the embedding path
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig = plt.figure(figsize=(1, 1))
+    fig.savefig(root / "plots" / "init_sweep" / "sweep.png", metadata={"Software": None})
+    plt.close(fig)
+    return root
+
+
+def run_stage(root: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO / "stages" / "report.py")], cwd=root, capture_output=True,
+                          text=True, timeout=120)
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    files = [root / "metrics" / "claims.json", *sorted((root / "report").rglob("*"))]
+    return {str(f.relative_to(root)): f.read_bytes() for f in files if f.is_file()}
+
+
+def test_report_stage_is_deterministic_and_complete(tmp_path):
+    root = make_workspace(tmp_path / "w")
+    p = run_stage(root)
+    assert p.returncode == 0, p.stderr
+    first = snapshot(root)
+    p = run_stage(root)
+    assert p.returncode == 0, p.stderr
+    assert snapshot(root) == first  # byte-identical, figures included
+
+    assert {"report/REPORT.md", "report/figures/train_loss.png", "report/figures/train_diagnostics.png",
+            "report/figures/init_sweep__sweep.png", "metrics/claims.json"} <= set(first)
+    md = first["report/REPORT.md"].decode()
+    for name in ("train_loss.png", "train_diagnostics.png", "init_sweep__sweep.png"):
+        assert f"(figures/{name})" in md
+    assert "## §2 train: loss (§1.4)" in md and "## Machine" in md and "Test CPU" in md
+    assert "❌ FAIL" in md            # the fixture's gap ratio of 1.0 violates the >= 3 claim
+    assert "✅ pass" in md and "❌ missing" in md
+
+    claims = json.loads(first["metrics/claims.json"])
+    assert claims["train_gap_grows_with_dhead"]["pass"] == 0
+    assert claims["params_d32_scaled"]["pass"] == 1
+    assert claims["corpus_poems"] == {"pass": 1, "gate": 1, "skipped": 0, "published": 4003, "tolerance": 0,
+                                      "value": 4003}
+    t = claims["totals"]
+    assert t["n"] == t["passed"] + t["failed"] + t["skipped"]
+    assert t["gated_failed"] > 0
+    assert all(isinstance(v, (int, float)) for e in claims.values() for v in e.values())
+    assert "20" not in md.split("\n")[0]  # no dates in the title line
+
+
+def test_report_changes_when_a_metric_changes(tmp_path):
+    root = make_workspace(tmp_path / "w")
+    assert run_stage(root).returncode == 0
+    before = snapshot(root)
+    train = json.loads((root / "metrics" / "train.json").read_text())
+    train["comparison"]["gap_ratio_loss_final"] = 5.0
+    (root / "metrics" / "train.json").write_text(json.dumps(train))
+    assert run_stage(root).returncode == 0
+    after = snapshot(root)
+    assert after["report/REPORT.md"] != before["report/REPORT.md"]
+    assert json.loads(after["metrics/claims.json"])["train_gap_grows_with_dhead"]["pass"] == 1
+
+
+def test_report_stage_bad_params_one_line(tmp_path):
+    root = make_workspace(tmp_path / "w")
+    params = yaml.safe_load((root / "params.yaml").read_text(encoding="utf-8"))
+    params["report"]["smooth"] = 0
+    (root / "params.yaml").write_text(yaml.safe_dump(params, allow_unicode=True), encoding="utf-8")
+    p = run_stage(root)
+    assert p.returncode == 2 and p.stderr.strip().startswith("error: report.smooth")
+    assert not (root / "report").exists()
+
+
+def test_dvc_plots_show_renders_the_top_level_plots(tmp_path):
+    if shutil.which("dvc") is None and not (Path(sys.executable).parent / "dvc").exists():
+        pytest.skip("dvc not installed")
+    dvc = shutil.which("dvc") or str(Path(sys.executable).parent / "dvc")
+    root = make_workspace(tmp_path / "w")
+    shutil.copy(REPO / "dvc.yaml", root / "dvc.yaml")
+    shutil.copy(REPO / "params.yaml", root / "params.yaml")
+    subprocess.run([dvc, "init", "--no-scm", "-q"], cwd=root, check=True, timeout=60)
+    p = subprocess.run([dvc, "plots", "show", "-o", "html"], cwd=root, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    p = subprocess.run([dvc, "plots", "show", "--json"], cwd=root, capture_output=True, text=True, timeout=120)
+    ours = ("train_loss", "train_entropy_l0", "train_jacobian_l0", "init_sweep_logit_std")
+    errors = [e for e in json.loads(p.stdout).get("errors") or [] if e.get("name") in ours]
+    assert not errors, errors  # other stages' plots may lack their files in this fixture
+    html = (root / "html" / "index.html").read_text(encoding="utf-8")
+    for title in ("Training loss of the four variants", "Layer-0 attention entropy",
+                  "Layer-0 softmax Jacobian norm", "Logit std at init"):
+        assert title in html, title
+    for v in VARIANTS:  # each variant's curve is a series of its own (dvc names them by file)
+        assert f"{v}.csv" in html, v
+    assert "sweep.png" in html
+
+
+def test_report_stanza_depends_on_every_stage_output_it_reads():
+    """dvc.yaml: the report's deps cover every metrics/*.json, metrics/env/*.json and embedded
+    PNG that a stage outputs (so `dvc repro report` reruns when any of them changes), and list
+    nothing that no stage outputs."""
+    stages = yaml.safe_load((REPO / "dvc.yaml").read_text(encoding="utf-8"))["stages"]
+    outputs: set[str] = set()
+    for name, st in stages.items():
+        body = st.get("do", st)
+        for kind in ("outs", "metrics", "plots"):
+            for o in body.get(kind, []) or []:
+                path = next(iter(o)) if isinstance(o, dict) else o
+                outputs.add(path.replace("${key}", "*"))
+    deps = set(stages["report"]["deps"])
+    reads = {p for p in outputs if p != "metrics/claims.json" and (
+        (p.startswith("metrics/") and p.endswith(".json")) or (p.startswith("plots/") and p.endswith(".png")))}
+    missing = [p for p in sorted(reads)
+               if p not in deps and not any(p.startswith(d.rstrip("/") + "/") for d in deps)]
+    assert not missing, f"report deps lack {missing}"
+    produced = lambda d: d in outputs or any(d.startswith(o.rstrip("/") + "/") for o in outputs) or \
+        (d.startswith("plots/train/") and "plots/train/*.csv" in outputs)
+    stray = [d for d in deps if d.startswith(("metrics/", "plots/")) and not produced(d)]
+    assert not stray, f"report deps that no stage outputs: {stray}"
+    for stage in ("heads", "failures", "precision", "kv_cache", "latency", "train", "init_sweep", "reversal", "charlm"):
+        assert f"metrics/{stage}.json" in deps and f"metrics/env/{stage}.json" in deps, stage
