@@ -63,7 +63,7 @@ def _claims_parser(sub) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="attnrepro", description=__doc__,
+    ap = argparse.ArgumentParser(prog="attnrepro", description=__doc__.split("\n\nTo add")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", metavar="COMMAND")
     _check_parser(sub)
