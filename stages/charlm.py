@@ -41,7 +41,8 @@ def main() -> None:
     text = join_text(sentences)
     vocab = CharVocab(text)
     train_ids, val_ids = split_stream(text, cfg.repeat, cfg.val_fraction, vocab)
-    prompt_ids, attn_ids = vocab.encode(cfg.prompt), vocab.encode(cfg.attn_text)  # fail early
+    vocab.encode(cfg.prompt)  # fail early on a character outside the vocabulary
+    attn_ids = vocab.encode(cfg.attn_text)
 
     torch.manual_seed(cfg.seed)
     model = TinyGPT(cfg.model_config(len(vocab)))

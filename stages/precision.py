@@ -22,7 +22,6 @@ import argparse
 import math
 from dataclasses import dataclass, field
 
-import torch
 
 from attnrepro import numerics as nm
 from attnrepro.config import load_section, require, run_stage

@@ -26,9 +26,8 @@ Small, documented API (others reuse it):
 
 Fixtures: ``fake_corpus`` (a directory and its hashes, as a namespace with
 ``.dir`` and ``.files``), ``repo_copy`` (a fresh copy of the repository) and
-``one_thread`` (torch runs single-threaded during the test, then the old count is
-restored: tiny tensors on a shared 2-core machine are several times faster so;
-opt in with ``pytestmark = pytest.mark.usefixtures("one_thread")``).
+``one_thread`` (autouse, whole session: torch runs single-threaded, then the old
+count is restored; tiny tensors on a shared 2-core machine are several times faster so).
 """
 
 from __future__ import annotations
@@ -201,7 +200,7 @@ def repo_copy(tmp_path):
     return copy_repo(tmp_path / "repo")
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True, scope="session")
 def one_thread():
     import torch
 

@@ -8,7 +8,6 @@ import torch.nn.functional as F
 
 from attnrepro.attention import BUGS, attention, causal_mask, fused_attention
 
-pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def qkv(B=2, H=3, tq=7, tk=None, d=16, seed=0, dtype=torch.float64, scale=1.0):

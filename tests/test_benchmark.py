@@ -13,7 +13,6 @@ from attnrepro import benchmark as bm
 
 ROOT = Path(__file__).resolve().parents[1]
 # one thread: on a shared, oversubscribed CPU two OpenMP threads can be 50x slower
-torch.set_num_threads(1)
 
 
 def load_stage(name):

@@ -18,15 +18,6 @@ from attnrepro.config import ConfigError, from_dict
 from attnrepro.model import TinyGPT
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """The CI box has 2 shared cores; several threads contending is slower, not faster."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 TEXT_FILE = ROOT / "src/attnrepro/data/charlm_sentences.txt"
 
 

@@ -16,7 +16,6 @@ from attnrepro.diagnostics import (
     visible_keys,
 )
 
-pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def causal_uniform(t):

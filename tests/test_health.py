@@ -15,7 +15,6 @@ from attnrepro.health import (
     boundary_probe,
     check_boundary,
     check_entropy,
-    check_future_zero,
     check_matrix,
     check_row_sums,
     future_weight_max,

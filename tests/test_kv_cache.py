@@ -15,7 +15,6 @@ from attnrepro.model import ModelConfig, TinyGPT, generate
 
 ROOT = Path(__file__).resolve().parents[1]
 # one thread: on a shared, oversubscribed CPU two OpenMP threads can be 50x slower
-torch.set_num_threads(1)
 
 
 def tiny(impl="manual", n_head=2, block=48, seed=0) -> TinyGPT:

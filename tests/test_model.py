@@ -8,7 +8,6 @@ import torch
 from attnrepro.config import ConfigError
 from attnrepro.model import ModelConfig, TinyGPT, generate
 
-pytestmark = pytest.mark.usefixtures("one_thread")
 
 SMALL = dict(vocab_size=1200, block_size=64, d_model=128, n_head=4, n_layer=2)
 LARGE = dict(vocab_size=1200, block_size=64, d_model=256, n_head=1, n_layer=2)

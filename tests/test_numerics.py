@@ -14,7 +14,6 @@ from attnrepro import numerics as nm
 
 ROOT = Path(__file__).resolve().parents[1]
 # one thread: on a shared, oversubscribed CPU two OpenMP threads can be 50x slower
-torch.set_num_threads(1)
 
 
 def test_finfo_table_matches_the_chapter():

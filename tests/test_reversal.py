@@ -19,15 +19,6 @@ from attnrepro import reversal as R
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """The CI box has 2 shared cores; several threads contending is slower, not faster."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def cfg(**kw) -> R.ReversalConfig:
     return from_dict(R.ReversalConfig, kw, prefix="reversal")
 

@@ -20,7 +20,6 @@ from attnrepro.training import (
 
 from conftest import load_stage_module
 
-pytestmark = pytest.mark.usefixtures("one_thread")
 
 TINY = dict(vocab_size=12, block_size=8, d_model=16, n_head=2, n_layer=1)
 

@@ -4,10 +4,6 @@
                                          exit 1 when a gated metric drifts or a gated claim fails
   attnrepro claims [--all]               evaluate claims.yaml on the workspace metrics only
   attnrepro kv ...                       KV-cache memory calculator (attnrepro.memory), when installed
-
-To add a subcommand owned by another module, add one line to PLUGINS below:
-name -> (module, function, help). The function receives the remaining argv and
-returns an exit code; the module is imported only when the subcommand runs.
 """
 
 from __future__ import annotations
@@ -18,6 +14,9 @@ import sys
 
 from .config import UserError
 
+# Subcommands owned by other modules: name -> (module, function, help). The function
+# receives the remaining argv and returns an exit code; the module is imported only
+# when the subcommand runs. Adding one is one line here.
 PLUGINS: dict[str, tuple[str, str, str]] = {
     "kv": ("attnrepro.memory", "main", "KV-cache / attention-matrix memory calculator (eq. 1.20-1.21)"),
 }
@@ -63,7 +62,7 @@ def _claims_parser(sub) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="attnrepro", description=__doc__.split("\n\nTo add")[0],
+    ap = argparse.ArgumentParser(prog="attnrepro", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", metavar="COMMAND")
     _check_parser(sub)
