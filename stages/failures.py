@@ -9,9 +9,15 @@ causal count otherwise), so it is in [0, 1] for every variant (attnrepro.probes)
 `entropy_raw` keeps the naive value. The health checks of attnrepro.health run on the attention
 function with each variant's switches; which of them fire is the check-by-variant matrix.
 
+The symptom table comes from `failures.seed`. To show how much a 300-step symptom
+moves with the seed, every variant is trained again with each of `failures.spread_seeds`
+(each seed drives both the initialization and the batch order; the validation batches
+stay fixed): <variant>.spread.<symptom>_min/_max span all seeds, the reference included.
+
 Writes metrics/failures.json (<variant>.loss_final, .entropy, .max_row_sum, ...,
-<variant>.check_<name> = 1 when the check fires), plots/failures/<variant>.csv (per step),
-plots/failures/checks.csv and plots/failures/training.png.
+<variant>.check_<name> = 1 when the check fires, <variant>.spread.*),
+plots/failures/<variant>.csv (per step), plots/failures/seeds.csv (one row per
+variant and seed), plots/failures/checks.csv and plots/failures/training.png.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from pathlib import Path
 import torch
 
 from attnrepro.attention import BUGS
-from attnrepro.config import from_dict, load_section, require, run_stage
+from attnrepro.config import from_dict, load_section, require, require_positive, run_stage
 from attnrepro.envinfo import environment, setup_determinism
 from attnrepro.health import INTENDED, Probe, check_matrix
 from attnrepro.io import write_csv, write_json
@@ -47,15 +53,18 @@ class FailuresConfig(OptimConfig):
     loss_window: int = 20
     model: dict = field(default_factory=dict)  # ModelConfig fields (vocab_size comes from the corpus)
     variants: list[str] = field(default_factory=lambda: list(BUGS))
+    spread_seeds: list[int] = field(default_factory=list)  # extra seeds for the seed spread; may be empty
 
     def validate(self, prefix: str = "failures") -> None:
         super().validate(prefix)
-        for name in ("threads", "val_batches", "loss_window"):
-            require(getattr(self, name) > 0, f"{prefix}.{name}", getattr(self, name), "a positive integer")
+        require_positive(self, ("threads", "val_batches", "loss_window"), prefix)
         require(len(self.variants) > 0 and len(set(self.variants)) == len(self.variants), f"{prefix}.variants",
                 self.variants, "a non-empty list without repeats")
         for v in self.variants:
             require(v in BUGS, f"{prefix}.variants", v, "entries from " + ", ".join(BUGS))
+        seeds = [self.seed, *self.spread_seeds]
+        require(len(set(seeds)) == len(seeds), f"{prefix}.spread_seeds", self.spread_seeds,
+                "seeds without repeats, other than failures.seed")
         for key in ("bug", "vocab_size"):
             require(key not in self.model, f"{prefix}.model.{key}", self.model.get(key),
                     "not set here (bug comes from variants, vocab_size from the corpus)")
@@ -66,12 +75,18 @@ class FailuresConfig(OptimConfig):
                          prefix="failures.model")
 
 
-def run_variant(cfg: FailuresConfig, bug: str, vocab: int, train_ids, val, device: str) -> tuple[dict, list]:
+# the symptoms whose seed-to-seed range is recorded
+SPREAD = ("loss_final", "grad_norm_final", "entropy", "diag_weight")
+
+
+def run_variant(cfg: FailuresConfig, bug: str, seed: int, vocab: int, train_ids, val,
+                device: str) -> tuple[dict, list]:
     mcfg = cfg.model_config(bug, vocab)
-    torch.manual_seed(cfg.seed)
+    torch.manual_seed(seed)
     model = TinyGPT(mcfg).to(device)
-    sampler = BatchSampler(train_ids, mcfg.block_size, cfg.batch_size, seed=cfg.seed)
-    bar = progress(cfg.steps, f"failures {bug}")
+    sampler = BatchSampler(train_ids, mcfg.block_size, cfg.batch_size, seed=seed)
+    label = f"failures {bug}" if seed == cfg.seed else f"failures {bug} (seed {seed})"
+    bar = progress(cfg.steps, label)
 
     def tick(step: int, loss: float) -> None:
         bar.update(1)
@@ -90,6 +105,15 @@ def run_variant(cfg: FailuresConfig, bug: str, vocab: int, train_ids, val, devic
         **weight_symptoms(model, val),
     }
     return out, run.history
+
+
+def spread(rows: list[dict]) -> dict:
+    """{<symptom>_min, <symptom>_max, seeds} over one variant's per-seed rows."""
+    out: dict = {"seeds": len(rows)}
+    for k in SPREAD:
+        vals = [r[k] for r in rows]
+        out[f"{k}_min"], out[f"{k}_max"] = min(vals), max(vals)
+    return out
 
 
 def main() -> None:
@@ -111,7 +135,7 @@ def main() -> None:
 
     metrics, histories, check_rows = {}, {}, []
     for bug in cfg.variants:
-        m, hist = run_variant(cfg, bug, vocab, train_ids, val, device)
+        m, hist = run_variant(cfg, bug, cfg.seed, vocab, train_ids, val, device)
         histories[bug] = hist
         for name, res in matrix[bug].items():
             m[name] = int(not res.passed)  # 1 = the check fires
@@ -127,7 +151,20 @@ def main() -> None:
               f"entropy {m['entropy']:.4f}  diag {m['diag_weight']:.3f}  max row sum {m['max_row_sum']:.4f}  "
               f"checks fired: {', '.join(fired) or 'none'}")
 
+    seed_rows = [{"variant": bug, "seed": cfg.seed, **{k: metrics[bug][k] for k in SPREAD}} for bug in cfg.variants]
+    for seed in cfg.spread_seeds:
+        for bug in cfg.variants:
+            m, _ = run_variant(cfg, bug, seed, vocab, train_ids, val, device)
+            seed_rows.append({"variant": bug, "seed": seed, **{k: m[k] for k in SPREAD}})
+    for bug in cfg.variants:
+        metrics[bug]["spread"] = spread([r for r in seed_rows if r["variant"] == bug])
+        sp = metrics[bug]["spread"]
+        print(f"{bug:20s} over {sp['seeds']} seeds: loss {sp['loss_final_min']:.3f}-{sp['loss_final_max']:.3f}  "
+              f"entropy {sp['entropy_min']:.4f}-{sp['entropy_max']:.4f}  "
+              f"diag {sp['diag_weight_min']:.3f}-{sp['diag_weight_max']:.3f}")
+
     write_json("metrics/failures.json", metrics)
+    write_csv("plots/failures/seeds.csv", seed_rows)
     write_json("metrics/env/failures.json", environment(device))
     write_csv("plots/failures/checks.csv", check_rows)
     failures_figure(histories, Path("plots/failures/training.png"))

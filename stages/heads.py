@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from attnrepro.config import UserError, load_section, require, run_stage
+from attnrepro.config import UserError, load_section, require, require_positive, run_stage
 from attnrepro.envinfo import environment, setup_determinism
 from attnrepro.io import write_csv, write_json
 from attnrepro.model import ModelConfig, TinyGPT
@@ -43,8 +43,7 @@ class HeadsConfig:
     threads: int = 2
 
     def validate(self, prefix: str = "heads") -> None:
-        for name in ("n_seqs", "seq_len", "ablation_batches", "ablation_batch_size", "threads"):
-            require(getattr(self, name) > 0, f"{prefix}.{name}", getattr(self, name), "a positive integer")
+        require_positive(self, ("n_seqs", "seq_len", "ablation_batches", "ablation_batch_size", "threads"), prefix)
         require(self.seq_len >= 2, f"{prefix}.seq_len", self.seq_len, "at least 2")
 
 

@@ -11,7 +11,7 @@ import argparse
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from attnrepro.config import load_section, require, run_stage
+from attnrepro.config import load_section, require, require_positive, run_stage
 from attnrepro.envinfo import environment, setup_determinism
 from attnrepro.io import write_csv, write_json
 from attnrepro.probe_plots import init_sweep_figure
@@ -35,8 +35,7 @@ class InitSweepConfig:
     def validate(self, prefix: str = "init_sweep") -> None:
         require(len(self.d_heads) >= 2 and all(d > 0 for d in self.d_heads), f"{prefix}.d_heads",
                 self.d_heads, "at least two positive integers")
-        for name in ("block_size", "batch_size", "n_batches", "threads"):
-            require(getattr(self, name) > 0, f"{prefix}.{name}", getattr(self, name), "a positive integer")
+        require_positive(self, ("block_size", "batch_size", "n_batches", "threads"), prefix)
         require(0 <= self.token_low < self.vocab_size, f"{prefix}.token_low", self.token_low,
                 f"in [0, vocab_size={self.vocab_size})")
         require(self.init_std > 0, f"{prefix}.init_std", self.init_std, "a positive number")

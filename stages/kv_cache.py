@@ -23,7 +23,7 @@ import torch
 
 from attnrepro import kv_cache as kvc
 from attnrepro import memory
-from attnrepro.config import ConfigError, from_dict, load_section, require, run_stage
+from attnrepro.config import ConfigError, from_dict, load_section, require, require_positive, run_stage
 from attnrepro.envinfo import environment, setup_determinism
 from attnrepro.io import write_csv, write_json
 from attnrepro.model import ModelConfig, TinyGPT, generate
@@ -60,7 +60,7 @@ class KVCacheConfig:
     gen_tokens: int = 248
 
     def validate(self, prefix: str = "kv_cache") -> None:
-        require(self.threads > 0, f"{prefix}.threads", self.threads, "a positive integer")
+        require_positive(self, ("threads",), prefix)
         for p in self.presets:
             require(p in memory.PRESETS, f"{prefix}.presets", p, "one of " + ", ".join(memory.PRESETS))
         for name, c in self.attn_matrix.items():
@@ -68,9 +68,8 @@ class KVCacheConfig:
                     "positive seq, heads, layers")
             require(c.dtype in memory.DTYPE_BYTES, f"{prefix}.attn_matrix.{name}.dtype", c.dtype,
                     "one of " + ", ".join(memory.DTYPE_BYTES))
-        for name in ("vocab_size", "cache_batch", "identity_prompt", "identity_tokens", "reps", "gen_prompt",
-                     "gen_tokens"):
-            require(getattr(self, name) > 0, f"{prefix}.{name}", getattr(self, name), "a positive integer")
+        require_positive(self, ("vocab_size", "cache_batch", "identity_prompt", "identity_tokens", "reps",
+                                "gen_prompt", "gen_tokens"), prefix)
         require(self.warmup >= 0, f"{prefix}.warmup", self.warmup, "a non-negative integer")
         require(self.sample_temperature > 0, f"{prefix}.sample_temperature", self.sample_temperature, "> 0")
         block = self.model_config().block_size

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from attnrepro import benchmark as bm
-from attnrepro.config import load_section, require, run_stage
+from attnrepro.config import load_section, require, require_positive, run_stage
 from attnrepro.envinfo import environment, gpu_info, setup_determinism
 from attnrepro.io import write_csv, write_json
 from attnrepro.perfplots import latency_figure
@@ -59,8 +59,7 @@ class LatencyConfig:
     naive_cpu_n: list[int] = field(default_factory=lambda: [128, 256, 512, 1024, 2048])
 
     def validate(self, prefix: str = "latency") -> None:
-        for name in ("threads", "heads", "d_head", "cuda_reps", "cpu_reps"):
-            require(getattr(self, name) > 0, f"{prefix}.{name}", getattr(self, name), "a positive integer")
+        require_positive(self, ("threads", "heads", "d_head", "cuda_reps", "cpu_reps"), prefix)
         for name in ("cuda_warmup", "cpu_warmup"):
             require(getattr(self, name) >= 0, f"{prefix}.{name}", getattr(self, name), "a non-negative integer")
         for name in ("cuda_n", "naive_cuda_n", "cpu_n", "naive_cpu_n"):

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 
 from attnrepro import numerics as nm
-from attnrepro.config import load_section, require, run_stage
+from attnrepro.config import load_section, require, require_positive, run_stage
 from attnrepro.envinfo import environment, setup_determinism
 from attnrepro.io import write_csv, write_json
 from attnrepro.runtime import progress
@@ -53,7 +53,7 @@ class PrecisionConfig:
     parity_shape: list[int] = field(default_factory=lambda: [2, 4, 6, 32])
 
     def validate(self, prefix: str = "precision") -> None:
-        require(self.threads > 0, f"{prefix}.threads", self.threads, "a positive integer")
+        require_positive(self, ("threads",), prefix)
         require(len(self.softmax_logits) > 0, f"{prefix}.softmax_logits", self.softmax_logits, "a non-empty list")
         require(len(self.overflow_shape) > 0 and all(s > 0 for s in self.overflow_shape),
                 f"{prefix}.overflow_shape", self.overflow_shape, "a list of positive integers")
@@ -67,8 +67,7 @@ class PrecisionConfig:
             for k, v in getattr(self, name).items():
                 require(v > 0 and k.isidentifier(), f"{prefix}.{name}.{k}", v,
                         "a positive number under an identifier-like name")
-        for name in ("batch", "heads", "seq", "accum_n"):
-            require(getattr(self, name) > 0, f"{prefix}.{name}", getattr(self, name), "a positive integer")
+        require_positive(self, ("batch", "heads", "seq", "accum_n"), prefix)
         for v in self.mask_values:
             require(v < 0, f"{prefix}.mask_values", self.mask_values, "a list of negative numbers")
         require(len(self.parity_shape) == 4 and all(s > 0 for s in self.parity_shape),

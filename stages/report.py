@@ -3,8 +3,9 @@
 Reads metrics/*.json (every stage's metrics), metrics/env/*.json (machine
 fingerprints), plots/train/<variant>.csv (training curves) and every PNG under
 plots/<stage>/; writes metrics/claims.json (per claim: value, published,
-tolerance, pass, gate, skipped; plus totals) and report/ (REPORT.md and
-figures/*.png). Deterministic: same metrics -> byte-identical outputs.
+tolerance, pass, gate, skipped; plus totals) and report/ (REPORT.md and the
+figures drawn here, figures/*.png; the stages' own PNGs are linked, not copied).
+Deterministic: same metrics -> byte-identical outputs.
 
 The report never fails because a claim fails: it records the verdicts. The gate
 is `attnrepro check` (CI), which exits non-zero on a failed gated claim.
@@ -13,6 +14,7 @@ is `attnrepro check` (CI), which exits non-zero on a failed gated claim.
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,7 +43,8 @@ def main() -> None:
     train = read_params(args.params).get("train") or {}
     if not isinstance(train, dict):
         raise ConfigError("train: expected a mapping (the report reads train.variants and train.models)")
-    rep = build(Path(cfg.claims), Path("metrics"), Path("plots"), train, smooth=cfg.smooth)
+    plots_href = Path(os.path.relpath(Path("plots").resolve(), Path(args.out).resolve())).as_posix()
+    rep = build(Path(cfg.claims), Path("metrics"), Path("plots"), train, smooth=cfg.smooth, plots_href=plots_href)
     with atomic_dir(args.out) as tmp:
         tmp.chmod(0o755)  # mkdtemp makes it private; the report is for reading
         (tmp / "figures").mkdir()

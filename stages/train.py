@@ -16,10 +16,10 @@ from pathlib import Path
 
 import torch
 
-from attnrepro.config import ConfigError, from_dict, load_section, require, run_stage
+from attnrepro.config import ConfigError, from_dict, load_section, require, require_positive, run_stage
 from attnrepro.corpus import Tokenizer
 from attnrepro.envinfo import environment, setup_determinism
-from attnrepro.io import atomic_dir, dumps_json, write_csv, write_json
+from attnrepro.io import atomic_dir, dumps_json, write_csv
 from attnrepro.model import ModelConfig, TinyGPT, generate
 from attnrepro.runtime import progress, resolve_device
 from attnrepro.training import BatchSampler, OptimConfig, evaluate, fixed_batches, load_tokens, qk_scale, train
@@ -53,9 +53,8 @@ class TrainConfig(OptimConfig):
 
     def validate(self, prefix: str = "train") -> None:
         super().validate(prefix)
-        require(self.threads > 0, f"{prefix}.threads", self.threads, "a positive integer")
-        for name in ("diag_every", "val_every", "val_batches", "loss_window", "sample_tokens"):
-            require(getattr(self, name) > 0, f"{prefix}.{name}", getattr(self, name), "a positive integer")
+        require_positive(self, ("threads", "diag_every", "val_every", "val_batches", "loss_window", "sample_tokens"),
+                         prefix)
         for name, v in self.variants.items():
             require(v.model in self.models, f"{prefix}.variants.{name}.model", v.model,
                     "one of " + ", ".join(sorted(self.models)))

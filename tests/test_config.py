@@ -103,6 +103,22 @@ def test_missing_params_file(tmp_path):
         config.read_params(tmp_path / "nope.yaml")
 
 
+def test_broken_yaml_names_the_line(tmp_path):
+    """params, claims and check config share one reader: a one-line error with the line number."""
+    from attnrepro.check import load_check_config
+    from attnrepro.claims import ClaimError, load_claims
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("a: 1\nb:\n  reason: two: colons\n", encoding="utf-8")
+    for load, err in ((config.read_params, ConfigError), (load_claims, ClaimError),
+                      (load_check_config, config.UserError)):
+        with pytest.raises(err, match=r"bad\.yaml: not valid YAML at line 3 \(ScannerError\)$"):
+            load(bad)
+    bad.write_text("- a list\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match="expected a mapping at the top level"):
+        config.read_params(bad)
+
+
 # --- stage scripts: exit 2, one line, nothing written ---------------------------------
 
 def _write_params(root, mutate):

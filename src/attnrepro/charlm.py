@@ -22,7 +22,7 @@ from typing import Callable, Optional
 
 import torch
 
-from .config import UserError, require
+from .config import UserError, require, require_positive
 from .model import ModelConfig, TinyGPT, generate
 from .training import BatchSampler, fixed_batches
 
@@ -56,9 +56,8 @@ class CharLMConfig:
     attn_layers: tuple[int, ...] = (0, 3)  # blocks 1 and 4 of the document
 
     def validate(self, prefix: str = "charlm") -> None:
-        for name in ("repeat", "threads", "block_size", "batch_size", "d_model", "n_head", "n_layer",
-                     "mlp_ratio", "steps", "eval_every", "eval_batches", "gen_tokens"):
-            require(getattr(self, name) > 0, f"{prefix}.{name}", getattr(self, name), "a positive integer")
+        require_positive(self, ("repeat", "threads", "block_size", "batch_size", "d_model", "n_head", "n_layer",
+                                "mlp_ratio", "steps", "eval_every", "eval_batches", "gen_tokens"), prefix)
         require(0 < self.val_fraction < 1, f"{prefix}.val_fraction", self.val_fraction, "in (0, 1)")
         require(0 <= self.dropout < 1, f"{prefix}.dropout", self.dropout, "in [0, 1)")
         require(self.lr > 0, f"{prefix}.lr", self.lr, "a positive number")

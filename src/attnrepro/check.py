@@ -24,11 +24,9 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 from .claims import (Result, cuda_run, evaluate_all, flatten, fmt_number, load_claims, load_envs,
                      load_metrics_dir)
-from .config import UserError
+from .config import UserError, read_yaml_mapping
 
 EXCLUDED_FILES = ("claims",)  # derived from the others; claims are evaluated directly
 
@@ -108,14 +106,7 @@ def _rule(raw, where: str, default: bool = False) -> Rule:
 
 def load_check_config(path: str | Path = "check.yaml") -> CheckConfig:
     path = Path(path)
-    if not path.exists():
-        raise UserError(f"{path}: check config not found (see --config)")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as e:
-        raise UserError(f"{path}: not valid YAML ({e.__class__.__name__})") from None
-    if not isinstance(data, dict):
-        raise UserError(f"{path}: expected a mapping at the top level")
+    data = read_yaml_mapping(path, "check config not found (see --config)", UserError)
     unknown = sorted(set(data) - {"default", "rules", "gpu_only"})
     if unknown:
         raise UserError(f"{path}: unknown top-level key {unknown[0]!r} (known: default, rules, gpu_only)")

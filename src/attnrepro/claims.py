@@ -27,9 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping
 
-import yaml
-
-from .config import UserError
+from .config import UserError, read_yaml_mapping
 
 FUNCTIONS: dict[str, Callable[..., float]] = {
     "abs": abs, "min": min, "max": max, "log": math.log, "sqrt": math.sqrt,
@@ -367,13 +365,8 @@ _CLAIM_KEYS = {"id", "section", "kind", "text", "gate", "value", "expr", "publis
 def load_claims(path: str | Path = "claims.yaml") -> list[Claim]:
     """Read and validate the claims file; every problem is one line naming the claim."""
     path = Path(path)
-    if not path.exists():
-        raise ClaimError(f"{path}: claims file not found")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as e:
-        raise ClaimError(f"{path}: not valid YAML ({e.__class__.__name__})") from None
-    if not isinstance(data, dict) or not isinstance(data.get("claims"), list):
+    data = read_yaml_mapping(path, "claims file not found", ClaimError)
+    if not isinstance(data.get("claims"), list):
         raise ClaimError(f"{path}: expected a mapping with a `claims:` list")
     claims, seen = [], set()
     for i, raw in enumerate(data["claims"]):

@@ -139,17 +139,30 @@ def require(cond: bool, key: str, value, expected: str) -> None:
         raise ConfigError(f"{key}: got {value!r}, expected {expected}")
 
 
-def read_params(path: str | Path = "params.yaml") -> dict:
+def require_positive(obj, names, prefix: str) -> None:
+    """require() each of the integer fields `names` of `obj` to be > 0."""
+    for name in names:
+        require(getattr(obj, name) > 0, f"{prefix}.{name}", getattr(obj, name), "a positive integer")
+
+
+def read_yaml_mapping(path: str | Path, missing: str, error: type[UserError] = ConfigError) -> dict:
+    """Read a YAML file whose top level is a mapping (empty file: {}); a one-line `error` otherwise."""
     path = Path(path)
     if not path.exists():
-        raise ConfigError(f"{path}: params file not found")
+        raise error(f"{path}: {missing}")
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML ({e.__class__.__name__})") from None
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise error(f"{path}: not valid YAML{where} ({e.__class__.__name__})") from None
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping at the top level")
+        raise error(f"{path}: expected a mapping at the top level")
     return data
+
+
+def read_params(path: str | Path = "params.yaml") -> dict:
+    return read_yaml_mapping(path, "params file not found")
 
 
 def load_section(cls: type[T], section: str, path: str | Path = "params.yaml") -> T:

@@ -27,7 +27,7 @@ PNG_META = {"Software": None}
 class Report:
     claims_json: dict
     markdown: str
-    figures: dict[str, bytes]       # file name under report/figures/ -> PNG bytes
+    figures: dict[str, bytes]       # file name under report/figures/ -> PNG bytes (the report's own)
     results: list[Result]
 
 
@@ -243,7 +243,8 @@ def _section_number(section: str) -> int:
 
 
 def build(claims_path: Path, metrics_dir: Path, plots_dir: Path, train_params: dict, smooth: int = 20,
-          exclude_plots: tuple[str, ...] = ("report",)) -> Report:
+          exclude_plots: tuple[str, ...] = ("report",), plots_href: str = "../plots") -> Report:
+    """plots_href: plots_dir as seen from the report's folder (the links to the stages' figures)."""
     claims = load_claims(claims_path)
     metrics = load_metrics_dir(metrics_dir)
     envs = load_envs(metrics_dir / "env")
@@ -264,13 +265,9 @@ def build(claims_path: Path, metrics_dir: Path, plots_dir: Path, train_params: d
     fig = diagnostics_figure(series, pairs)
     if fig:
         figures["train_diagnostics.png"] = fig
-    embedded = []
-    for png in sorted(plots_dir.glob("*/*.png")):
-        if png.parent.name in exclude_plots:
-            continue
-        name = f"{png.parent.name}__{png.name}"
-        figures[name] = png.read_bytes()
-        embedded.append((png.parent.name, png.name, name))
+    # the stages' own figures are linked where they lie, not copied
+    embedded = [(png.parent.name, png.name) for png in sorted(plots_dir.glob("*/*.png"))
+                 if png.parent.name not in exclude_plots]
 
     sections: dict[str, list[Result]] = {}
     for r in sorted(results, key=lambda r: _section_number(r.claim.section)):
@@ -305,9 +302,9 @@ def build(claims_path: Path, metrics_dir: Path, plots_dir: Path, train_params: d
                   "(figures/train_diagnostics.png)\n")
     if not series:
         md.append("No training curves yet (plots/train/*.csv missing).\n")
-    for stage in sorted({s for s, _, _ in embedded}):
+    for stage in sorted({s for s, _ in embedded}):
         md.append(f"### From stage `{stage}`\n")
-        for _, orig, name in [e for e in embedded if e[0] == stage]:
-            md.append(f"![{stage}: {orig}](figures/{name})\n")
+        for _, name in [e for e in embedded if e[0] == stage]:
+            md.append(f"![{stage}: {name}]({plots_href}/{stage}/{name})\n")
     md += ["## Machine\n", env_markdown(envs)]
     return Report(claims_metrics(results), "\n".join(md).rstrip() + "\n", figures, results)

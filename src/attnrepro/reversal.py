@@ -28,7 +28,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .config import require
+from .config import require, require_positive
 from .model import ModelConfig, SelfAttention, TinyGPT, generate
 
 VOCAB = 13
@@ -73,9 +73,8 @@ class ReversalConfig:
         "heads4": Variant(4, True), "heads1": Variant(1, True), "no_mask": Variant(4, False)})
 
     def validate(self, prefix: str = "reversal") -> None:
-        for name in ("n_train", "n_val", "n_test", "steps", "batch_size", "eval_every", "threads",
-                     "d_model", "n_layer", "mlp_ratio"):
-            require(getattr(self, name) > 0, f"{prefix}.{name}", getattr(self, name), "a positive integer")
+        require_positive(self, ("n_train", "n_val", "n_test", "steps", "batch_size", "eval_every", "threads",
+                                "d_model", "n_layer", "mlp_ratio"), prefix)
         total = self.n_train + self.n_val + self.n_test
         require(total <= 10 ** N_DIGITS, f"{prefix}.n_train", self.n_train,
                 f"n_train + n_val + n_test <= {10 ** N_DIGITS} (distinct digit strings)")

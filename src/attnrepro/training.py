@@ -14,7 +14,7 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from .config import require
+from .config import require, require_positive
 from .diagnostics import layer_summary
 from .model import TinyGPT
 
@@ -31,8 +31,7 @@ class OptimConfig:
     grad_clip: float = 1.0
 
     def validate(self, prefix: str) -> None:
-        for name in ("steps", "batch_size"):
-            require(getattr(self, name) > 0, f"{prefix}.{name}", getattr(self, name), "a positive integer")
+        require_positive(self, ("steps", "batch_size"), prefix)
         require(self.lr > 0, f"{prefix}.lr", self.lr, "a positive number")
         require(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), f"{prefix}.betas",
                 self.betas, "two numbers in [0, 1)")
