@@ -22,7 +22,6 @@ import argparse
 import math
 from dataclasses import dataclass, field
 
-
 from attnrepro import numerics as nm
 from attnrepro.config import load_section, require, require_positive, run_stage
 from attnrepro.envinfo import environment, setup_determinism
