@@ -13,19 +13,19 @@ data/charlm/model.pt.
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import shutil
 from pathlib import Path
 
 import torch
 
 from attnrepro.charlm import (CharLMConfig, CharVocab, attention_maps, continuations, exact_lines,
-                              join_text, read_sentences, split_stream, train, verbatim_fraction)
+                              join_text, read_sentences, run_spec, split_stream, verbatim_fraction)
 from attnrepro.companion_plots import attention_grid, cjk_font, loss_curves
-from attnrepro.config import load_section, run_stage
-from attnrepro.envinfo import environment, setup_determinism
-from attnrepro.io import atomic_dir, write_csv, write_json, write_text
-from attnrepro.model import TinyGPT
-from attnrepro.runtime import progress
+from attnrepro.config import load_section, read_params, run_stage
+from attnrepro.envinfo import setup_determinism
+from attnrepro.io import atomic_dir, read_json, write_csv, write_json, write_text
+from attnrepro.model import load_checkpoint
+from attnrepro.sweep import add_engine_args, engine_config, require_ok, run_sweep
 
 PLOTS = Path("plots/charlm")
 
@@ -33,6 +33,7 @@ PLOTS = Path("plots/charlm")
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--params", default="params.yaml")
+    add_engine_args(ap)
     args = ap.parse_args()
     cfg = load_section(CharLMConfig, "charlm", args.params)
     setup_determinism(cfg.threads, "cpu")
@@ -44,22 +45,16 @@ def main() -> None:
     vocab.encode(cfg.prompt)  # fail early on a character outside the vocabulary
     attn_ids = vocab.encode(cfg.attn_text)
 
-    torch.manual_seed(cfg.seed)
-    model = TinyGPT(cfg.model_config(len(vocab)))
-    bar = progress(cfg.steps, "charlm")
-
-    def tick(step: int, loss: float) -> None:
-        bar.update(1)
-        if step % 50 == 0:
-            bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
-
-    run = train(model, train_ids, val_ids, cfg, progress=tick)
-    bar.close()
+    spec, inputs = run_spec(cfg, Path(cfg.text_file).read_bytes())
+    (rec,) = run_sweep("charlm", [spec], inputs, engine_config(read_params(args.params), args.scheduler, args.workers))
+    require_ok([rec], "charlm")
+    model = load_checkpoint(rec.path / "model.pt", "charlm run")
+    evals, steps = rec.read("evals.json"), [{"step": r["step"], "loss": r["loss"]} for r in rec.read("history.json")]
     samples = continuations(model, vocab, cfg)
     maps = attention_maps(model, attn_ids)
     future = torch.ones(len(attn_ids), len(attn_ids), dtype=torch.bool).triu(1)
 
-    first, last = run.history[0], run.history[-1]
+    first, last = evals[0], evals[-1]
     metrics = {
         "params": model.num_params(),
         "vocab_size": len(vocab),
@@ -67,7 +62,7 @@ def main() -> None:
         "sentences": len(sentences),
         "train_tokens": len(train_ids),
         "val_tokens": len(val_ids),
-        "initial_loss": run.steps[0]["loss"],  # first training batch, before any update
+        "initial_loss": steps[0]["loss"],  # first training batch, before any update
         "train_loss_step0": first["train_loss"],
         "val_loss_step0": first["val_loss"],
         "train_loss_final": last["train_loss"],
@@ -79,17 +74,16 @@ def main() -> None:
         "sampled_exact_lines_frac": exact_lines(samples["sampled"], sentences),
         "attn_future_weight_max": maps[:, :, future].max().item(),
     }
-    for r in run.history:
+    for r in evals:
         metrics[f"train_loss_step{r['step']}"] = r["train_loss"]
         metrics[f"val_loss_step{r['step']}"] = r["val_loss"]
 
     with atomic_dir(Path("data/charlm")) as tmp:
-        torch.save({"model_config": dataclasses.asdict(model.cfg), "itos": vocab.itos,
-                    "state_dict": model.state_dict()}, tmp / "model.pt")
+        shutil.copyfile(rec.path / "model.pt", tmp / "model.pt")
     pdir = PLOTS  # files registered one by one in dvc.yaml (samples.txt is not a plot)
-    write_csv(pdir / "losses.csv", run.history, ["step", "train_loss", "val_loss"])
-    write_csv(pdir / "steps.csv", run.steps, ["step", "loss"])
-    loss_curves(pdir / "loss_curve.png", {"charlm": run.history}, "char LM: fixed-batch loss")
+    write_csv(pdir / "losses.csv", evals, ["step", "train_loss", "val_loss"])
+    write_csv(pdir / "steps.csv", steps, ["step", "loss"])
+    loss_curves(pdir / "loss_curve.png", {"charlm": evals}, "char LM: fixed-batch loss")
     write_text(pdir / "samples.txt",
                f"# prompt {cfg.prompt!r}, {cfg.gen_tokens} new tokens\n"
                f"## greedy\n{samples['greedy']}\n"
@@ -102,7 +96,7 @@ def main() -> None:
                        f"char LM block {layer + 1} on {cfg.attn_text if font else 'attn_text'}",
                        [f"block {layer + 1}"], font=font)
     write_json("metrics/charlm.json", metrics)
-    write_json("metrics/env/charlm.json", environment("cpu"))
+    write_json("metrics/env/charlm.json", read_json(rec.path / "env.json"))
     print(f"charlm: {metrics['params']} params, vocab {metrics['vocab_size']}, loss "
           f"{metrics['initial_loss']:.4f}; train/val {first['train_loss']:.4f}/{first['val_loss']:.4f} -> "
           f"{last['train_loss']:.4f}/{last['val_loss']:.4f}; greedy verbatim "

@@ -1,7 +1,9 @@
 """DVC stage `reversal`: the digit-reversal companion experiment (spec §8).
 
 Trains every variant of params `reversal.variants` (default: 4 heads, 1 head, no
-causal mask) from identical initial weights on the same pre-drawn batches, then
+causal mask) from identical initial weights on the same pre-drawn batches (one
+sweep on the run engine: the variants train in parallel, unchanged ones come from
+the run store), then
 scores greedy generation from the 8-token prompt on the test set, measures the
 reverse-alignment attention on one test sample, toggles the mask at inference and
 checks parity with torch.nn.MultiheadAttention.
@@ -14,18 +16,19 @@ Writes metrics/reversal.json, metrics/env/reversal.json, plots/reversal/
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import shutil
 from pathlib import Path
 
 import torch
 
 from attnrepro.companion_plots import attention_grid, loss_curves
-from attnrepro.config import load_section, run_stage
-from attnrepro.envinfo import environment, setup_determinism
-from attnrepro.io import atomic_dir, write_csv, write_json
+from attnrepro.config import load_section, read_params, run_stage
+from attnrepro.envinfo import setup_determinism
+from attnrepro.io import atomic_dir, read_json, write_csv, write_json
+from attnrepro.model import load_checkpoint
 from attnrepro.reversal import (ALIGN_KEYS, ALIGN_QUERIES, BOS, EOS, PROMPT_LEN, SEP, ReversalConfig,
-                                batch_indices, build_models, evaluate_variant, make_splits, train_model)
-from attnrepro.runtime import progress
+                                evaluate_variant, loss_rows, make_splits, run_spec)
+from attnrepro.sweep import add_engine_args, engine_config, require_ok, run_sweep
 
 PLOTS = Path("plots/reversal")
 NAMES = {BOS: "BOS", SEP: "SEP", EOS: "EOS"}
@@ -38,26 +41,20 @@ def token_labels(seq: torch.Tensor) -> list[str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--params", default="params.yaml")
+    add_engine_args(ap)
     args = ap.parse_args()
     cfg = load_section(ReversalConfig, "reversal", args.params)
-    setup_determinism(cfg.threads, "cpu")
+    engine = engine_config(read_params(args.params), args.scheduler, args.workers)
+    records = run_sweep("reversal", [run_spec(cfg, name) for name in cfg.variants], {}, engine)
+    require_ok(records, "reversal")
 
+    setup_determinism(cfg.threads, "cpu")  # the evaluation below runs here
     splits = make_splits(cfg.n_train, cfg.n_val, cfg.n_test, cfg.data_seed)
-    indices = batch_indices(cfg.n_train, cfg.steps, cfg.batch_size, cfg.batch_seed)
-    models = build_models(cfg)
-
-    metrics, histories, preds, maps = {}, {}, {}, {}
-    for name, model in models.items():
-        bar = progress(cfg.steps, f"reversal {name}")
-
-        def tick(step: int, loss: float) -> None:
-            bar.update(1)
-            if step % 50 == 0:
-                bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
-
-        histories[name] = train_model(model, splits, indices, cfg, progress=tick)
-        bar.close()
-        metrics[name], preds[name], maps[name] = evaluate_variant(model, splits, histories[name], cfg)
+    models, metrics, histories, preds, maps = {}, {}, {}, {}, {}
+    for name, rec in zip(cfg.variants, records):
+        models[name] = load_checkpoint(rec.path / "model.pt", f"reversal run {name}")
+        histories[name] = loss_rows(rec.read("evals.json"), rec.read("history.json"))
+        metrics[name], preds[name], maps[name] = evaluate_variant(models[name], splits, histories[name], cfg)
         m = metrics[name]
         print(f"{name}: digit_acc {m['digit_acc']:.4f} seq_acc {m['seq_acc']:.4f} "
               f"align_l0 {m['align_l0']:.4f} align_l1 {m['align_l1']:.4f} "
@@ -66,9 +63,8 @@ def main() -> None:
     test = splits["test"]
     sample = test[cfg.sample_index]
     with atomic_dir(Path("data/reversal")) as tmp:
-        for name, model in models.items():
-            torch.save({"model_config": dataclasses.asdict(model.cfg), "state_dict": model.state_dict()},
-                       tmp / f"{name}.pt")
+        for name, rec in zip(cfg.variants, records):
+            shutil.copyfile(rec.path / "model.pt", tmp / f"{name}.pt")
             pred = preds[name]
             write_csv(tmp / f"predictions_{name}.csv", [
                 {"index": i, "prompt": " ".join(map(str, test[i, 1:PROMPT_LEN - 1].tolist())),
@@ -88,7 +84,7 @@ def main() -> None:
     config = {"n_train": cfg.n_train, "n_val": cfg.n_val, "n_test": cfg.n_test, "steps": cfg.steps,
               "batch_size": cfg.batch_size, "lr": cfg.lr}
     write_json("metrics/reversal.json", {"config": config, **metrics})
-    write_json("metrics/env/reversal.json", environment("cpu"))
+    write_json("metrics/env/reversal.json", read_json(records[0].path / "env.json"))
 
 
 if __name__ == "__main__":

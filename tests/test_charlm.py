@@ -15,7 +15,8 @@ import yaml
 from attnrepro import charlm as C
 from attnrepro import companion_plots
 from attnrepro.config import ConfigError, from_dict
-from attnrepro.model import TinyGPT
+from attnrepro.model import TinyGPT, load_checkpoint
+from attnrepro.runs import execute
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT_FILE = ROOT / "src/attnrepro/data/charlm_sentences.txt"
@@ -108,30 +109,32 @@ def test_no_cjk_font_falls_back(monkeypatch, tmp_path):
 TINY = dict(repeat=4, steps=6, eval_every=3, eval_batches=2, batch_size=4, gen_tokens=12)
 
 
-def tiny_run(c: C.CharLMConfig) -> tuple:
+def tiny_run(c: C.CharLMConfig, tmp_path) -> tuple:
     text = C.join_text(C.read_sentences(c.text_file))
     vocab = C.CharVocab(text)
-    tr, va = C.split_stream(text, c.repeat, c.val_fraction, vocab)
-    torch.manual_seed(c.seed)
-    model = TinyGPT(c.model_config(len(vocab)))
-    run = C.train(model, tr, va, c)
-    return run.history, run.steps, C.continuations(model, vocab, c), C.attention_maps(model, vocab.encode(c.attn_text))
+    out = tmp_path / f"run{len(list(tmp_path.iterdir()))}"
+    execute(*C.run_spec(c, (ROOT / c.text_file).read_bytes()), out)
+    model = load_checkpoint(out / "model.pt")
+    evals, steps = (json.loads((out / n).read_text(encoding="utf-8")) for n in ("evals.json", "history.json"))
+    return evals, [r["loss"] for r in steps], C.continuations(model, vocab, c), \
+        C.attention_maps(model, vocab.encode(c.attn_text))
 
 
-def test_tiny_run_is_deterministic():
-    a, b = tiny_run(cfg(**TINY)), tiny_run(cfg(**TINY))
+def test_tiny_run_is_deterministic(tmp_path):
+    a, b = tiny_run(cfg(**TINY), tmp_path), tiny_run(cfg(**TINY), tmp_path)
     assert a[:3] == b[:3] and torch.equal(a[3], b[3])
     assert [r["step"] for r in a[0]] == [0, 3, 6]
     assert a[0][-1]["train_loss"] < a[0][0]["train_loss"]  # six updates already help
     assert a[2]["greedy"].startswith("我正在学习") and len(a[2]["sampled"]) == 5 + 12
-    assert tiny_run(cfg(**TINY, seed=7))[1] != a[1]
+    assert tiny_run(cfg(**TINY, seed=7), tmp_path)[1] != a[1]
 
 
 def test_stage_end_to_end(tmp_path):
-    sec = yaml.safe_load((ROOT / "params.yaml").read_text(encoding="utf-8"))["charlm"]
+    full = yaml.safe_load((ROOT / "params.yaml").read_text(encoding="utf-8"))
+    sec = full["charlm"]
     sec.update(TINY, text_file=str(TEXT_FILE))
     params = tmp_path / "params.yaml"
-    params.write_text(yaml.safe_dump({"charlm": sec}, allow_unicode=True), encoding="utf-8")
+    params.write_text(yaml.safe_dump({"engine": full["engine"], "charlm": sec}, allow_unicode=True), encoding="utf-8")
     res = subprocess.run([sys.executable, str(ROOT / "stages/charlm.py"), "--params", str(params)],
                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]

@@ -13,7 +13,9 @@ from attnrepro.corpus import CorpusConfig
 from attnrepro.model import ModelConfig
 from attnrepro.training import OptimConfig
 
-from conftest import REPO, call_stage, load_stage_module, output_files, run_script
+from attnrepro.chapter import model_config
+
+from conftest import CHAPTER_OPTIM, REPO, call_stage, load_stage_module, output_files, run_script
 
 PARAMS = yaml.safe_load((REPO / "params.yaml").read_text(encoding="utf-8"))
 
@@ -30,8 +32,7 @@ def test_real_params_train_section():
     assert set(cfg.variants) == {"d32_unscaled", "d32_scaled", "d256_unscaled", "d256_scaled"}
     assert isinstance(cfg.lr, float) and cfg.betas == [0.9, 0.95]
     for name in cfg.variants:
-        m = cfg.model_config(name, vocab_size=1200)
-        assert m.d_head in (32, 256)
+        assert model_config(cfg.models, cfg.variants[name], f"train.variants.{name}").d_head in (32, 256)
     sched = cfg.diag_schedule()
     assert set(cfg.diag_steps) <= sched and 10 in sched and cfg.steps not in sched
 
@@ -75,17 +76,20 @@ def test_unknown_key_rejected():
     ("betas", 0.9, "a list"),
     ("steps", 0, "a positive integer"),
     ("steps", -5, "a positive integer"),
-    ("lr", 0, "a positive number"),
+    ("lr", 0, "a finite positive number"),
+    ("lr", float("inf"), "a finite positive number"),
+    ("grad_clip", float("nan"), "a finite positive number, or null"),
+    ("optimizer", "sgd", "'adamw'"),
 ])
 def test_optim_bad_values(key, value, expected):
     with pytest.raises(ConfigError) as e:
-        from_dict(OptimConfig, {key: value}, "train")
+        from_dict(OptimConfig, {**CHAPTER_OPTIM, key: value}, "train")
     msg = str(e.value)
     assert msg.startswith(f"train.{key}: ") and expected in msg and "\n" not in msg
 
 
 def test_float_accepts_yaml_exponent_string():
-    assert from_dict(OptimConfig, {"lr": "3e-3"}, "train").lr == 0.003
+    assert from_dict(OptimConfig, {**CHAPTER_OPTIM, "lr": "3e-3"}, "train").lr == 0.003
 
 
 def test_literal_rejects_other_values():
@@ -149,37 +153,40 @@ def _assert_one_line_error(proc, *needles):
 
 
 TRAIN_CASES = [
-    ("unknown key", _set(["train", "stepz"], 3), ["--variant", "d32_scaled"], ["train.stepz", "unknown key"]),
-    ("wrong type", _set(["train", "batch_size"], "32x"), ["--variant", "d32_scaled"],
-     ["train.batch_size", "an integer"]),
-    ("d_model % n_head", _set(["train", "models", "small", "d_model"], 130), ["--variant", "d32_scaled"],
-     ["train.models.small.d_model", "multiple of n_head"]),
-    ("steps <= 0", _set(["train", "steps"], 0), ["--variant", "d32_scaled"],
-     ["train.steps", "a positive integer"]),
+    ("unknown key", _set(["train", "stepz"], 3), ["train.stepz", "unknown key"]),
+    ("wrong type", _set(["train", "batch_size"], "32x"), ["train.batch_size", "an integer"]),
+    ("d_model % n_head", _set(["train", "models", "small", "d_model"], 130),
+     ["train.variants.d32_unscaled.d_model", "multiple of n_head"]),
+    ("steps <= 0", _set(["train", "steps"], 0), ["train.steps", "a positive integer"]),
+    ("infinite lr", _set(["train", "lr"], float("inf")), ["train.lr", "finite"]),
+    ("empty prompt", _set(["train", "sample_prompt"], ""), ["train.sample_prompt", "non-empty"]),
+    ("negative temperature", _set(["train", "sample_temperature"], -1), ["train.sample_temperature", ">= 0"]),
     ("unknown preset", _set(["train", "variants", "d32_scaled", "model"], "medium"),
-     ["--variant", "d32_scaled"], ["train.variants.d32_scaled.model", "one of large, small"]),
-    ("unknown variant", lambda p: None, ["--variant", "nope"], ["--variant", "'nope'", "d32_scaled"]),
-    ("bad device", _set(["train", "device"], "tpu"), ["--variant", "d32_scaled"], ["train.device", "'cpu'"]),
+     ["train.variants.d32_scaled.model", "one of large, small"]),
+    ("unknown switch", _set(["train", "variants", "d32_scaled", "scaledd"], True),
+     ["train.variants.d32_scaled.scaledd", "unknown key"]),
+    ("bad device", _set(["train", "device"], "tpu"), ["train.device", "'cpu'"]),
 ]
 
 
-@pytest.mark.parametrize("case,mutate,args,needles", TRAIN_CASES, ids=[c[0] for c in TRAIN_CASES])
-def test_train_stage_rejects(repo_copy, case, mutate, args, needles):
+@pytest.mark.parametrize("case,mutate,needles", TRAIN_CASES, ids=[c[0] for c in TRAIN_CASES])
+def test_train_stage_rejects(repo_copy, case, mutate, needles):
     _write_params(repo_copy, mutate)
-    _assert_one_line_error(call_stage("train", *args, cwd=repo_copy), *needles)
+    _assert_one_line_error(call_stage("train", cwd=repo_copy), *needles)
     assert output_files(repo_copy) == []
 
 
-def test_train_stage_unknown_variant_subprocess(repo_copy):
+def test_train_stage_bad_params_subprocess(repo_copy):
     """The real command line, as DVC runs it (the other cases run the same main in-process)."""
-    proc = run_script("stages/train.py", "--variant", "nope", cwd=repo_copy)
-    _assert_one_line_error(proc, "--variant", "'nope'", "d32_scaled")
+    _write_params(repo_copy, _set(["train", "stepz"], 3))
+    proc = run_script("stages/train.py", cwd=repo_copy)
+    _assert_one_line_error(proc, "train.stepz", "unknown key")
     assert output_files(repo_copy) == []
 
 
 def test_train_stage_with_params_flag(tmp_path, repo_copy):
     params = _write_params(tmp_path, _set(["train", "threads"], 0))
-    proc = call_stage("train", "--variant", "d32_scaled", "--params", params, cwd=repo_copy)
+    proc = call_stage("train", "--params", params, cwd=repo_copy)
     _assert_one_line_error(proc, "train.threads", "a positive integer")
     assert output_files(repo_copy) == []
 
@@ -202,7 +209,7 @@ def test_corpus_stage_rejects(tmp_path, repo_copy, case, mutate, needles):
     assert output_files(repo_copy) == []
 
 
-def test_train_summary_without_runs(repo_copy):
-    proc = call_stage("train_summary", cwd=repo_copy)
-    _assert_one_line_error(proc, "train.variants.", "no trained run")
+def test_train_without_corpus(repo_copy):
+    proc = call_stage("train", cwd=repo_copy)
+    _assert_one_line_error(proc, "data/corpus", "dvc repro corpus")
     assert output_files(repo_copy) == []

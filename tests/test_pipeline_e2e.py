@@ -1,4 +1,4 @@
-"""End to end: `dvc repro train_summary` on a tiny configuration in a copy of the repo.
+"""End to end: `dvc repro train` on a tiny configuration in a copy of the repo.
 
 Marked slow for selection only; it runs in the default `pytest` invocation.
 Covers the §9 metrics contract of the spine (corpus, train), `dvc metrics diff`,
@@ -70,7 +70,7 @@ def pipeline(tmp_path_factory):
     dvc("init", "-q", cwd=repo)
     git("add", "-A", cwd=repo)
     git("commit", "-q", "-m", "tiny pipeline", cwd=repo)
-    first = dvc("repro", "train_summary", cwd=repo)
+    first = dvc("repro", "train", cwd=repo)
     return type("Pipeline", (), {"repo": repo, "params": params, "first": first})
 
 
@@ -114,18 +114,29 @@ def test_metrics_diff_runs(pipeline):
 def test_second_repro_is_noop_and_forced_rerun_is_identical(pipeline):
     repo = pipeline.repo
     before = snapshot(repo)
-    again = dvc("repro", "train_summary", cwd=repo)
+    again = dvc("repro", "train", cwd=repo)
     assert "Running stage" not in again.stdout, again.stdout
     assert "up to date" in again.stdout, again.stdout
     assert snapshot(repo) == before
 
-    for p in ("data/corpus", "data/train", "plots/train"):
+    for p in ("data/corpus", "data/train", "plots/train", "runs"):  # runs/: the run store, so it retrains
         shutil.rmtree(repo / p)
     for p in ("metrics/corpus.json", "metrics/train.json"):
         (repo / p).unlink()
-    forced = dvc("repro", "-f", "--no-run-cache", "train_summary", cwd=repo)
-    assert forced.stdout.count("Running stage") == 2 + len(VARIANTS), forced.stdout
+    forced = dvc("repro", "-f", "--no-run-cache", "train", cwd=repo)
+    assert forced.stdout.count("Running stage") == 2, forced.stdout
+    assert f"{len(VARIANTS)} to train" in forced.stdout
     after = snapshot(repo)
     assert after.keys() == before.keys()
     for k in before:
         assert after[k] == before[k], f"{k} differs between two runs of the same params"
+
+
+def test_one_variant_changed_retrains_only_that_run(pipeline):
+    """Per-variant granularity: DVC reruns the stage, the run store trains only the changed run."""
+    repo = pipeline.repo
+    params = yaml.safe_load((repo / "params.yaml").read_text(encoding="utf-8"))
+    params["train"]["variants"]["d32_scaled"]["qk_norm"] = "layernorm"
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, allow_unicode=True, sort_keys=False), encoding="utf-8")
+    out = dvc("repro", "train", cwd=repo).stdout
+    assert f"{len(VARIANTS)} runs, {len(VARIANTS) - 1} in the store" in out and "1 to train" in out, out

@@ -18,11 +18,12 @@ from attnrepro.probes import (
     measure_init,
     predictions,
     random_batches,
-    renormalized_entropy,
     sweep_fit,
-    weight_symptoms,
 )
-from attnrepro.training import BatchSampler, OptimConfig, train
+from attnrepro.lm import renormalized_entropy, weight_symptoms
+from attnrepro.training import BatchSampler, train_loop
+
+from conftest import optim
 
 # ------------------------------------------------------------------ init sweep
 
@@ -187,12 +188,12 @@ def test_mask_zero_peeks_at_the_answer_on_unpredictable_tokens():
     vocab = 16
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, vocab, (20000,), generator=g)
-    cfg = OptimConfig(steps=60, batch_size=16, lr=1e-2, warmup=5)
+    cfg = optim(steps=60, batch_size=16, lr=1e-2, warmup=5)
     final = {}
     for bug in ("correct", "mask_zero"):
         torch.manual_seed(0)
         model = TinyGPT(ModelConfig(vocab_size=vocab, block_size=16, d_model=32, n_head=2, n_layer=1, bug=bug))
-        run = train(model, BatchSampler(tokens, 16, 16, seed=0), cfg, diag_steps=set())
+        run = train_loop(model, BatchSampler(tokens, 16, 16, seed=0), cfg)
         final[bug] = sum(r["loss"] for r in run.history[-10:]) / 10
     assert final["correct"] > math.log(vocab) - 0.1
     assert final["mask_zero"] < final["correct"] - 0.1  # 60 steps: the leak is already visible

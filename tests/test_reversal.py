@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,8 @@ import yaml
 
 from attnrepro.config import ConfigError, from_dict
 from attnrepro.io import dumps_json
-from attnrepro.model import TinyGPT
+from attnrepro.model import TinyGPT, load_checkpoint
+from attnrepro.runs import execute
 from attnrepro import reversal as R
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,8 +55,17 @@ def test_parameter_count_exact(variant):
     assert model.num_params() == 69_709
 
 
+def init_models(c: R.ReversalConfig) -> dict[str, TinyGPT]:
+    """Each variant built from the seed alone, as its run builds it."""
+    out = {}
+    for name in c.variants:
+        torch.manual_seed(c.seed)
+        out[name] = TinyGPT(c.model_config(name))
+    return out
+
+
 def test_identical_initial_weights_across_variants():
-    models = R.build_models(cfg())
+    models = init_models(cfg())
     states = [m.state_dict() for m in models.values()]
     for s in states[1:]:
         assert s.keys() == states[0].keys()
@@ -167,10 +178,14 @@ TINY = dict(n_train=256, n_val=64, n_test=32, steps=12, batch_size=16, eval_ever
 
 def tiny_run(c: R.ReversalConfig) -> bytes:
     splits = R.make_splits(c.n_train, c.n_val, c.n_test, c.data_seed)
-    idx = R.batch_indices(c.n_train, c.steps, c.batch_size, c.batch_seed)
     out = {}
-    for name, model in R.build_models(c).items():
-        hist = R.train_model(model, splits, idx, c)
+    for name in c.variants:
+        with tempfile.TemporaryDirectory() as tmp:
+            execute(R.run_spec(c, name), {}, Path(tmp))
+            model = load_checkpoint(Path(tmp) / "model.pt")
+            evals, history = (json.loads((Path(tmp) / f).read_text(encoding="utf-8"))
+                              for f in ("evals.json", "history.json"))
+        hist = R.loss_rows(evals, history)
         out[name] = R.evaluate_variant(model, splits, hist, c)[0]
         out[name]["weight_sum"] = sum(p.double().sum().item() for p in model.parameters())
     return dumps_json(out).encode()
@@ -186,10 +201,11 @@ def test_tiny_run_is_deterministic():
 
 
 def test_stage_end_to_end_and_bad_params(tmp_path):
-    sec = yaml.safe_load((ROOT / "params.yaml").read_text(encoding="utf-8"))["reversal"]
+    full = yaml.safe_load((ROOT / "params.yaml").read_text(encoding="utf-8"))
+    sec = full["reversal"]
     sec.update(TINY, variants={"heads4": {"n_head": 4, "causal": True}})
     params = tmp_path / "params.yaml"
-    params.write_text(yaml.safe_dump({"reversal": sec}), encoding="utf-8")
+    params.write_text(yaml.safe_dump({"engine": full["engine"], "reversal": sec}), encoding="utf-8")
     cmd = [sys.executable, str(ROOT / "stages/reversal.py"), "--params", str(params)]
     res = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
@@ -204,7 +220,7 @@ def test_stage_end_to_end_and_bad_params(tmp_path):
         assert (tmp_path / f).stat().st_size > 0
 
     sec["lr"] = -1
-    params.write_text(yaml.safe_dump({"reversal": sec}), encoding="utf-8")
+    params.write_text(yaml.safe_dump({"engine": full["engine"], "reversal": sec}), encoding="utf-8")
     res = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert res.returncode == 2
     assert res.stderr.strip().count("\n") == 0 and "reversal.lr" in res.stderr

@@ -19,6 +19,34 @@ Bug = Literal["correct", "mask_zero", "scale_after_softmax", "no_stable_softmax"
 BUGS: tuple[str, ...] = Bug.__args__  # type: ignore[attr-defined]
 
 
+QKNormKind = Literal["none", "layernorm", "l2"]
+
+
+@dataclass
+class QKNorm:
+    """Normalise q and k per head (over d_head) before the dot product (§1.7.8, §1.26.5).
+
+    layernorm  LayerNorm of q and of k with their own learned scale and bias (ViT-22B)
+    l2         q / ||q|| and k / ||k||, and the scores times a learned scalar `gain`
+               (Henry et al. 2020, "Query-Key Normalization for Transformers")
+    The tensors are the owning module's parameters; see model.SelfAttention.
+    """
+    kind: QKNormKind
+    q_weight: Optional[torch.Tensor] = None
+    q_bias: Optional[torch.Tensor] = None
+    k_weight: Optional[torch.Tensor] = None
+    k_bias: Optional[torch.Tensor] = None
+    gain: Optional[torch.Tensor] = None
+
+    def apply(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.kind == "layernorm":
+            d = (q.shape[-1],)
+            return F.layer_norm(q, d, self.q_weight, self.q_bias), F.layer_norm(k, d, self.k_weight, self.k_bias)
+        if self.kind == "l2":
+            return F.normalize(q, dim=-1), F.normalize(k, dim=-1)
+        return q, k
+
+
 @dataclass
 class AttentionResult:
     out: torch.Tensor  # (B, H, Tq, Dv)
@@ -48,6 +76,7 @@ def attention(
     scaled: bool = True,
     causal: bool = True,
     bug: str = "correct",
+    qk_norm: Optional[QKNorm] = None,
     trace: Optional[dict] = None,
 ) -> AttentionResult:
     """softmax(q k^T / sqrt(d) + mask) v, written out step by step.
@@ -60,13 +89,19 @@ def attention(
         scale_after_softmax  divide the *weights* by sqrt(d) instead of the scores
         no_stable_softmax    exp(scores) / sum without subtracting the row max
         dk_not_sqrt          divide scores by d_head instead of sqrt(d_head)
+    qk_norm: normalise q and k first (QKNorm); with `scaled` the 1/sqrt(d) still applies,
+        so QK-norm can be tried on top of the scaling or in place of it.
     trace: if a dict is given, the four intermediate tensors of §1.13.3 are stored
         in it under "scores", "masked", "exp", "weights" (for debugging overflow).
     """
     if bug not in BUGS:
         raise ValueError(f"unknown attention bug {bug!r}; expected one of {', '.join(BUGS)}")
     d = q.shape[-1]
+    if qk_norm is not None and qk_norm.kind != "none":
+        q, k = qk_norm.apply(q, k)
     scores = q @ k.transpose(-2, -1)
+    if qk_norm is not None and qk_norm.gain is not None:
+        scores = scores * qk_norm.gain
     if bug == "dk_not_sqrt":
         scores = scores / d
     elif scaled and bug != "scale_after_softmax":
@@ -93,10 +128,15 @@ def attention(
 
 
 def fused_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scaled: bool = True, causal: bool = True
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scaled: bool = True, causal: bool = True,
+    qk_norm: Optional[QKNorm] = None,
 ) -> torch.Tensor:
     """The same correct attention through PyTorch's fused kernel (no weights returned)."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scaled else 1.0
+    if qk_norm is not None and qk_norm.kind != "none":
+        q, k = qk_norm.apply(q, k)
+        if qk_norm.gain is not None:
+            q = q * qk_norm.gain
     t_q, t_k = q.shape[-2], k.shape[-2]
     if causal and t_q != t_k:
         # is_causal aligns the mask top-left; a KV cache needs it bottom-right.

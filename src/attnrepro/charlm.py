@@ -15,16 +15,17 @@ optimizer or how its losses were estimated; our choices are recorded in params.
 
 from __future__ import annotations
 
-import time
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Mapping
 
 import torch
 
 from .config import UserError, require, require_positive
 from .model import ModelConfig, TinyGPT, generate
-from .training import BatchSampler, fixed_batches
+from .runs import Prepared, RunSpec, model_config
+from .training import BatchSampler, fixed_batches, mean_loss
 
 
 @dataclass
@@ -87,8 +88,11 @@ def read_sentences(path) -> list[str]:
     path = Path(path)
     if not path.exists():
         raise UserError(f"charlm.text_file: {path} not found")
-    lines = path.read_text(encoding="utf-8").splitlines()
-    return [ln for ln in lines if ln.strip() and not ln.startswith("#")]
+    return parse_sentences(path.read_text(encoding="utf-8"))
+
+
+def parse_sentences(text: str) -> list[str]:
+    return [ln for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
 
 
 def join_text(sentences: list[str]) -> str:
@@ -123,48 +127,18 @@ def split_stream(text: str, repeat: int, val_fraction: float, vocab: CharVocab):
     return ids[:-n_val], ids[-n_val:]
 
 
-@torch.no_grad()
-def mean_loss(model: TinyGPT, batches) -> float:
-    was = model.training
-    model.eval()
-    losses = [model(x, y)[1].item() for x, y in batches]
-    model.train(was)
-    return sum(losses) / len(losses)
-
-
-@dataclass
-class CharLMRun:
-    history: list[dict]  # eval rows: step, train_loss, val_loss (after `step` updates)
-    steps: list[dict]  # every step: step, loss (training batch, dropout on)
-    seconds: float
-
-
-def train(model: TinyGPT, train_ids: torch.Tensor, val_ids: torch.Tensor, cfg: CharLMConfig,
-          progress: Optional[Callable[[int, float], None]] = None) -> CharLMRun:
-    """AdamW at a constant lr, no clipping, no schedule (the document uses neither)."""
-    sampler = BatchSampler(train_ids, cfg.block_size, cfg.batch_size, seed=cfg.batch_seed)
-    ev_train = fixed_batches(train_ids, cfg.block_size, cfg.batch_size, cfg.eval_batches, seed=cfg.eval_seed)
-    ev_val = fixed_batches(val_ids, cfg.block_size, cfg.batch_size, cfg.eval_batches, seed=cfg.eval_seed + 1)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    history, rows = [], []
-    t0 = time.perf_counter()
-    model.train()
-    for step in range(cfg.steps + 1):
-        if step % cfg.eval_every == 0 or step == cfg.steps:
-            history.append({"step": step, "train_loss": mean_loss(model, ev_train),
-                            "val_loss": mean_loss(model, ev_val)})
-        if step == cfg.steps:
-            break
-        x, y = sampler.next()
-        _, loss = model(x, y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        rows.append({"step": step, "loss": loss.item()})
-        if progress is not None:
-            progress(step, rows[-1]["loss"])
-    model.eval()
-    return CharLMRun(history, rows, time.perf_counter() - t0)
+def run_spec(cfg: CharLMConfig, text: bytes) -> tuple[RunSpec, dict[str, bytes]]:
+    """The run and its input: AdamW on all parameters at a constant lr, no clipping, no schedule
+    (the document uses neither); train/val loss on fixed batches every eval_every steps and at the end."""
+    optim = {"steps": cfg.steps, "batch_size": cfg.batch_size, "optimizer": "adamw", "lr": cfg.lr,
+             "betas": [0.9, 0.999], "weight_decay": cfg.weight_decay, "decay": "all", "schedule": "constant",
+             "warmup": 0, "min_lr_ratio": 1.0, "grad_clip": None}
+    model = {k: v for k, v in dataclasses.asdict(cfg.model_config(vocab_size=1)).items() if k != "vocab_size"}
+    spec = RunSpec(task="charlm", model=model, optim=optim, seed=cfg.seed, batch_seed=cfg.batch_seed,
+                   data={"repeat": cfg.repeat, "val_fraction": cfg.val_fraction, "eval_batches": cfg.eval_batches,
+                         "eval_seed": cfg.eval_seed},
+                   eval_every=cfg.eval_every, eval_final=True, threads=cfg.threads, device="cpu", label="charlm")
+    return spec, {"text": text}
 
 
 def continuations(model: TinyGPT, vocab: CharVocab, cfg: CharLMConfig) -> dict[str, str]:
@@ -208,3 +182,24 @@ def attention_maps(model: TinyGPT, ids: torch.Tensor) -> torch.Tensor:
     maps = torch.stack([a.last["weights"][0] for a in model.attentions])
     model.set_record(False)
     return maps
+
+
+def prepare(spec: RunSpec, inputs: Mapping[str, bytes], device: str) -> Prepared:
+    """The companion char LM (input: text, the sentence file). data: repeat, val_fraction,
+    eval_batches, eval_seed (train batches; val uses eval_seed + 1)."""
+    d = spec.data
+    text = join_text(parse_sentences(inputs["text"].decode("utf-8")))
+    vocab = CharVocab(text)
+    train_ids, val_ids = (t.to(device) for t in split_stream(text, d["repeat"], d["val_fraction"], vocab))
+    mcfg = model_config(spec, vocab_size=len(vocab))
+    batch = spec.optim["batch_size"]
+    ev_train = fixed_batches(train_ids, mcfg.block_size, batch, d["eval_batches"], seed=d["eval_seed"])
+    ev_val = fixed_batches(val_ids, mcfg.block_size, batch, d["eval_batches"], seed=d["eval_seed"] + 1)
+
+    def after(model, run, before):
+        return {"params": model.num_params(), "loss_start": run.history[0]["loss"]}, {}
+
+    return Prepared(mcfg, BatchSampler(train_ids, mcfg.block_size, batch, seed=spec.batch_seed),
+                    evaluate=lambda model: {"train_loss": mean_loss(model, ev_train),
+                                            "val_loss": mean_loss(model, ev_val)},
+                    after=after, checkpoint_extra={"itos": vocab.itos})

@@ -174,9 +174,16 @@ def load_section(cls: type[T], section: str, path: str | Path = "params.yaml") -
 
 
 def run_stage(main) -> None:
-    """Run a stage entry point: user errors become one line on stderr and exit 2."""
+    """Run a stage entry point: its outputs replace the old ones all together or not at all
+    (io.stage_outputs); user errors become one line on stderr and exit 2; Ctrl-C exits 130."""
+    from .io import stage_outputs
+
     try:
-        main()
+        with stage_outputs():
+            main()
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt:
+        print("interrupted; nothing written (the previous outputs are unchanged)", file=sys.stderr)
+        sys.exit(130)

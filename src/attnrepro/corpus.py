@@ -23,11 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-import numpy as np
 
 from .config import UserError, require
+from .tokenizer import PAD, UNK, Tokenizer  # noqa: F401  (re-exported: the corpus' tokenizer)
 
-PAD, UNK = "<pad>", "<unk>"
 
 
 class CorpusError(UserError):
@@ -175,32 +174,6 @@ def load_poems(paths: list[Path]) -> list[str]:
     if not poems:
         raise CorpusError("the corpus files hold no poems")
     return poems
-
-
-@dataclass
-class Tokenizer:
-    itos: list[str]
-
-    @classmethod
-    def build(cls, text: str, vocab_size: int) -> "Tokenizer":
-        """<pad>, <unk>, then the most frequent characters (newline included).
-
-        Ties are broken by code point so the vocabulary never depends on dict order.
-        """
-        counts = Counter(text)
-        ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
-        return cls([PAD, UNK] + [c for c, _ in ranked[: vocab_size - 2]])
-
-    @property
-    def stoi(self) -> dict[str, int]:
-        return {c: i for i, c in enumerate(self.itos)}
-
-    def encode(self, text: str) -> np.ndarray:
-        stoi = self.stoi
-        return np.array([stoi.get(c, 1) for c in text], dtype=np.uint16)
-
-    def decode(self, ids) -> str:
-        return "".join(self.itos[int(i)] if int(i) > 1 else "□" for i in ids)
 
 
 def build(poems: list[str], vocab_size: int, val_fraction: float) -> tuple[Tokenizer, dict, dict]:

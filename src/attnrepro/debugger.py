@@ -113,7 +113,8 @@ class AttentionDebugger:
             raise RuntimeError("no forward pass captured yet: call the model before dbg.step()")
         mod = self.model.attentions[i]
         q, k, v = mod.project(x)
-        res = attention(q, k, v, scaled=mod.cfg.scaled, causal=mod.cfg.causal, bug=mod.cfg.bug, trace=trace)
+        res = attention(q, k, v, scaled=mod.cfg.scaled, causal=mod.cfg.causal, bug=mod.cfg.bug,
+                        qk_norm=mod.qk_norm(), trace=trace)
         return q, k, v, res
 
     @torch.no_grad()

@@ -62,9 +62,12 @@ def logit_std(logits: torch.Tensor, causal: bool = True) -> float:
 
 
 def position_stats(p: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Diagonal weight, previous-token weight and mean distance sum_j (i-j) p_ij.
+    """Diagonal weight, previous-token weight, and the attention centroid distance of each
+    query row, dist_i = sum_j (i-j) p_ij (§1.20.3): its mean over rows (`distance`) and its
+    standard deviation over rows (`distance_std`, population; large for a "conditional"
+    head that looks near for some queries and far for others).
 
-    Averages exclude the query at absolute position 0, which can only see itself
+    Rows exclude the query at absolute position 0, which can only see itself
     (unless it is the only query).
     """
     p = p.double()
@@ -77,7 +80,8 @@ def position_stats(p: torch.Tensor) -> dict[str, torch.Tensor]:
     prev = torch.where(has_prev, p[..., rows, (pos - 1).clamp_min(0)], torch.zeros((), dtype=p.dtype))
     dist = (pos.unsqueeze(-1) - torch.arange(t_k)).clamp_min(0).double()
     distance = (p[..., rows, :] * dist).sum(-1)
-    return {"diag": diag.mean(-1), "prev": prev.mean(-1), "distance": distance.mean(-1)}
+    return {"diag": diag.mean(-1), "prev": prev.mean(-1), "distance": distance.mean(-1),
+            "distance_std": distance.std(-1, correction=0)}
 
 
 def layer_summary(weights: torch.Tensor, logits: torch.Tensor, causal: bool = True) -> dict:

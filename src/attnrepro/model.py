@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal, Optional
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .attention import BUGS, attention, fused_attention
-from .config import require
+from .attention import BUGS, QKNorm, QKNormKind, attention, fused_attention
+from .config import UserError, require
 
 
 @dataclass
@@ -41,6 +42,11 @@ class ModelConfig:
     # gpt2: N(0, init_std), residual projections N(0, init_std/sqrt(2 n_layer));
     # normal: every weight N(0, init_std); torch: PyTorch's own defaults
     init: Literal["gpt2", "normal", "torch"] = "gpt2"
+    # QK-norm (attention.QKNorm): none | layernorm (LayerNorm on q and k, ViT-22B) | l2 (unit q
+    # and k times a learned gain, Henry et al. 2020). `scaled` still decides the 1/sqrt(d_head).
+    qk_norm: QKNormKind = "none"
+    # initial gain of the l2 form; null = Henry et al.'s log2(block^2 - block) (11.98 at block 64)
+    qk_gain_init: Optional[float] = None
 
     @property
     def d_head(self) -> int:
@@ -59,6 +65,10 @@ class ModelConfig:
         require(self.bug in BUGS, f"{prefix}.bug", self.bug, "one of " + ", ".join(BUGS))
         require(0.0 <= self.dropout < 1.0, f"{prefix}.dropout", self.dropout, "in [0, 1)")
         require(self.init_std > 0, f"{prefix}.init_std", self.init_std, "a positive number")
+        require(self.qk_gain_init is None or self.qk_norm == "l2", f"{prefix}.qk_gain_init", self.qk_gain_init,
+                "null unless qk_norm is 'l2' (only that form has a gain)")
+        require(self.qk_gain_init is None or (math.isfinite(self.qk_gain_init) and self.qk_gain_init > 0),
+                f"{prefix}.qk_gain_init", self.qk_gain_init, "a finite positive number, or null")
         require(
             self.impl == "manual" or self.bug == "correct",
             f"{prefix}.impl",
@@ -79,6 +89,11 @@ class SelfAttention(nn.Module):
             self.k = nn.Linear(d, d, bias=cfg.qkv_bias)
             self.v = nn.Linear(d, d, bias=cfg.qkv_bias)
         self.proj = nn.Linear(d, d, bias=cfg.proj_bias)
+        if cfg.qk_norm == "layernorm":  # one LayerNorm over d_head each for q and k, shared by the heads
+            self.q_norm, self.k_norm = nn.LayerNorm(cfg.d_head), nn.LayerNorm(cfg.d_head)
+        elif cfg.qk_norm == "l2":
+            init = cfg.qk_gain_init if cfg.qk_gain_init is not None else math.log2(cfg.block_size ** 2 - cfg.block_size)
+            self.qk_gain = nn.Parameter(torch.tensor(float(init)))
         self.attn_drop = nn.Dropout(cfg.dropout)
         self.record = False
         self.last: Optional[dict] = None  # weights and logits of the last recorded call
@@ -93,15 +108,23 @@ class SelfAttention(nn.Module):
         H = self.cfg.n_head
         return tuple(t.view(B, T, H, d // H).transpose(1, 2) for t in (q, k, v))
 
+    def qk_norm(self) -> Optional[QKNorm]:
+        if self.cfg.qk_norm == "layernorm":
+            return QKNorm("layernorm", self.q_norm.weight, self.q_norm.bias, self.k_norm.weight, self.k_norm.bias)
+        if self.cfg.qk_norm == "l2":
+            return QKNorm("l2", gain=self.qk_gain)
+        return None
+
     def forward(self, x: torch.Tensor, kv_cache=None) -> torch.Tensor:
         cfg = self.cfg
         q, k, v = self.project(x)
         if kv_cache is not None:
             k, v = kv_cache.append(k, v)
+        norm = self.qk_norm()
         if cfg.impl == "fused" and not self.record and not (self.training and cfg.dropout > 0):
-            y = fused_attention(q, k, v, scaled=cfg.scaled, causal=cfg.causal)
+            y = fused_attention(q, k, v, scaled=cfg.scaled, causal=cfg.causal, qk_norm=norm)
         else:
-            res = attention(q, k, v, scaled=cfg.scaled, causal=cfg.causal, bug=cfg.bug)
+            res = attention(q, k, v, scaled=cfg.scaled, causal=cfg.causal, bug=cfg.bug, qk_norm=norm)
             if self.record:
                 self.last = {"weights": res.weights.detach(), "logits": res.logits.detach(),
                              "q": q.detach(), "k": k.detach()}
@@ -209,3 +232,23 @@ def generate(
             nxt = torch.multinomial(F.softmax(logits, dim=-1), 1, generator=generator)
         idx = torch.cat([idx, nxt], dim=1)
     return idx
+
+
+def load_checkpoint(path, key: str = "checkpoint") -> TinyGPT:
+    """A TinyGPT from a checkpoint written by a run ({model_config, ..., state_dict}), in eval mode.
+
+    Loads tensors only (weights_only), and turns a missing or unreadable file into one
+    line naming `key` and the path instead of torch's traceback."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{key}: {path} not found (run the stage that writes it)")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        model = TinyGPT(ModelConfig(**ckpt["model_config"]))
+        model.load_state_dict(ckpt["state_dict"])
+    except UserError:
+        raise
+    except Exception as e:
+        raise UserError(f"{key}: {path} is not a readable checkpoint ({type(e).__name__}); "
+                        "rerun the stage that writes it") from None
+    return model.eval()

@@ -1,17 +1,6 @@
 """Measurements on fixed models: the init sweep (§1.3/§1.19.1), head portraits and
-ablation (§1.8.5-1.8.6), and the post-training symptoms of the injected bugs (§1.11.7).
-
-Failure-symptom entropy (`weight_symptoms`, metrics/failures.json `<variant>.entropy`):
-the normalized entropy of the ROW-RENORMALIZED weights q = p / sum_j p_j, divided by
-log(number of keys the row can actually give weight to): every key (t_k) when the
-variant's mask leaks (MASK_LEAKS, i.e. mask_zero), the causal count i+1 otherwise;
-averaged over rows with more than one such key. So every variant's `entropy` lies in
-[0, 1] and the variants are comparable: scale_after_softmax (rows summing to
-1/sqrt(d_head)) gets the entropy of the softmax it actually computed, and mask_zero
-(weight on future keys) is measured against the keys it really spreads over.
-`entropy_raw` keeps the naive value (entropy of p as it is, / log(causal keys)),
-which is outside [0, 1] for those two bugs; `entropy_support_all_keys` is 1 when the
-normalization used all keys.
+ablation (§1.8.5-1.8.6). (The injected bugs' symptoms are measured inside their runs:
+attnrepro.lm.weight_symptoms.)
 """
 
 from __future__ import annotations
@@ -171,57 +160,3 @@ def ablate_heads(model: TinyGPT, batches, tick: Optional[Callable[[], None]] = N
 
 
 # ---------------------------------------------------------------- failure symptoms
-
-
-# bugs whose mask leaks weight onto future keys: their rows can spread over all t_k keys
-MASK_LEAKS = frozenset({"mask_zero"})
-
-
-def renormalized_entropy(w: torch.Tensor, leaks: bool) -> torch.Tensor:
-    """Normalized entropy of the row-renormalized weights w / w.sum(-1).
-
-    Normalized by log(keys the row can give weight to): all t_k keys when the mask
-    leaks, the causal count otherwise; rows with one such key are excluded. In [0, 1]
-    for any non-negative weights; equals normalized_entropy(w) when rows sum to 1 and
-    nothing leaks. Leading dims are kept (averaged over rows), like normalized_entropy.
-    """
-    w = w.double()
-    q = w / w.sum(-1, keepdim=True)
-    return normalized_entropy(q, causal=not leaks)
-
-
-@torch.no_grad()
-def weight_symptoms(model: TinyGPT, batches) -> dict:
-    """Entropy, diagonal weight, max row sum and future-key mass of the attention
-    weights on fixed batches, layer 0 (the contract's value) and per layer.
-
-    `entropy` is renormalized_entropy (see the module docstring), `entropy_raw` the
-    naive normalized entropy of the weights as they are (causal normalization)."""
-    leaks = getattr(model.cfg, "bug", "correct") in MASK_LEAKS
-    model.eval()
-    model.set_record(True)
-    acc: dict[str, list[float]] = {}
-    for x, _ in batches:
-        model(x)
-        for li, a in enumerate(model.attentions):
-            w = a.last["weights"]
-            future = ~causal_mask(w.shape[-2], w.shape[-1])
-            vals = {
-                "entropy": renormalized_entropy(w, leaks).mean().item(),
-                "entropy_raw": normalized_entropy(w).mean().item(),
-                "diag_weight": position_stats(w)["diag"].mean().item(),
-                "max_row_sum": w.double().sum(-1).max().item(),
-                "min_row_sum": w.double().sum(-1).min().item(),
-                "future_weight": w[..., future].double().sum().item() / (w[..., 0].numel()),
-            }
-            for k, v in vals.items():
-                acc.setdefault(f"{k}_l{li}", []).append(v)
-    model.set_record(False)
-    out = {}
-    for k, v in acc.items():
-        agg = max if k.startswith("max_") else min if k.startswith("min_") else np.mean
-        out[k] = float(agg(v))
-    for k in ("entropy", "entropy_raw", "diag_weight", "max_row_sum", "min_row_sum", "future_weight"):
-        out[k] = out[f"{k}_l0"]
-    out["entropy_support_all_keys"] = int(leaks)
-    return out

@@ -12,8 +12,7 @@ biased output projection, FFN d -> 2d -> d with GELU, untied head with bias, eve
 weight N(0, 0.02) and biases zero.
 
 "Identical initial weights" across variants: the q/k/v/proj matrices are (d, d)
-whatever the head count, so every variant's state_dict has the same shapes. One
-model is initialized from the seed and its state_dict is loaded into each variant;
+whatever the head count, so one seed draws the same weights for every variant;
 the 1-head variant reads the same q/k/v matrices as one 64-dim head instead of
 four 16-dim slices, and the no-mask variant differs only in `causal`.
 """
@@ -22,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Mapping
 
 import torch
 import torch.nn as nn
@@ -30,6 +29,8 @@ import torch.nn.functional as F
 
 from .config import require, require_positive
 from .model import ModelConfig, SelfAttention, TinyGPT, generate
+from .runs import Prepared, RunSpec, model_config
+from .training import IndexedBatches
 
 VOCAB = 13
 BOS, SEP, EOS = 10, 11, 12
@@ -133,18 +134,21 @@ def batch_indices(n_train: int, steps: int, batch_size: int, seed: int) -> torch
 
 # ---------------------------------------------------------------- training
 
-def build_models(cfg: ReversalConfig) -> dict[str, TinyGPT]:
-    """One initialization from cfg.seed, loaded into every variant (see module doc)."""
-    names = list(cfg.variants)
-    torch.manual_seed(cfg.seed)
-    reference = TinyGPT(cfg.model_config(names[0]))
-    state = reference.state_dict()
-    models = {}
-    for name in names:
-        m = TinyGPT(cfg.model_config(name))
-        m.load_state_dict(state)
-        models[name] = m
-    return models
+def run_spec(cfg: ReversalConfig, variant: str) -> RunSpec:
+    """One variant as a run: Adam at a constant lr with grad-norm clipping (the document's
+    protocol), full-set answer losses every eval_every steps and after the last.
+
+    Every variant starts from the same weights: with one seed, the q/k/v/proj matrices
+    are (d, d) whatever the head count, so the init draw is the same for each."""
+    optim = {"steps": cfg.steps, "batch_size": cfg.batch_size, "optimizer": "adam", "lr": cfg.lr,
+             "betas": [0.9, 0.999], "weight_decay": 0.0, "decay": "all", "schedule": "constant", "warmup": 0,
+             "min_lr_ratio": 1.0, "grad_clip": cfg.grad_clip}
+    return RunSpec(task="reversal", model=dataclasses.asdict(cfg.model_config(variant)), optim=optim,
+                   seed=cfg.seed, batch_seed=cfg.batch_seed,
+                   data={"n_train": cfg.n_train, "n_val": cfg.n_val, "n_test": cfg.n_test,
+                         "data_seed": cfg.data_seed},
+                   eval_every=cfg.eval_every, eval_final=True, threads=cfg.threads, device="cpu",
+                   label=f"reversal {variant}")
 
 
 @torch.no_grad()
@@ -163,37 +167,9 @@ def answer_loss(model: TinyGPT, seqs: torch.Tensor, chunk: int = 1024) -> float:
     return total / count
 
 
-def train_model(model: TinyGPT, splits: dict, indices: torch.Tensor, cfg: ReversalConfig,
-                progress: Optional[Callable[[int, float], None]] = None) -> list[dict]:
-    """Adam at a constant lr with grad-norm clipping; full-set losses every eval_every steps.
-
-    Row `step` s holds the losses after s updates (s = 0 is the initialization).
-    """
-    x_all, y_all = inputs_labels(splits["train"])
-    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
-    history = []
-
-    def record(step: int, batch_loss: Optional[float]) -> None:
-        history.append({"step": step, "batch_loss": batch_loss,
-                        "train_loss": answer_loss(model, splits["train"]),
-                        "val_loss": answer_loss(model, splits["val"])})
-
-    record(0, None)
-    model.train()
-    for step in range(len(indices)):
-        idx = indices[step]
-        _, loss = model(x_all[idx], y_all[idx])
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip, error_if_nonfinite=True)
-        opt.step()
-        done = step + 1
-        if done % cfg.eval_every == 0 or done == len(indices):
-            record(done, loss.item())
-        if progress is not None:
-            progress(step, loss.item())
-    model.eval()
-    return history
+def loss_rows(evals: list[dict], history: list[dict]) -> list[dict]:
+    """Evaluation rows (losses after `step` updates) with the training batch loss of the last update."""
+    return [{**e, "batch_loss": history[e["step"] - 1]["loss"] if e["step"] > 0 else None} for e in evals]
 
 
 # ---------------------------------------------------------------- evaluation
@@ -318,3 +294,21 @@ def evaluate_variant(model: TinyGPT, splits: dict, history: list[dict], cfg: Rev
     out["val_loss_start"] = history[0]["val_loss"]
     out["test_loss"] = answer_loss(model, test)
     return out, pred, maps
+
+
+def prepare(spec: RunSpec, inputs: Mapping[str, bytes], device: str) -> Prepared:
+    """Digit reversal (no inputs: the data are drawn from seeds). data: n_train, n_val, n_test,
+    data_seed. Batches are rows of a (steps, batch) index table drawn from batch_seed."""
+    d = spec.data
+    splits = make_splits(d["n_train"], d["n_val"], d["n_test"], d["data_seed"])
+    x_all, y_all = inputs_labels(splits["train"])
+    indices = batch_indices(d["n_train"], spec.steps, spec.optim["batch_size"], spec.batch_seed)
+
+    def after(model, run, before):
+        return {"params": model.num_params(), "loss_start": run.history[0]["loss"]}, {}
+
+    return Prepared(model_config(spec),
+                    IndexedBatches(x_all.to(device), y_all.to(device), indices),
+                    evaluate=lambda model: {"train_loss": answer_loss(model, splits["train"]),
+                                            "val_loss": answer_loss(model, splits["val"])},
+                    after=after)

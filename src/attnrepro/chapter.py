@@ -1,0 +1,168 @@
+"""The chapter's controlled comparison as run specs: its config, its variants, its gaps.
+
+A variant is a model preset plus ModelConfig switches (`scaled`, and anything else
+ModelConfig has). Variant `v` with seed `s` is one RunSpec of the corpus_lm task;
+the seed drives both the init draw and the batch order, so at one seed every
+variant of one shape starts from the same weights and sees the same batches (the
+pairing of scaled and unscaled). The train stage runs one seed; the seed sweep and
+the exercises run many through the same builder, so the store shares their runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+from .attention import BUGS
+from .config import ConfigError, from_dict, require, require_positive
+from .model import ModelConfig
+from .runs import RunSpec
+from .training import OptimConfig
+
+CORPUS = Path("data/corpus")
+CORPUS_FILES = ("train.npy", "val.npy", "vocab.json")
+
+
+def corpus_inputs(folder: Path = CORPUS) -> dict[str, bytes]:
+    """The token arrays and vocabulary a corpus_lm run reads (made by the corpus stage)."""
+    missing = [n for n in CORPUS_FILES if not (Path(folder) / n).is_file()]
+    if missing:
+        raise ConfigError(f"{folder}: {', '.join(missing)} missing (run `dvc repro corpus` first)")
+    return {n: (Path(folder) / n).read_bytes() for n in CORPUS_FILES}
+
+
+def vocab_size(folder: Path = CORPUS) -> int:
+    import json
+
+    return len(json.loads((Path(folder) / "vocab.json").read_text(encoding="utf-8")))
+
+
+def model_fields(mcfg: ModelConfig) -> dict:
+    """Every ModelConfig field but vocab_size (the run takes it from the data): a spec names all switches."""
+    return {k: v for k, v in dataclasses.asdict(mcfg).items() if k != "vocab_size"}
+
+
+def optim_fields(cfg) -> dict:
+    return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(OptimConfig)}
+
+
+def model_config(models: dict, variant: dict, where: str, vocab: int = 2) -> ModelConfig:
+    """A variant = {model: <preset>, <ModelConfig switch>: value, ...}; validated into a ModelConfig."""
+    if not isinstance(variant, dict) or "model" not in variant:
+        raise ConfigError(f"{where}.model: missing (expected one of {', '.join(sorted(models))})")
+    require(variant["model"] in models, f"{where}.model", variant["model"], "one of " + ", ".join(sorted(models)))
+    switches = {k: v for k, v in variant.items() if k != "model"}
+    for key in ("vocab_size",):
+        require(key not in switches, f"{where}.{key}", switches.get(key), "not set here (it comes from the corpus)")
+    return from_dict(ModelConfig, {**models[variant["model"]], **switches, "vocab_size": vocab}, prefix=where)
+
+
+@dataclass
+class TrainConfig(OptimConfig):
+    seed: int  # model init and batch order (separate generators)
+    threads: int
+    device: str
+    diag_every: int
+    diag_steps: list[int]  # recorded in addition to every diag_every
+    val_every: int
+    val_batches: int
+    val_seed: int
+    loss_window: int  # loss_final = mean training loss of the last loss_window steps
+    sample_prompt: str
+    sample_tokens: int
+    sample_temperature: float
+    sample_seed: int
+    models: dict[str, dict]
+    variants: dict[str, dict]
+
+    def validate(self, prefix: str = "train") -> None:
+        super().validate(prefix)
+        require_positive(self, ("threads", "diag_every", "val_every", "val_batches", "loss_window", "sample_tokens"),
+                         prefix)
+        require(len(self.sample_prompt) > 0, f"{prefix}.sample_prompt", self.sample_prompt, "a non-empty prompt")
+        require(self.sample_temperature >= 0, f"{prefix}.sample_temperature", self.sample_temperature,
+                "a number >= 0 (0: greedy)")
+        require(len(self.variants) > 0, f"{prefix}.variants", self.variants, "at least one variant")
+        for name, v in self.variants.items():
+            model_config(self.models, v, f"{prefix}.variants.{name}")
+
+    def diag_schedule(self) -> set[int]:
+        return set(range(0, self.steps, self.diag_every)) | {s for s in self.diag_steps if s < self.steps}
+
+    def spec(self, variant: str, seed: int, device: str, **optim) -> RunSpec:
+        """The RunSpec of `variant` at `seed` (optim: overrides of OptimConfig fields, for ablations)."""
+        model = model_fields(model_config(self.models, self.variants[variant], f"train.variants.{variant}"))
+        return RunSpec(
+            task="corpus_lm", model=model, optim={**optim_fields(self), **optim}, seed=seed, batch_seed=seed,
+            data={"val_batches": self.val_batches, "val_seed": self.val_seed},
+            diag_steps=tuple(sorted(self.diag_schedule())), eval_every=self.val_every,
+            measure={"loss_window": self.loss_window, "summary_steps": sorted(self.diag_steps), "diagnostics": True,
+                     "qk_scale": True, "sample": {"prompt": self.sample_prompt, "tokens": self.sample_tokens,
+                                                  "temperature": self.sample_temperature, "seed": self.sample_seed}},
+            threads=self.threads, device=device, label=f"{variant} seed {seed}")
+
+
+def d_head_of(cfg: TrainConfig, variant: str) -> int:
+    return model_config(cfg.models, cfg.variants[variant], f"train.variants.{variant}").d_head
+
+
+def pairs_by_dhead(cfg: TrainConfig) -> dict[int, dict[bool, str]]:
+    """{d_head: {scaled: variant name}} over the variants that differ only in `scaled`."""
+    out: dict[int, dict[bool, str]] = {}
+    for name, v in cfg.variants.items():
+        out.setdefault(d_head_of(cfg, name), {})[bool(v.get("scaled", True))] = name
+    return out
+
+
+def comparison(metrics: dict, pairs: dict[int, dict[bool, str]]) -> dict:
+    """Loss gaps (unscaled - scaled) per d_head, and the largest d_head's gap over the smallest's."""
+    out, gap = {}, {}
+    for d_head, pair in sorted(pairs.items()):
+        if set(pair) != {True, False}:
+            continue
+        for key in ("loss_final", "val_loss_final"):
+            g = metrics[pair[False]][key] - metrics[pair[True]][key]
+            out[f"gap_d{d_head}_{key}"] = g
+            gap.setdefault(key, []).append(g)
+    for key, gs in gap.items():
+        if len(gs) >= 2 and gs[0] != 0:
+            out[f"gap_ratio_{key}"] = gs[-1] / gs[0]  # largest d_head over smallest
+    return out
+
+
+@dataclass
+class FailuresConfig(OptimConfig):
+    seed: int  # model init and batch order, as in train
+    threads: int
+    device: str
+    val_batches: int  # the symptoms are measured on these fixed validation batches
+    val_seed: int
+    loss_window: int
+    model: dict  # ModelConfig fields (vocab_size comes from the corpus, bug from variants)
+    variants: list[str]
+    spread_seeds: list[int]  # each variant again with these seeds: the seed spread of each symptom
+
+    def validate(self, prefix: str = "failures") -> None:
+        super().validate(prefix)
+        require_positive(self, ("threads", "val_batches", "loss_window"), prefix)
+        require(len(self.variants) > 0 and len(set(self.variants)) == len(self.variants), f"{prefix}.variants",
+                self.variants, "a non-empty list without repeats")
+        for v in self.variants:
+            require(v in BUGS, f"{prefix}.variants", v, "entries from " + ", ".join(BUGS))
+        seeds = [self.seed, *self.spread_seeds]
+        require(len(set(seeds)) == len(seeds), f"{prefix}.spread_seeds", self.spread_seeds,
+                "seeds without repeats, other than failures.seed")
+        for key in ("bug", "vocab_size"):
+            require(key not in self.model, f"{prefix}.model.{key}", self.model.get(key),
+                    "not set here (bug comes from variants, vocab_size from the corpus)")
+        from_dict(ModelConfig, {**self.model, "vocab_size": 2}, prefix=f"{prefix}.model")
+
+    def spec(self, bug: str, seed: int, device: str) -> RunSpec:
+        return RunSpec(
+            task="corpus_lm", model=model_fields(from_dict(ModelConfig, {**self.model, "bug": bug, "vocab_size": 2},
+                                                            prefix="failures.model")),
+            optim=optim_fields(self), seed=seed, batch_seed=seed,
+            data={"val_batches": self.val_batches, "val_seed": self.val_seed},
+            measure={"loss_window": self.loss_window, "symptoms": True},
+            threads=self.threads, device=device, label=f"{bug} seed {seed}")

@@ -1,0 +1,307 @@
+"""Sweeps: many runs fanned out on Dask, skipping what the run store already holds.
+
+A sweep is a list of RunSpecs with the data they read. `run_sweep` looks every run
+up in the store, trains the missing ones and stores them, and returns one
+RunRecord per spec. Where the runs execute:
+
+  serial      in this process (engine.workers 1, or a single run to do)
+  local       a Dask LocalCluster of `workers` processes (0: one per CPU core), one
+              torch thread each: the default
+  cluster     an existing Dask scheduler (engine.scheduler, $ATTNREPRO_SCHEDULER or a
+              stage's --scheduler): `dask scheduler` + `dask worker` on any machines,
+              or dask-jobqueue on Slurm (README, "Sweeps on a cluster")
+
+Every run pins its own seeds and thread count, so its result is byte-identical
+whichever way it ran. Results travel back to this process as bytes and are written
+to the store here: workers need the same attnrepro installed, not a shared disk
+(a worker whose code differs from ours is caught by the code digest in the key).
+
+Faults are data: a run that raises or loses its worker twice is a failed record
+with its reason (not stored: it is tried again next time); a diverged run is a
+stored result with status "diverged". The sweep always finishes the other runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Optional, Sequence
+
+from .config import ConfigError, UserError, require
+from .runs import RunSpec, code_digest, execute_to_bytes, run_key
+from .runtime import progress
+from .store import RunStore
+
+PROGRESS_TOPIC = "attnrepro-progress"
+
+
+@dataclass
+class EngineConfig:
+    workers: int  # local worker processes; 0 = one per CPU core; 1 = serial, in this process
+    scheduler: str  # address of an existing Dask scheduler; "" = a LocalCluster on this machine
+    store: str  # the run store folder
+
+    def validate(self, prefix: str = "engine") -> None:
+        require(self.workers >= 0, f"{prefix}.workers", self.workers, "an integer >= 0 (0: one per core)")
+        require(bool(self.store.strip()), f"{prefix}.store", self.store, "a folder for the run store")
+
+    @property
+    def n_workers(self) -> int:
+        return self.workers or os.cpu_count() or 1
+
+
+def engine_config(params: Mapping, scheduler: Optional[str] = None, workers: Optional[int] = None) -> EngineConfig:
+    """params.yaml's `engine` section; $ATTNREPRO_SCHEDULER / $ATTNREPRO_WORKERS override it,
+    and explicit arguments (a stage's --scheduler / --workers) override both."""
+    from .config import from_dict
+
+    section = dict(params.get("engine") or {})
+    if os.environ.get("ATTNREPRO_SCHEDULER") is not None:
+        section["scheduler"] = os.environ["ATTNREPRO_SCHEDULER"]
+    if os.environ.get("ATTNREPRO_WORKERS"):
+        try:
+            section["workers"] = int(os.environ["ATTNREPRO_WORKERS"])
+        except ValueError:
+            raise ConfigError(f"ATTNREPRO_WORKERS: got {os.environ['ATTNREPRO_WORKERS']!r}, expected an integer") from None
+    if scheduler is not None:
+        section["scheduler"] = scheduler
+    if workers is not None:
+        section["workers"] = workers
+    return from_dict(EngineConfig, section, prefix="engine")
+
+
+def add_engine_args(ap) -> None:
+    """--scheduler / --workers for a stage that runs a sweep."""
+    ap.add_argument("--scheduler", default=None, metavar="ADDRESS",
+                    help="run the sweep on an existing Dask scheduler, e.g. tcp://10.0.0.5:8786 "
+                         "(default: engine.scheduler in params.yaml, or $ATTNREPRO_SCHEDULER)")
+    ap.add_argument("--workers", type=int, default=None, metavar="N",
+                    help="local worker processes; 0 = one per core, 1 = serial (default: engine.workers)")
+
+
+@dataclass
+class RunRecord:
+    spec: RunSpec
+    key: str
+    status: str  # ok | diverged | failed
+    reason: str
+    path: Optional[Path]  # the result folder in the store (None when failed)
+    cached: bool  # found in the store, not trained by this sweep
+    seconds: Optional[float] = None  # the run's own wall time, when it was trained now
+
+    @property
+    def label(self) -> str:
+        return self.spec.label or self.key[:12]
+
+    def summary(self) -> dict:
+        return json.loads((self.path / "summary.json").read_text(encoding="utf-8"))
+
+    def read(self, name: str):
+        return json.loads((self.path / name).read_text(encoding="utf-8"))
+
+
+class RunsFailed(UserError):
+    """Some runs of a sweep failed or diverged; the message names them (one line)."""
+
+
+def require_ok(records: Sequence[RunRecord], what: str) -> None:
+    bad = [r for r in records if r.status != "ok"]
+    if bad:
+        named = "; ".join(f"{r.label}: {r.status} ({r.reason})" for r in bad[:4])
+        more = f"; and {len(bad) - 4} more" if len(bad) > 4 else ""
+        raise RunsFailed(f"{what}: {len(bad)} of {len(records)} runs did not finish: {named}{more}")
+
+
+_MALLOC_TUNED = False
+
+
+def _undo_dask_malloc_trim() -> None:
+    """Dask's nanny starts workers with MALLOC_TRIM_THRESHOLD_=65536, which also freezes glibc's
+    mmap threshold: every large tensor is then mmap'ed and unmapped again, and training runs
+    about 40% slower than in a plain process (measured here). Restore heap reuse in this worker."""
+    global _MALLOC_TUNED
+    if _MALLOC_TUNED or "MALLOC_TRIM_THRESHOLD_" not in os.environ:
+        return
+    _MALLOC_TUNED = True
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD: keep up to 1 GiB of freed heap for reuse
+        libc.mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD: the largest glibc allows (32 MiB)
+    except (OSError, AttributeError):
+        pass  # not glibc: nothing to undo
+
+
+def _remote(spec: RunSpec, inputs: Mapping[str, bytes], key: str) -> dict[str, bytes]:
+    """The task a Dask worker runs: train, report progress as events, return the result files."""
+    from distributed import get_worker
+
+    _undo_dask_malloc_trim()
+    worker = get_worker()
+    last = [0.0]
+
+    def tick(steps_done: int) -> None:
+        now = time.monotonic()
+        if now - last[0] >= 1.0 or steps_done == spec.steps:
+            last[0] = now
+            worker.log_event(PROGRESS_TOPIC, {"key": key, "steps": steps_done})
+
+    return execute_to_bytes(spec, inputs, tick)
+
+
+def _cost(spec: RunSpec) -> float:
+    """A rough relative cost, to start the longest runs first."""
+    m = spec.model
+    width = m.get("d_model", 128)
+    return spec.steps * width * width * m.get("n_layer", 2)
+
+
+class _Progress:
+    """runs done/total, failures and an ETA (in training steps) on a terminal and in logs."""
+
+    def __init__(self, name: str, todo: list[tuple[RunSpec, str]], cached: int, total: int):
+        self.name, self.total_runs, self.done_runs, self.failed = name, total, cached, 0
+        self.steps = {key: 0 for _, key in todo}
+        self.limit = {key: spec.steps for spec, key in todo}
+        self.bar = progress(sum(self.limit.values()), f"sweep {name}")
+        self.bar.unit = "step"
+        self._post()
+
+    def _post(self) -> None:
+        self.bar.set_postfix_str(f"runs {self.done_runs}/{self.total_runs}, failed {self.failed}", refresh=False)
+
+    def steps_done(self, key: str, n: int) -> None:
+        n = min(n, self.limit.get(key, 0))
+        delta = n - self.steps.get(key, 0)
+        if delta > 0:
+            self.steps[key] = n
+            self.bar.update(delta)
+
+    def finished(self, record: RunRecord) -> None:
+        self.done_runs += 1
+        self.failed += record.status != "ok"
+        self.steps_done(record.key, self.limit.get(record.key, 0))
+        took = f" in {record.seconds:.0f} s" if record.seconds is not None else ""
+        word = {"ok": "done", "diverged": "DIVERGED", "failed": "FAILED"}[record.status]
+        reason = f": {record.reason}" if record.reason else ""
+        self.bar.write(f"[{self.name}] {record.label} {word}{took}{reason} "
+                       f"({self.done_runs}/{self.total_runs} runs, {self.failed} failed)")
+        self._post()
+        self.bar.refresh()
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def run_sweep(name: str, specs: Sequence[RunSpec], inputs: Mapping[str, bytes], engine: EngineConfig,
+              ) -> list[RunRecord]:
+    """Every spec's result from the store, training the missing ones first (see module doc)."""
+    store = RunStore(engine.store)
+    store.clean_tmp()
+    keys = [run_key(s, inputs) for s in specs]
+    records: dict[str, RunRecord] = {}
+    todo: list[tuple[RunSpec, str]] = []
+    for spec, key in zip(specs, keys):
+        if key in records or any(k == key for _, k in todo):
+            continue
+        path = store.get(key)
+        if path is not None:
+            status = json.loads((path / "status.json").read_text(encoding="utf-8"))
+            records[key] = RunRecord(spec, key, status["status"], status.get("reason", ""), path, True)
+        else:
+            todo.append((spec, key))
+    n_unique = len(records) + len(todo)
+    print(f"sweep {name}: {n_unique} runs, {len(records)} in the store ({engine.store}), {len(todo)} to train"
+          + (f" on {_where(engine, len(todo))}" if todo else ""), flush=True)
+    if todo:
+        bar = _Progress(name, todo, len(records), n_unique)
+        try:
+            if engine.scheduler or (engine.n_workers > 1 and len(todo) > 1):
+                _run_dask(todo, inputs, engine, store, records, bar)
+            else:
+                _run_serial(todo, inputs, store, records, bar)
+        finally:
+            bar.close()
+    return [dataclasses.replace(records[k], spec=s) for s, k in zip(specs, keys)]
+
+
+def _where(engine: EngineConfig, n_todo: int) -> str:
+    if engine.scheduler:
+        return f"the Dask scheduler at {engine.scheduler}"
+    if engine.n_workers > 1 and n_todo > 1:
+        return f"{min(engine.n_workers, n_todo)} local Dask workers"
+    return "this process"
+
+
+def _store_result(spec: RunSpec, key: str, files: Mapping[str, bytes], store: RunStore) -> RunRecord:
+    ours = code_digest(spec.task)
+    theirs = json.loads(files["spec.json"].decode("utf-8")).get("code")
+    if theirs != ours:
+        return RunRecord(spec, key, "failed", "the worker runs different attnrepro code than this process "
+                                              "(install the same version on every worker)", None, False)
+    status = json.loads(files["status.json"].decode("utf-8"))
+    seconds = json.loads(files["timing.json"].decode("utf-8"))["wall_seconds"] if "timing.json" in files else None
+    path = store.put(key, files)
+    return RunRecord(spec, key, status["status"], status.get("reason", ""), path, False, seconds)
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split()) or "(no message)"
+    return f"{type(e).__name__}: {text[:300]}"
+
+
+def _run_serial(todo, inputs, store: RunStore, records: dict, bar: _Progress) -> None:
+    for spec, key in todo:
+        try:
+            files = execute_to_bytes(spec, inputs, lambda n, key=key: bar.steps_done(key, n))
+            rec = _store_result(spec, key, files, store)
+        except Exception as e:  # a run that raises is data; the sweep goes on
+            rec = RunRecord(spec, key, "failed", _one_line(e), None, False)
+        records[key] = rec
+        bar.finished(rec)
+
+
+def _run_dask(todo, inputs, engine: EngineConfig, store: RunStore, records: dict, bar: _Progress) -> None:
+    import dask
+    from distributed import Client, KilledWorker, LocalCluster, as_completed
+
+    cluster = None
+    # a run whose worker dies is rescheduled once, then reported as failed
+    with dask.config.set({"distributed.scheduler.allowed-failures": 1}):
+        if engine.scheduler:
+            client = Client(engine.scheduler, timeout="20s")
+        else:
+            cluster = LocalCluster(n_workers=min(engine.n_workers, len(todo)), threads_per_worker=1, processes=True,
+                                   dashboard_address=":0",
+                                   silence_logs=logging.ERROR)
+            client = Client(cluster)
+    futures: dict = {}
+    try:
+        client.subscribe_topic(PROGRESS_TOPIC, lambda event: bar.steps_done(event[1]["key"], event[1]["steps"]))
+        data = client.scatter([dict(inputs)], broadcast=True)[0]
+        for spec, key in sorted(todo, key=lambda t: _cost(t[0]), reverse=True):
+            fut = client.submit(_remote, spec, data, key, pure=False)
+            futures[fut.key] = (fut, spec, key)
+        for fut in as_completed([f for f, *_ in futures.values()]):
+            _, spec, key = futures[fut.key]
+            try:
+                rec = _store_result(spec, key, fut.result(), store)
+            except KilledWorker:
+                rec = RunRecord(spec, key, "failed", "lost its worker twice (killed, or out of memory)", None, False)
+            except Exception as e:
+                rec = RunRecord(spec, key, "failed", _one_line(e), None, False)
+            records[key] = rec
+            bar.finished(rec)
+    except BaseException:
+        client.cancel([f for f, *_ in futures.values()])
+        raise
+    finally:
+        client.close()
+        if cluster is not None:
+            cluster.close()
