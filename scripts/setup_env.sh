@@ -1,20 +1,32 @@
 #!/usr/bin/env bash
-# Create (or reuse) .venv and install attnrepro with its test extras.
+# Create (or reuse) .venv and install attnrepro with everything it needs (torch, dvc, dask
+# and distributed for the sweeps, ...; pyproject.toml) and its test extras.
 #
-# torch: by default the CPU wheel torch==2.13.0 is installed. To use your own build
-# (e.g. CUDA), install it into .venv first and set ATTNREPRO_KEEP_TORCH=1.
+# torch==2.13.0 comes from the default package index: on Linux x86_64 that is a CUDA build
+# (it runs on CPU too, but downloads the CUDA libraries). For a CPU-only build set
+# ATTNREPRO_TORCH_INDEX to PyTorch's CPU wheel index (see the install selector on pytorch.org).
+# To keep a torch you installed into .venv yourself, set ATTNREPRO_KEEP_TORCH=1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-python3}
+if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+    echo "error: attnrepro needs Python 3.11 or newer; $PYTHON is $("$PYTHON" --version 2>&1) (set PYTHON=...)" >&2
+    exit 2
+fi
 if [ ! -x .venv/bin/python ]; then
     echo "==> creating .venv with $($PYTHON --version)"
     "$PYTHON" -m venv .venv
 fi
 PIP=(.venv/bin/python -m pip install --disable-pip-version-check -q)
 if [ "${ATTNREPRO_KEEP_TORCH:-0}" != "1" ]; then
-    echo "==> installing torch==2.13.0 (CPU build)"
-    "${PIP[@]}" torch==2.13.0
+    if [ -n "${ATTNREPRO_TORCH_INDEX:-}" ]; then
+        echo "==> installing torch==2.13.0 from $ATTNREPRO_TORCH_INDEX"
+        "${PIP[@]}" torch==2.13.0 --index-url "$ATTNREPRO_TORCH_INDEX"
+    else
+        echo "==> installing torch==2.13.0 from the default index (a CUDA build on Linux x86_64)"
+        "${PIP[@]}" torch==2.13.0
+    fi
 fi
 echo "==> installing attnrepro and its dependencies"
 "${PIP[@]}" -e ".[test]"

@@ -18,13 +18,14 @@ from pathlib import Path
 
 import torch
 
-from attnrepro.charlm import (CharLMConfig, CharVocab, attention_maps, continuations, exact_lines,
-                              join_text, read_sentences, run_spec, split_stream, verbatim_fraction)
-from attnrepro.companion_plots import attention_grid, cjk_font, loss_curves
+from attnrepro.charlm import (CharLMConfig, CharVocab, continuations, exact_lines, join_text, read_sentences,
+                              run_spec, split_stream, verbatim_fraction)
 from attnrepro.config import load_section, read_params, run_stage
-from attnrepro.envinfo import setup_determinism
-from attnrepro.io import atomic_dir, read_json, write_csv, write_json, write_text
+from attnrepro.envinfo import environment, setup_determinism
+from attnrepro.figures import attention_grid, cjk_font, loss_curves
+from attnrepro.io import atomic_dir, write_csv, write_json, write_text
 from attnrepro.model import load_checkpoint
+from attnrepro.probes import sequence_maps
 from attnrepro.sweep import add_engine_args, engine_config, require_ok, run_sweep
 
 PLOTS = Path("plots/charlm")
@@ -51,7 +52,7 @@ def main() -> None:
     model = load_checkpoint(rec.path / "model.pt", "charlm run")
     evals, steps = rec.read("evals.json"), [{"step": r["step"], "loss": r["loss"]} for r in rec.read("history.json")]
     samples = continuations(model, vocab, cfg)
-    maps = attention_maps(model, attn_ids)
+    maps = sequence_maps(model, attn_ids)
     future = torch.ones(len(attn_ids), len(attn_ids), dtype=torch.bool).triu(1)
 
     first, last = evals[0], evals[-1]
@@ -96,7 +97,7 @@ def main() -> None:
                        f"char LM block {layer + 1} on {cfg.attn_text if font else 'attn_text'}",
                        [f"block {layer + 1}"], font=font)
     write_json("metrics/charlm.json", metrics)
-    write_json("metrics/env/charlm.json", read_json(rec.path / "env.json"))
+    write_json("metrics/env/charlm.json", environment("cpu"))  # this stage's machine (and the run's, unless a cluster)
     print(f"charlm: {metrics['params']} params, vocab {metrics['vocab_size']}, loss "
           f"{metrics['initial_loss']:.4f}; train/val {first['train_loss']:.4f}/{first['val_loss']:.4f} -> "
           f"{last['train_loss']:.4f}/{last['val_loss']:.4f}; greedy verbatim "

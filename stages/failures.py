@@ -9,13 +9,19 @@ causal count otherwise), so it is in [0, 1] for every variant (attnrepro.probes)
 `entropy_raw` keeps the naive value. The health checks of attnrepro.health run on the attention
 function with each variant's switches; which of them fire is the check-by-variant matrix.
 
-The symptom table comes from `failures.seed`. To show how much a 300-step symptom
-moves with the seed, every variant is trained again with each of `failures.spread_seeds`
-(each seed drives both the initialization and the batch order; the validation batches
-stay fixed): <variant>.spread.<symptom>_min/_max span all seeds, the reference included.
+The symptom table comes from `failures.seed`. Every variant is trained again with each
+of `failures.spread_seeds` (each seed drives both the initialization and the batch
+order; the validation batches stay fixed): metrics/dist/failures.json holds every
+symptom's distribution over all the seeds (attnrepro.stats), which `attnrepro check`
+and the claims use, as they do the train stage's.
+
+A second measuring protocol for the diagonal weight, `diag_weight_all_rows_half_block`:
+windows of half the model's block (32 tokens at block 64) of the same validation stream,
+every row counted (row 0 included), as the source's published diagonal weights suggest it
+measured.
 
 Writes metrics/failures.json (<variant>.loss_final, .entropy, .max_row_sum, ...,
-<variant>.check_<name> = 1 when the check fires, <variant>.spread.*),
+<variant>.check_<name> = 1 when the check fires), metrics/dist/failures.json,
 plots/failures/<variant>.csv (per step), plots/failures/seeds.csv (one row per
 variant and seed), plots/failures/checks.csv and plots/failures/training.png.
 """
@@ -25,27 +31,21 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from attnrepro.chapter import FailuresConfig, corpus_inputs, vocab_size
+from attnrepro.chapter import CORPUS, FailuresConfig, corpus_inputs, vocab_size
 from attnrepro.config import from_dict, load_section, read_params, run_stage
-from attnrepro.envinfo import setup_determinism
+from attnrepro.envinfo import environment, setup_determinism
 from attnrepro.health import INTENDED, Probe, check_matrix
-from attnrepro.io import read_json, write_csv, write_json
-from attnrepro.model import ModelConfig
-from attnrepro.probe_plots import failures_figure
+from attnrepro.io import write_csv, write_json
+from attnrepro.model import ModelConfig, load_checkpoint
+from attnrepro.figures import failures_figure
+from attnrepro.probes import diag_weight_all_rows
 from attnrepro.runtime import resolve_device
+from attnrepro.stats import distribution
 from attnrepro.sweep import add_engine_args, engine_config, require_ok, run_sweep
+from attnrepro.training import fixed_batches, load_tokens
 
-# the symptoms whose seed-to-seed range is recorded
+# the symptoms listed per seed in plots/failures/seeds.csv
 SPREAD = ("loss_final", "grad_norm_final", "entropy", "diag_weight")
-
-
-def spread(rows: list[dict]) -> dict:
-    """{<symptom>_min, <symptom>_max, seeds} over one variant's per-seed rows."""
-    out: dict = {"seeds": len(rows)}
-    for k in SPREAD:
-        vals = [r[k] for r in rows]
-        out[f"{k}_min"], out[f"{k}_max"] = min(vals), max(vals)
-    return out
 
 
 def main() -> None:
@@ -64,12 +64,19 @@ def main() -> None:
     require_ok(records, "failures")
     by = {(r.spec.model["bug"], r.spec.seed): r for r in records}
 
-    d_head = from_dict(ModelConfig, {**cfg.model, "vocab_size": vocab_size()}, prefix="failures.model").d_head
-    matrix = check_matrix(cfg.variants, Probe(d_head=d_head))
+    mcfg = from_dict(ModelConfig, {**cfg.model, "vocab_size": vocab_size()}, prefix="failures.model")
+    matrix = check_matrix(cfg.variants, Probe(d_head=mcfg.d_head))
+    half = mcfg.block_size // 2
+    short = fixed_batches(load_tokens(CORPUS / "val.npy"), half, cfg.batch_size, cfg.val_batches, cfg.val_seed)
+    symptoms = {}  # (bug, seed) -> the run's symptoms, with the second diagonal-weight protocol
+    for (bug, seed), rec in by.items():
+        symptoms[(bug, seed)] = {k: v for k, v in rec.summary().items() if k != "params"}
+        symptoms[(bug, seed)]["diag_weight_all_rows_half_block"] = diag_weight_all_rows(
+            load_checkpoint(rec.path / "model.pt", f"failures run {bug} seed {seed}"), short)
     metrics, histories, check_rows = {}, {}, []
     for bug in cfg.variants:
         rec = by[(bug, cfg.seed)]
-        m = {k: v for k, v in rec.summary().items() if k != "params"}
+        m = dict(symptoms[(bug, cfg.seed)])
         histories[bug] = rec.read("history.json")
         for name, res in matrix[bug].items():
             m[name] = int(not res.passed)  # 1 = the check fires
@@ -85,18 +92,18 @@ def main() -> None:
               f"entropy {m['entropy']:.4f}  diag {m['diag_weight']:.3f}  max row sum {m['max_row_sum']:.4f}  "
               f"checks fired: {', '.join(fired) or 'none'}")
 
-    seed_rows = [{"variant": bug, "seed": seed, **{k: by[(bug, seed)].summary()[k] for k in SPREAD}}
+    seed_rows = [{"variant": bug, "seed": seed, **{k: symptoms[(bug, seed)][k] for k in SPREAD}}
                  for seed in seeds for bug in cfg.variants]
+    dist = distribution({seed: {bug: symptoms[(bug, seed)] for bug in cfg.variants} for seed in seeds})
     for bug in cfg.variants:
-        metrics[bug]["spread"] = spread([r for r in seed_rows if r["variant"] == bug])
-        sp = metrics[bug]["spread"]
-        print(f"{bug:20s} over {sp['seeds']} seeds: loss {sp['loss_final_min']:.3f}-{sp['loss_final_max']:.3f}  "
-              f"entropy {sp['entropy_min']:.4f}-{sp['entropy_max']:.4f}  "
-              f"diag {sp['diag_weight_min']:.3f}-{sp['diag_weight_max']:.3f}")
+        st = {k: dist["stats"][f"{bug}.{k}"] for k in ("loss_final", "entropy", "diag_weight")}
+        print(f"{bug:20s} over {len(seeds)} seeds: " + "  ".join(
+            f"{k} {s['mean']:.4f} (sd {s['sd']:.4f}, {s['min']:.4f}-{s['max']:.4f})" for k, s in st.items()))
 
     write_json("metrics/failures.json", metrics)
+    write_json("metrics/dist/failures.json", dist)
     write_csv("plots/failures/seeds.csv", seed_rows)
-    write_json("metrics/env/failures.json", read_json(by[(cfg.variants[0], cfg.seed)].path / "env.json"))
+    write_json("metrics/env/failures.json", environment(device))  # the stage's machine; each run keeps its own
     write_csv("plots/failures/checks.csv", check_rows)
     failures_figure(histories, Path("plots/failures/training.png"))
 

@@ -1,59 +1,39 @@
 """DVC stage `heads`: what the 8 heads of the trained d32_scaled model do (§1.8.5-1.8.6).
 
 On fixed validation sequences: per layer/head mean normalized entropy, diagonal
-weight, previous-token weight and mean attention distance; heatmaps per layer; and
-head ablation (zero the head's d_head input columns of attn.proj.weight, loss change
-on fixed validation batches, restore bit-exactly). Writes metrics/heads.json
-(l<L>h<H>.entropy, ..., layer<L>.*, top-level layer1_minus_layer0_distance, base_loss),
-plots/heads/heads.csv and plots/heads/layer<L>.png.
+weight, previous-token weight, mean attention distance and, the chapter's exercise 3
+(§1.20.3), the spread over query positions of the attention centroid distance
+dist_i = sum_j (i-j) p_ij: a head whose centroid moves a lot between positions (near for
+some queries, far for others) is "conditional". Uniform causal attention already spreads
+by the growth of i alone (uniform_distance_std); a conditional head spreads more. Also
+heatmaps per layer, and head ablation (zero the head's d_head input columns of
+attn.proj.weight, loss change on fixed validation batches, restore bit-exactly).
+
+Writes metrics/heads.json (l<L>h<H>.entropy, ..., .distance_std, layer<L>.*, base_loss,
+the most conditional head and the uniform baseline), plots/heads/heads.csv and
+plots/heads/layer<L>.png.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
-from attnrepro.config import UserError, load_section, require, require_positive, run_stage
+from attnrepro.config import UserError, load_section, run_stage
 from attnrepro.envinfo import environment, setup_determinism
 from attnrepro.io import write_csv, write_json
-from attnrepro.model import ModelConfig, TinyGPT
-from attnrepro.probe_plots import cjk_font, heads_figure
-from attnrepro.probes import ablate_heads, attention_maps, fixed_sequences, head_stats
+from attnrepro.model import load_checkpoint
+from attnrepro.figures import cjk_font, heads_figure
+from attnrepro.probes import (HeadsConfig, ablate_heads, attention_maps, fixed_sequences, head_stats,
+                              uniform_distance_std)
 from attnrepro.runtime import progress
 from attnrepro.training import fixed_batches, load_tokens
 
 CORPUS = Path("data/corpus")
-STATS = ("entropy", "diag", "prev", "distance")
-
-
-@dataclass
-class HeadsConfig:
-    checkpoint: str = "data/train/d32_scaled/model.pt"
-    n_seqs: int = 3
-    seq_len: int = 24
-    seq_seed: int = 0
-    ablation_batches: int = 8
-    ablation_batch_size: int = 32
-    ablation_seed: int = 1234
-    threads: int = 2
-
-    def validate(self, prefix: str = "heads") -> None:
-        require_positive(self, ("n_seqs", "seq_len", "ablation_batches", "ablation_batch_size", "threads"), prefix)
-        require(self.seq_len >= 2, f"{prefix}.seq_len", self.seq_len, "at least 2")
-
-
-def load_model(path: Path) -> TinyGPT:
-    if not path.exists():
-        raise UserError(f"heads.checkpoint: {path} not found (run the train stage first)")
-    ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    model = TinyGPT(ModelConfig(**ckpt["model_config"]))
-    model.load_state_dict(ckpt["state_dict"])
-    return model.eval()
+STATS = ("entropy", "diag", "prev", "distance", "distance_std")
 
 
 def main() -> None:
@@ -63,7 +43,7 @@ def main() -> None:
     cfg = load_section(HeadsConfig, "heads", args.params)
     setup_determinism(cfg.threads, "cpu")
 
-    model = load_model(Path(cfg.checkpoint))
+    model = load_checkpoint(cfg.checkpoint, "heads.checkpoint")
     if cfg.seq_len > model.cfg.block_size:
         raise UserError(f"heads.seq_len: got {cfg.seq_len}, expected at most the model's block_size "
                         f"{model.cfg.block_size}")
@@ -94,6 +74,9 @@ def main() -> None:
         "max_ablation_delta": max(r["ablation_delta"] for r in rows),
         "n_positions": cfg.n_seqs * cfg.seq_len,
     })
+    most = max(rows, key=lambda r: r["distance_std"])
+    metrics["conditional"] = {"layer": most["layer"], "head": most["head"], "distance_std": most["distance_std"],
+                              "uniform_distance_std": uniform_distance_std(cfg.seq_len)}
     write_json("metrics/heads.json", metrics)
     write_json("metrics/env/heads.json", environment("cpu"))
     out = Path("plots/heads")
@@ -104,7 +87,11 @@ def main() -> None:
         print("note: no CJK font found, heatmap axes show token ids")
     for r in rows:
         print(f"l{r['layer']}h{r['head']}  entropy {r['entropy']:.3f}  diag {r['diag']:.3f}  prev {r['prev']:.3f}  "
-              f"distance {r['distance']:.2f}  ablation {r['ablation_delta']:+.4f}")
+              f"distance {r['distance']:.2f} (sd over positions {r['distance_std']:.2f})  "
+              f"ablation {r['ablation_delta']:+.4f}")
+    c = metrics["conditional"]
+    print(f"most conditional head: l{c['layer']}h{c['head']} (centroid sd {c['distance_std']:.2f}; "
+          f"uniform attention {c['uniform_distance_std']:.2f})")
 
 
 if __name__ == "__main__":

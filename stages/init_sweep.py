@@ -8,37 +8,14 @@ d<N>.entropy, ... and fit.*), plots/init_sweep/sweep.csv and sweep.png.
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from attnrepro.config import load_section, require, require_positive, run_stage
+from attnrepro.config import load_section, run_stage
 from attnrepro.envinfo import environment, setup_determinism
 from attnrepro.io import write_csv, write_json
-from attnrepro.probe_plots import init_sweep_figure
-from attnrepro.probes import init_model, measure_init, predictions, random_batches, sweep_fit
+from attnrepro.figures import init_sweep_figure
+from attnrepro.probes import InitSweepConfig, init_model, measure_init, predictions, random_batches, sweep_fit
 from attnrepro.runtime import progress
-
-
-@dataclass
-class InitSweepConfig:
-    d_heads: list[int] = field(default_factory=lambda: [32, 64, 128, 256, 512])
-    vocab_size: int = 300
-    block_size: int = 32
-    batch_size: int = 8
-    n_batches: int = 400
-    token_low: int = 2  # tokens drawn from randint(token_low, vocab_size)
-    init_std: float = 0.02  # sigma of the N(0, sigma^2) init, also the prediction's sigma
-    model_seed: int = 0  # torch.manual_seed before building each model
-    batch_seed: int = 0  # generator of the token batches (shared by every d_head)
-    threads: int = 2
-
-    def validate(self, prefix: str = "init_sweep") -> None:
-        require(len(self.d_heads) >= 2 and all(d > 0 for d in self.d_heads), f"{prefix}.d_heads",
-                self.d_heads, "at least two positive integers")
-        require_positive(self, ("block_size", "batch_size", "n_batches", "threads"), prefix)
-        require(0 <= self.token_low < self.vocab_size, f"{prefix}.token_low", self.token_low,
-                f"in [0, vocab_size={self.vocab_size})")
-        require(self.init_std > 0, f"{prefix}.init_std", self.init_std, "a positive number")
 
 
 def main() -> None:

@@ -16,72 +16,19 @@ from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from attnrepro import kv_cache as kvc
 from attnrepro import memory
-from attnrepro.config import ConfigError, from_dict, load_section, require, require_positive, run_stage
+from attnrepro.kv_cache import KVCacheConfig
+from attnrepro.config import ConfigError, load_section, run_stage
 from attnrepro.envinfo import environment, setup_determinism
 from attnrepro.io import write_csv, write_json
-from attnrepro.model import ModelConfig, TinyGPT, generate
-from attnrepro.perfplots import kv_latency_figure
+from attnrepro.model import TinyGPT, generate
+from attnrepro.figures import kv_latency_figure
 from attnrepro.runtime import progress, resolve_device
-
-
-@dataclass
-class MatrixCase:
-    seq: int
-    heads: int
-    layers: int
-    dtype: str
-
-
-@dataclass
-class KVCacheConfig:
-    seed: int = 0
-    threads: int = 2
-    device: str = "cpu"
-    presets: list[str] = field(default_factory=lambda: list(memory.PRESETS))
-    seq_lens: list[int] = field(default_factory=lambda: [4096])
-    attn_matrix: dict[str, MatrixCase] = field(default_factory=dict)
-    model: dict = field(default_factory=lambda: {"block_size": 1024, "d_model": 256, "n_head": 1, "n_layer": 2})
-    vocab_size: int = 1200
-    cache_batch: int = 2
-    identity_prompt: int = 8
-    identity_tokens: int = 56
-    sample_temperature: float = 0.8
-    contexts: list[int] = field(default_factory=lambda: [16, 64, 256, 1024])
-    warmup: int = 2
-    reps: int = 10
-    gen_prompt: int = 8
-    gen_tokens: int = 248
-
-    def validate(self, prefix: str = "kv_cache") -> None:
-        require_positive(self, ("threads",), prefix)
-        for p in self.presets:
-            require(p in memory.PRESETS, f"{prefix}.presets", p, "one of " + ", ".join(memory.PRESETS))
-        for name, c in self.attn_matrix.items():
-            require(c.seq > 0 and c.heads > 0 and c.layers > 0, f"{prefix}.attn_matrix.{name}", c,
-                    "positive seq, heads, layers")
-            require(c.dtype in memory.DTYPE_BYTES, f"{prefix}.attn_matrix.{name}.dtype", c.dtype,
-                    "one of " + ", ".join(memory.DTYPE_BYTES))
-        require_positive(self, ("vocab_size", "cache_batch", "identity_prompt", "identity_tokens", "reps",
-                                "gen_prompt", "gen_tokens"), prefix)
-        require(self.warmup >= 0, f"{prefix}.warmup", self.warmup, "a non-negative integer")
-        require(self.sample_temperature > 0, f"{prefix}.sample_temperature", self.sample_temperature, "> 0")
-        block = self.model_config().block_size
-        for name, need in (("contexts", max(self.contexts, default=0)),
-                           ("identity_tokens", self.identity_prompt + self.identity_tokens),
-                           ("gen_tokens", self.gen_prompt + self.gen_tokens)):
-            require(need <= block, f"{prefix}.{name}", need, f"prompt + tokens <= model.block_size ({block})")
-        require(len(self.contexts) > 0 and min(self.contexts) > 0, f"{prefix}.contexts", self.contexts,
-                "a non-empty list of positive integers")
-
-    def model_config(self) -> ModelConfig:
-        return from_dict(ModelConfig, {**self.model, "vocab_size": self.vocab_size}, prefix="kv_cache.model")
 
 
 def preset_section(cfg: KVCacheConfig) -> dict:

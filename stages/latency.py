@@ -16,6 +16,8 @@ says which, and GPU-only keys are absent (not zero) on CPU.
 
 Outputs: metrics/latency.json (timings: they vary run to run), metrics/env/latency.json
 (device fingerprint: CPU, RAM, GPU name/driver/memory via NVML), plots/latency/latency.csv
+(every point, OOM rows included: a table), plots/latency/median_ms.csv (the plotted series:
+one row per measured point, its `series` "<impl> <dtype>" a line of its own in `dvc plots`)
 and latency.png.
 """
 
@@ -23,53 +25,27 @@ from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from attnrepro import benchmark as bm
-from attnrepro.config import load_section, require, require_positive, run_stage
+from attnrepro.benchmark import DTYPES, LatencyConfig
+from attnrepro.config import load_section, run_stage
 from attnrepro.envinfo import environment, gpu_info, setup_determinism
 from attnrepro.io import write_csv, write_json
-from attnrepro.perfplots import latency_figure
+from attnrepro.figures import latency_figure
 from attnrepro.runtime import progress, resolve_device
 
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 COLUMNS = ["impl", "dtype", "n", "oom", "median_ms", "p20_ms", "p80_ms", "mean_ms", "cv", "cold_ms", "reps",
            "tflops", "frac_peak", "peak_bytes", "nxn_bytes"]
+SERIES_COLUMNS = ["series", "n", "median_ms", "p20_ms", "p80_ms"]
 
 
-@dataclass
-class LatencyConfig:
-    seed: int = 0
-    threads: int = 2
-    device: str = "auto"
-    heads: int = 8
-    d_head: int = 64
-    cuda_n: list[int] = field(default_factory=lambda: [512, 1024, 2048, 4096, 8192])
-    cuda_dtypes: list[str] = field(default_factory=lambda: ["fp16", "bf16"])
-    cuda_warmup: int = 5
-    cuda_reps: int = 30
-    naive_cuda_n: list[int] = field(default_factory=lambda: [512, 1024, 2048, 4096, 8192, 16384, 32768, 65536])
-    cpu_n: list[int] = field(default_factory=lambda: [128, 256, 512, 1024, 2048])
-    cpu_dtypes: list[str] = field(default_factory=lambda: ["fp32"])
-    cpu_warmup: int = 2
-    cpu_reps: int = 10
-    naive_cpu_n: list[int] = field(default_factory=lambda: [128, 256, 512, 1024, 2048])
-
-    def validate(self, prefix: str = "latency") -> None:
-        require_positive(self, ("threads", "heads", "d_head", "cuda_reps", "cpu_reps"), prefix)
-        for name in ("cuda_warmup", "cpu_warmup"):
-            require(getattr(self, name) >= 0, f"{prefix}.{name}", getattr(self, name), "a non-negative integer")
-        for name in ("cuda_n", "naive_cuda_n", "cpu_n", "naive_cpu_n"):
-            vals = getattr(self, name)
-            require(all(n > 0 for n in vals) and vals == sorted(set(vals)), f"{prefix}.{name}", vals,
-                    "increasing positive integers")
-        for name in ("cuda_dtypes", "cpu_dtypes"):
-            vals = getattr(self, name)
-            require(len(vals) > 0 and all(d in DTYPES for d in vals), f"{prefix}.{name}", vals,
-                    "a non-empty list of " + ", ".join(DTYPES))
+def series_rows(rows: list[dict]) -> list[dict]:
+    """The measured points (no OOM rows), each tagged with its series "<impl> <dtype>": what
+    `dvc plots` draws as one line per series (dvc.yaml: attention_latency, template `series`)."""
+    return [{"series": f"{r['impl']} {r['dtype']}", **r} for r in rows if not r["oom"]]
 
 
 def sweep(cfg: LatencyConfig, device: str) -> list[dict]:
@@ -79,7 +55,7 @@ def sweep(cfg: LatencyConfig, device: str) -> list[dict]:
     warmup, reps = (cfg.cuda_warmup, cfg.cuda_reps) if cuda else (cfg.cpu_warmup, cfg.cpu_reps)
     # the naive path only in the first dtype: it is the memory story, not a dtype comparison
     plan = [("sdpa", dt, n) for dt in dtypes for n in ns] + [("naive", dtypes[0], n) for n in naive_ns]
-    gpu = gpu_info() if cuda else {}
+    gpu = gpu_info(device) if cuda else {}
     rows = []
     bar = progress(len(plan), f"latency {device}")
     for impl, dt, n in plan:
@@ -106,7 +82,7 @@ def metrics_from(rows: list[dict], cfg: LatencyConfig, device: str) -> dict:
         "device": {"cpu_cores_logical": env["cpu_cores_logical"], "ram_bytes": env["ram_bytes"]},
     }
     if cuda:
-        gpu = gpu_info()
+        gpu = gpu_info(device)
         if "gpu_memory_bytes" in gpu:
             out["device"]["gpu_memory_bytes"] = gpu["gpu_memory_bytes"]
         for dt in cfg.cuda_dtypes:
@@ -159,6 +135,7 @@ def main() -> None:
     env = environment(device)
     where = env.get("gpu_name", device) if device.startswith("cuda") else f"CPU, {torch.get_num_threads()} threads"
     write_csv(root / "plots/latency/latency.csv", rows, COLUMNS)
+    write_csv(root / "plots/latency/median_ms.csv", series_rows(rows), SERIES_COLUMNS)
     latency_figure(rows, root / "plots/latency/latency.png",
                    f"causal attention forward, batch 1, {cfg.heads} heads x d_head {cfg.d_head} ({where})")
     write_json(root / "metrics/latency.json", metrics)

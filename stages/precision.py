@@ -20,57 +20,13 @@ from __future__ import annotations
 
 import argparse
 import math
-from dataclasses import dataclass, field
 
 from attnrepro import numerics as nm
-from attnrepro.config import load_section, require, require_positive, run_stage
+from attnrepro.config import load_section, run_stage
 from attnrepro.envinfo import environment, setup_determinism
 from attnrepro.io import write_csv, write_json
+from attnrepro.numerics import LOW, PrecisionConfig
 from attnrepro.runtime import progress
-
-LOW = ("fp32", "fp16", "bf16")
-
-
-@dataclass
-class PrecisionConfig:
-    seed: int = 0
-    threads: int = 2
-    softmax_logits: list[float] = field(default_factory=lambda: [100.0, 101.0, 102.0])
-    overflow_stds: dict[str, float] = field(default_factory=lambda: {"scaled": 1.6, "unscaled": 5477.0})
-    overflow_shape: list[int] = field(default_factory=lambda: [4, 8])
-    overflow_seed: int = 0
-    sigma_d_heads: list[int] = field(default_factory=lambda: [32, 64, 128, 256, 512, 1024])
-    d_heads: list[int] = field(default_factory=lambda: [32, 64, 128, 256])
-    dtypes: list[str] = field(default_factory=lambda: list(LOW))
-    qk_stds: dict[str, float] = field(default_factory=lambda: {"iid": 1.0, "trained": 5.4})
-    batch: int = 1
-    heads: int = 4
-    seq: int = 64
-    mask_logit_stds: dict[str, float] = field(default_factory=lambda: {"scaled": 1.64, "unscaled": 4348.0})
-    mask_values: list[float] = field(default_factory=lambda: [-1.0e4, -1.0e9])
-    accum_n: int = 4096
-    parity_shape: list[int] = field(default_factory=lambda: [2, 4, 6, 32])
-
-    def validate(self, prefix: str = "precision") -> None:
-        require_positive(self, ("threads",), prefix)
-        require(len(self.softmax_logits) > 0, f"{prefix}.softmax_logits", self.softmax_logits, "a non-empty list")
-        require(len(self.overflow_shape) > 0 and all(s > 0 for s in self.overflow_shape),
-                f"{prefix}.overflow_shape", self.overflow_shape, "a list of positive integers")
-        for name in ("sigma_d_heads", "d_heads"):
-            vals = getattr(self, name)
-            require(len(vals) > 0 and all(d > 0 for d in vals), f"{prefix}.{name}", vals,
-                    "a non-empty list of positive integers")
-        for dt in self.dtypes:
-            require(dt in LOW, f"{prefix}.dtypes", self.dtypes, "a list of fp32, fp16, bf16")
-        for name in ("overflow_stds", "qk_stds", "mask_logit_stds"):
-            for k, v in getattr(self, name).items():
-                require(v > 0 and k.isidentifier(), f"{prefix}.{name}.{k}", v,
-                        "a positive number under an identifier-like name")
-        require_positive(self, ("batch", "heads", "seq", "accum_n"), prefix)
-        for v in self.mask_values:
-            require(v < 0, f"{prefix}.mask_values", self.mask_values, "a list of negative numbers")
-        require(len(self.parity_shape) == 4 and all(s > 0 for s in self.parity_shape),
-                f"{prefix}.parity_shape", self.parity_shape, "[batch, heads, seq, d_head] positive")
 
 
 def finite_only(d: dict) -> dict:
@@ -83,8 +39,8 @@ def mask_tag(v: float) -> str:
 
 
 def forward_grid(cfg: PrecisionConfig) -> tuple[dict, list[dict]]:
-    combos = [(label, std, d, scaled, stable, dt) for label, std in cfg.qk_stds.items() for d in cfg.d_heads
-              for scaled in (True, False) for stable in (True, False) for dt in cfg.dtypes]
+    combos = [(label, std, d, scaled, stable, dt) for label, std in cfg.qk_stds_published.items()
+              for d in cfg.d_heads for scaled in (True, False) for stable in (True, False) for dt in cfg.dtypes]
     sections: dict[str, dict] = {}
     rows = []
     bar = progress(len(combos), "precision forward")
@@ -114,7 +70,7 @@ def mask_section(cfg: PrecisionConfig) -> dict:
         out[f"fullrow_neginf_{dt}_nan"] = nm.fully_masked_row(None, dt)["nan"]
     out["fullrow_add1e9_fp32_nan"] = nm.fully_masked_row(-1e9, "fp32")["nan"]
     out["fullrow_add1e9_fp32_w0"] = nm.fully_masked_row(-1e9, "fp32")["w0"]
-    for label, std in cfg.mask_logit_stds.items():
+    for label, std in cfg.mask_logit_stds_published.items():
         for mv in cfg.mask_values:
             for dt in cfg.dtypes:
                 r = nm.additive_mask_leak(std, mv, dtype=dt, seq=cfg.seq, seed=cfg.seed)
@@ -141,9 +97,10 @@ def main() -> None:
     metrics["softmax"] = finite_only({f"{dt}_{k}": v for dt, row in nm.softmax_demo(cfg.softmax_logits).items()
                                       for k, v in row.items()})
     size = math.prod(cfg.overflow_shape)
-    metrics["overflow"] = {"size": size, **{f"{label}_std": std for label, std in cfg.overflow_stds.items()},
+    published = cfg.overflow_stds_published
+    metrics["overflow"] = {"size": size, **{f"{label}_std": std for label, std in published.items()},
                            **{f"{label}_inf": nm.exp_overflow_count(std, tuple(cfg.overflow_shape), cfg.overflow_seed)
-                              for label, std in cfg.overflow_stds.items()}}
+                              for label, std in published.items()}}
     four = nm.four_sigma_table(cfg.sigma_d_heads)
     metrics["four_sigma"] = {"fp16_ln_max": metrics["finfo"]["fp16_ln_max"],
                              **{f"{d}_{k}": v for d, row in four.items() for k, v in row.items()

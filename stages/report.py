@@ -1,50 +1,40 @@
 """DVC stage `report`: published vs reproduced, for every claim of claims.yaml.
 
-Reads metrics/*.json (every stage's metrics), metrics/env/*.json (machine
-fingerprints), plots/train/<variant>.csv (training curves) and every PNG under
-plots/<stage>/; writes metrics/claims.json (per claim: value, published,
-tolerance, pass, gate, skipped; plus totals) and report/ (REPORT.md and the
-figures drawn here, figures/*.png; the stages' own PNGs are linked, not copied).
+Reads metrics/*.json (every stage's metrics), metrics/dist/*.json (the seed
+distributions), metrics/env/*.json (machine records), plots/train/<variant>.csv
+(training curves) and every PNG under plots/<stage>/; writes metrics/claims.json
+(per claim: class, verdict, value, published, band, z; a plain output),
+metrics/claims_summary.json (counts per class: the DVC metric) and report/
+(REPORT.md and the figures drawn here; the stages' own PNGs are linked).
 Deterministic: same metrics -> byte-identical outputs.
 
 The report never fails because a claim fails: it records the verdicts. The gate
-is `attnrepro check` (CI), which exits non-zero on a failed gated claim.
+is `attnrepro check` (CI), which exits non-zero on a failed conclusion or checksum.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
-from attnrepro.config import ConfigError, load_section, read_params, require, run_stage
+from attnrepro.chapter import TrainConfig, pairs_by_dhead
+from attnrepro.config import from_dict, load_section, read_params, run_stage
 from attnrepro.io import atomic_dir, write_json
-from attnrepro.report import build
-
-
-@dataclass
-class ReportConfig:
-    claims: str = "claims.yaml"   # the only place published numbers live
-    smooth: int = 20              # moving-average window of the training-loss figure
-
-    def validate(self, prefix: str = "report") -> None:
-        require(self.smooth > 0, f"{prefix}.smooth", self.smooth, "a positive integer")
-        require(Path(self.claims).is_file(), f"{prefix}.claims", self.claims, "an existing claims file")
+from attnrepro.report import ReportConfig, build
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--params", default="params.yaml", help="params file (sections `report` and `train`)")
     ap.add_argument("--out", default="report", help="report folder (default: report)")
-    ap.add_argument("--claims-json", default="metrics/claims.json", help="where the verdicts go")
+    ap.add_argument("--claims-json", default="metrics/claims.json",
+                    help="where the verdicts go (claims_summary.json is written beside it)")
     args = ap.parse_args()
     cfg = load_section(ReportConfig, "report", args.params)
-    train = read_params(args.params).get("train") or {}
-    if not isinstance(train, dict):
-        raise ConfigError("train: expected a mapping (the report reads train.variants and train.models)")
+    pairs = sorted(pairs_by_dhead(from_dict(TrainConfig, read_params(args.params).get("train"), prefix="train")).items())
     plots_href = Path(os.path.relpath(Path("plots").resolve(), Path(args.out).resolve())).as_posix()
-    rep = build(Path(cfg.claims), Path("metrics"), Path("plots"), train, smooth=cfg.smooth, plots_href=plots_href)
+    rep = build(Path(cfg.claims), Path("metrics"), Path("plots"), pairs, smooth=cfg.smooth, plots_href=plots_href)
     with atomic_dir(args.out) as tmp:
         tmp.chmod(0o755)  # mkdtemp makes it private; the report is for reading
         (tmp / "figures").mkdir()
@@ -52,10 +42,12 @@ def main() -> None:
             (tmp / "figures" / name).write_bytes(data)
         (tmp / "REPORT.md").write_text(rep.markdown, encoding="utf-8")
     write_json(args.claims_json, rep.claims_json)
-    t = rep.claims_json["totals"]
-    print(f"claims: {t['n']} evaluated, {t['passed']} passed, {t['failed']} failed "
-          f"({t['missing']} missing), {t['skipped']} skipped; gated {t['gated_passed']}/{t['gated']} passed "
-          f"-> {args.out}/REPORT.md")
+    write_json(Path(args.claims_json).with_name("claims_summary.json"), rep.summary)
+    s = rep.summary
+    print(f"conclusions {s['conclusion']['passed']}/{s['conclusion']['n']} hold, checksums "
+          f"{s['checksum']['passed']}/{s['checksum']['n']}, published values {s['value']['passed']}/{s['value']['n']} "
+          f"inside our band ({s['value']['unexplained']} unexplained); {s['conclusion']['skipped'] + s['value']['skipped']} "
+          f"skipped (need a GPU) -> {args.out}/REPORT.md")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@ reverse-alignment attention on one test sample, toggles the mask at inference an
 checks parity with torch.nn.MultiheadAttention.
 
 Writes metrics/reversal.json, metrics/env/reversal.json, plots/reversal/
-(losses.csv, loss_curves.png, attention_<variant>.png) and data/reversal/
+(losses.csv: step and <variant>_{train,val,batch}_loss, one column per series for `dvc plots`;
+loss_curves.png, attention_<variant>.png) and data/reversal/
 (<variant>.pt checkpoints, predictions_<variant>.csv on the test set).
 """
 
@@ -21,10 +22,10 @@ from pathlib import Path
 
 import torch
 
-from attnrepro.companion_plots import attention_grid, loss_curves
+from attnrepro.figures import attention_grid, loss_curves
 from attnrepro.config import load_section, read_params, run_stage
-from attnrepro.envinfo import setup_determinism
-from attnrepro.io import atomic_dir, read_json, write_csv, write_json
+from attnrepro.envinfo import environment, setup_determinism
+from attnrepro.io import atomic_dir, write_csv, write_json
 from attnrepro.model import load_checkpoint
 from attnrepro.reversal import (ALIGN_KEYS, ALIGN_QUERIES, BOS, EOS, PROMPT_LEN, SEP, ReversalConfig,
                                 evaluate_variant, loss_rows, make_splits, run_spec)
@@ -32,6 +33,14 @@ from attnrepro.sweep import add_engine_args, engine_config, require_ok, run_swee
 
 PLOTS = Path("plots/reversal")
 NAMES = {BOS: "BOS", SEP: "SEP", EOS: "EOS"}
+
+
+def wide_losses(histories: dict[str, list[dict]]) -> list[dict]:
+    """One row per evaluation step, one column per variant and loss (<variant>_train_loss, ...)."""
+    steps = sorted({r["step"] for hist in histories.values() for r in hist})
+    cols = {(name, r["step"]): r for name, hist in histories.items() for r in hist}
+    return [{"step": s, **{f"{name}_{k}": cols.get((name, s), {}).get(k) for name in histories
+                           for k in ("train_loss", "val_loss", "batch_loss")}} for s in steps]
 
 
 def token_labels(seq: torch.Tensor) -> list[str]:
@@ -73,8 +82,7 @@ def main() -> None:
                  "correct": int(bool((pred[i] == test[i, PROMPT_LEN:]).all()))}
                 for i in range(len(test))])
     with atomic_dir(PLOTS) as pdir:  # the whole folder is one DVC out
-        rows = [{"variant": name, **r} for name, hist in histories.items() for r in hist]
-        write_csv(pdir / "losses.csv", rows, ["variant", "step", "train_loss", "val_loss", "batch_loss"])
+        write_csv(pdir / "losses.csv", wide_losses(histories))
         loss_curves(pdir / "loss_curves.png", histories, "digit reversal: full-set answer loss")
         boxes = list(zip(ALIGN_QUERIES, ALIGN_KEYS))
         for name, m in maps.items():
@@ -84,7 +92,7 @@ def main() -> None:
     config = {"n_train": cfg.n_train, "n_val": cfg.n_val, "n_test": cfg.n_test, "steps": cfg.steps,
               "batch_size": cfg.batch_size, "lr": cfg.lr}
     write_json("metrics/reversal.json", {"config": config, **metrics})
-    write_json("metrics/env/reversal.json", read_json(records[0].path / "env.json"))
+    write_json("metrics/env/reversal.json", environment("cpu"))  # the stage's machine; each run keeps its own
 
 
 if __name__ == "__main__":

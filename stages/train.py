@@ -20,7 +20,8 @@ from pathlib import Path
 
 from attnrepro.chapter import TrainConfig, comparison, corpus_inputs, pairs_by_dhead
 from attnrepro.config import load_section, read_params, run_stage
-from attnrepro.io import atomic_dir, read_json, write_csv, write_json, write_text
+from attnrepro.envinfo import environment, setup_determinism
+from attnrepro.io import atomic_dir, write_csv, write_json, write_text
 from attnrepro.runtime import resolve_device
 from attnrepro.sweep import add_engine_args, engine_config, require_ok, run_sweep
 
@@ -42,6 +43,7 @@ def main() -> None:
     cfg = load_section(TrainConfig, "train", args.params)
     engine = engine_config(read_params(args.params), args.scheduler, args.workers)
     device = resolve_device(cfg.device, "train.device")
+    setup_determinism(cfg.threads, device)  # the environment record below states the runs' thread count
 
     specs = [cfg.spec(name, cfg.seed, device) for name in cfg.variants]
     records = run_sweep("train", specs, corpus_inputs(), engine)
@@ -57,8 +59,7 @@ def main() -> None:
         write_csv(PLOTS / f"{name}.csv", series(rec.read("history.json"), rec.read("evals.json")))
     metrics["comparison"] = comparison(metrics, pairs_by_dhead(cfg))
     write_json("metrics/train.json", metrics)
-    # every variant ran with the same settings; one record stands for all
-    write_json("metrics/env/train.json", read_json(records[0].path / "env.json"))
+    write_json("metrics/env/train.json", environment(device))  # the stage's machine; each run keeps its own
     write_text(PLOTS / "samples.md", "# Samples from the prompt, one per variant\n\n" + "\n".join(samples))
     for name in cfg.variants:
         s = metrics[name]

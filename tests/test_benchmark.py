@@ -99,6 +99,10 @@ def test_latency_stage_cpu_fallback_with_mocked_oom(tmp_path, monkeypatch):
     assert "exponent" in m["sdpa_fp32"] and m["sdpa_fp32"]["oom_count"] == 0
     csv = (tmp_path / "plots/latency/latency.csv").read_text().splitlines()
     assert csv[0].startswith("impl,dtype,n,oom") and len(csv) == 7
+    # the plotted series: one per impl x dtype, measured points only (the OOM row is left out)
+    series = (tmp_path / "plots/latency/median_ms.csv").read_text().splitlines()
+    assert series[0] == "series,n,median_ms,p20_ms,p80_ms" and len(series) == 1 + 5
+    assert sorted({r.split(",")[0] for r in series[1:]}) == ["naive fp32", "sdpa fp32"]
     assert (tmp_path / "plots/latency/latency.png").stat().st_size > 1000
     env = json.loads((tmp_path / "metrics/env/latency.json").read_text())
     assert env["device"] == "cpu" and "gpu_name" not in env
@@ -109,7 +113,9 @@ def test_latency_stage_rejects_cuda_without_cuda(tmp_path, monkeypatch, capsys):
         pytest.skip("this machine has CUDA")
     from attnrepro.config import run_stage
 
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"latency": {"device": "cuda"}}), encoding="utf-8")
+    params = yaml.safe_load((ROOT / "params.yaml").read_text(encoding="utf-8"))
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"latency": {**params["latency"], "device": "cuda"}}),
+                                          encoding="utf-8")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "argv", ["latency.py"])
     with pytest.raises(SystemExit) as e:

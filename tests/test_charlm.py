@@ -13,7 +13,8 @@ import torch
 import yaml
 
 from attnrepro import charlm as C
-from attnrepro import companion_plots
+from attnrepro import figures
+from attnrepro.probes import sequence_maps
 from attnrepro.config import ConfigError, from_dict
 from attnrepro.model import TinyGPT, load_checkpoint
 from attnrepro.runs import execute
@@ -22,8 +23,12 @@ ROOT = Path(__file__).resolve().parents[1]
 TEXT_FILE = ROOT / "src/attnrepro/data/charlm_sentences.txt"
 
 
+PARAMS = yaml.safe_load((ROOT / "params.yaml").read_text(encoding="utf-8"))
+
+
 def cfg(**kw) -> C.CharLMConfig:
-    return from_dict(C.CharLMConfig, {"text_file": str(TEXT_FILE), **kw}, prefix="charlm")
+    """params.yaml's charlm section (the only source of values) with `kw` replaced."""
+    return from_dict(C.CharLMConfig, {**PARAMS["charlm"], "text_file": str(TEXT_FILE), **kw}, prefix="charlm")
 
 
 def test_text_and_vocabulary():
@@ -68,7 +73,7 @@ def test_causal_mask_and_dropout_off_in_eval():
     assert torch.equal(a[:, :20], b[:, :20])
     assert not torch.allclose(a[:, 20:], b[:, 20:])
     assert torch.equal(a, again)  # eval mode: no dropout noise
-    maps = C.attention_maps(model, x[0, :9])
+    maps = sequence_maps(model, x[0, :9])
     assert maps.shape == (4, 4, 9, 9)
     assert maps.triu(1).abs().max() == 0
     assert torch.allclose(maps.sum(-1), torch.ones(4, 4, 9))
@@ -98,11 +103,12 @@ def test_bad_params_are_config_errors():
         cfg(optimizer="sgd")
 
 
-def test_no_cjk_font_falls_back(monkeypatch, tmp_path):
-    monkeypatch.setattr(companion_plots.shutil, "which", lambda name: None)
-    assert companion_plots.cjk_font() is None
+def test_no_cjk_font_falls_back(tmp_path):
+    assert figures.find_cjk_family(["DejaVu Sans", "STIXGeneral"]) is None
+    assert figures.find_cjk_family(["DejaVu Sans", "Noto Sans CJK JP"]) == "Noto Sans CJK JP"
+    assert figures.find_cjk_family(["Acme CJK Sans", "WenQuanYi Zen Hei"]) == "WenQuanYi Zen Hei"  # a known one first
     out = tmp_path / "a.png"
-    companion_plots.attention_grid(out, torch.eye(3)[None, None].numpy(), list("自注意"), "t", ["b"])
+    figures.attention_grid(out, torch.eye(3)[None, None].numpy(), list("自注意"), "t", ["b"], font=None)
     assert out.read_bytes()[:4] == b"\x89PNG"
 
 
@@ -117,7 +123,7 @@ def tiny_run(c: C.CharLMConfig, tmp_path) -> tuple:
     model = load_checkpoint(out / "model.pt")
     evals, steps = (json.loads((out / n).read_text(encoding="utf-8")) for n in ("evals.json", "history.json"))
     return evals, [r["loss"] for r in steps], C.continuations(model, vocab, c), \
-        C.attention_maps(model, vocab.encode(c.attn_text))
+        sequence_maps(model, vocab.encode(c.attn_text))
 
 
 def test_tiny_run_is_deterministic(tmp_path):

@@ -1,13 +1,13 @@
-"""`attnrepro check`: workspace metrics vs a git revision, with tolerances, plus claims.
+"""`attnrepro check`: exact on the reference's machine, statistical elsewhere, conclusions recomputed.
 
-Every test builds its own temporary git repository (fixture metrics, the project's
-real check.yaml, a small claims file), so nothing depends on the reference run.
+Every test builds its own temporary git repository: a small claims file, a two-stage
+dvc.yaml, params, metrics, a seed distribution and machine records committed as the
+reference; the workspace is then changed the way a rerun (or a tamperer) would.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -15,27 +15,29 @@ import pytest
 import yaml
 
 from attnrepro.cli import main
+from attnrepro.stats import distribution
 
-REPO = Path(__file__).resolve().parents[1]
-
-TRAIN = {
-    "d32_scaled": {"params": 425000, "loss_final": 4.1, "loss_start": 7.1, "entropy_final": 0.8,
-                   "logit_std_final": 1.5},
-    "d32_unscaled": {"params": 425000, "loss_final": 4.3, "loss_start": 7.1, "entropy_final": 0.7,
-                     "logit_std_final": 9.0},
-    "comparison": {"gap_d32_loss_final": 0.2, "gap_ratio_loss_final": 5.0},
-}
-# the real key layout of stages/latency.py: sdpa_<dtype>.n<N>_median_ms; fp16/bf16 exist only on CUDA
-LATENCY = {"sdpa_fp32": {"n512_median_ms": 3.0}, "sdpa_fp16": {"n512_median_ms": 0.08}}
-CLAIMS = {"claims": [
-    {"id": "gap_grows", "section": "§2 train", "kind": "direction", "text": "gap grows", "gate": True,
-     "expr": "train.comparison.gap_ratio_loss_final >= 3"},
-    {"id": "loss_value", "section": "§2 train", "kind": "value", "text": "final loss", "gate": False,
-     "value": "train.d32_scaled.loss_final", "published": 3.0, "tolerance": {"abs": 0.15},
-     "reason": "fixture"},
-    {"id": "gpu_fast", "section": "§7 latency", "kind": "direction", "text": "fast on GPU", "gate": True,
-     "requires": "cuda", "expr": "latency.sdpa_fp16.n512_median_ms < 1"},
-]}
+INTEL = {"cpu": "Intel Xeon", "torch": "2.13.0+cpu", "python": "3.11.7", "torch_threads": 1, "device": "cpu",
+         "cuda_available": 0}
+AMD = {**INTEL, "cpu": "AMD EPYC"}
+CLAIMS = {"headline": ["train.unscaled.loss_final", "train.unscaled.entropy"],
+          "gpu_only": ["latency.gpu_*"],
+          "experiments": {
+              "train": {"section": "§2 train",
+                        "conclusions": [{"id": "unscaled_worse", "text": "the unscaled model ends behind",
+                                         "expr": "train.unscaled.loss_final - train.scaled.loss_final > 0.5"},
+                                        {"id": "collapse", "text": "the unscaled attention collapses",
+                                         "expr": "train.unscaled.entropy < 0.01"}],
+                        "checksums": [{"id": "params", "text": "parameter count", "metric": "train.{row}.{col}",
+                                       "columns": ["params"], "rows": {"scaled": [1000]}, "tol": "exact"}],
+                        "values": [{"id": "loss", "text": "final loss", "metric": "train.{row}.{col}",
+                                    "columns": ["loss_final"], "rows": {"scaled": [4.2]}}]},
+              "latency": {"section": "§7", "drift": [["latency.*", "info", "timings"]]},
+              "init": {"section": "§1", "drift": [["init.parity", "<= 64 eps64", "float noise"],
+                                                  ["init.*", "±1%", "deterministic, no training"]]}}}
+SEEDS = {s: {"scaled": {"params": 1000, "loss_final": 3.70 + 0.01 * s, "entropy": 0.84 + 0.005 * s},
+             "unscaled": {"params": 1000, "loss_final": 5.10 + 0.02 * s, "entropy": 0.0004 * (1.3 ** s)}}
+         for s in range(5)}
 
 
 def git(root: Path, *args: str) -> str:
@@ -43,12 +45,9 @@ def git(root: Path, *args: str) -> str:
                           check=True, capture_output=True, text=True).stdout
 
 
-def write_metrics(root: Path, train=None, latency=None, cuda: int = 0) -> None:
-    (root / "metrics" / "env").mkdir(parents=True, exist_ok=True)
-    for name, data in (("train", train or TRAIN), ("latency", latency or LATENCY)):
-        (root / "metrics" / f"{name}.json").write_text(json.dumps(data, indent=2), encoding="utf-8")
-        (root / "metrics" / "env" / f"{name}.json").write_text(
-            json.dumps({"cuda_available": cuda, "device": "cuda" if cuda else "cpu"}), encoding="utf-8")
+def dump(path: Path, data) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2), encoding="utf-8")
 
 
 @pytest.fixture
@@ -56,9 +55,18 @@ def repo(tmp_path) -> Path:
     root = tmp_path / "r"
     root.mkdir()
     git(root, "init", "-q")
-    shutil.copy(REPO / "check.yaml", root / "check.yaml")
     (root / "claims.yaml").write_text(yaml.safe_dump(CLAIMS), encoding="utf-8")
-    write_metrics(root, cuda=1)  # the reference was made on a GPU machine
+    (root / "params.yaml").write_text(yaml.safe_dump({"train": {"lr": 0.003}, "init": {"seed": 0}}), encoding="utf-8")
+    (root / "dvc.yaml").write_text(yaml.safe_dump({"stages": {
+        "train": {"cmd": "x", "params": ["train"], "metrics": ["metrics/train.json"]},
+        "init": {"cmd": "x", "params": ["init"], "metrics": ["metrics/init.json"]},
+        "latency": {"cmd": "x", "metrics": ["metrics/latency.json"]}}}), encoding="utf-8")
+    dump(root / "metrics/train.json", SEEDS[0])
+    dump(root / "metrics/dist/train.json", distribution(SEEDS))
+    dump(root / "metrics/init.json", {"logit_std": 0.0705, "parity": 4e-16})
+    dump(root / "metrics/latency.json", {"cpu_ms": 3.0})
+    for f in ("train", "init", "latency"):
+        dump(root / f"metrics/env/{f}.json", INTEL)
     git(root, "add", "-A")
     git(root, "commit", "-q", "-m", "reference")
     return root
@@ -70,140 +78,145 @@ def check(root: Path, capsys, *args: str) -> tuple[int, str]:
     return rc, out.out + out.err
 
 
-def perturbed(path: tuple[str, str], delta: float) -> dict:
-    t = json.loads(json.dumps(TRAIN))
-    t[path[0]][path[1]] += delta
-    return t
+def edit(root: Path, file: str, change) -> None:
+    p = root / "metrics" / f"{file}.json"
+    data = json.loads(p.read_text(encoding="utf-8"))
+    change(data)
+    dump(p, data)
 
 
-def test_passes_when_workspace_equals_reference(repo, capsys):
+def another_machine(root: Path) -> None:
+    for f in ("train", "init", "latency"):
+        dump(root / f"metrics/env/{f}.json", AMD)
+
+
+def test_the_reference_itself_passes_exactly_and_the_verdict_comes_first(repo, capsys):
     rc, out = check(repo, capsys)
-    assert rc == 0, out
-    assert "check: OK" in out
-
-
-def test_fails_beyond_tolerance_and_names_the_metric(repo, capsys):
-    write_metrics(repo, train=perturbed(("d32_scaled", "loss_final"), +0.2), cuda=1)
-    rc, out = check(repo, capsys)
-    assert rc == 1
-    assert "DRIFT" in out and "train.d32_scaled.loss_final" in out.split("check: FAILED")[1]
-
-
-def test_passes_within_tolerance(repo, capsys):
-    write_metrics(repo, train=perturbed(("d32_scaled", "loss_final"), +0.01), cuda=1)
-    rc, out = check(repo, capsys)
-    assert rc == 0, out
-    assert "d32_scaled.loss_final" in out  # the change is shown, with its verdict
-    assert "| ok |" in out
-
-
-def test_lower_loss_is_improvement_not_failure(repo, capsys):
-    write_metrics(repo, train=perturbed(("d32_scaled", "loss_final"), -0.3), cuda=1)
-    rc, out = check(repo, capsys)
-    assert rc == 0, out
-    assert "improved" in out
-
-
-def test_parameter_count_is_exact(repo, capsys):
-    write_metrics(repo, train=perturbed(("d32_scaled", "params"), +1), cuda=1)
-    rc, out = check(repo, capsys)
-    assert rc == 1 and "train.d32_scaled.params" in out and "exact" in out
-
-
-def test_failed_directional_claim_fails_even_when_committed(repo, capsys):
-    bad = perturbed(("comparison", "gap_ratio_loss_final"), -3.0)  # 2.0 < 3
-    write_metrics(repo, train=bad, cuda=1)
-    git(repo, "commit", "-qam", "bad reference")
-    rc, out = check(repo, capsys)
-    assert rc == 1
-    assert "claim gap_grows failed" in out
-
-
-def test_informational_value_claim_does_not_gate(repo, capsys):
-    rc, out = check(repo, capsys, "--all")  # loss 4.1 vs published 3.0 +- 0.15: off, not gated
     assert rc == 0
-    assert "| loss_value |" in out and "| off |" in out
+    assert out.splitlines()[0].startswith("check: PASS")
+    assert "exact verdict (same machine and params as the reference): init, latency, train" in out
+    assert "| train.unscaled.loss_final | 5.1 | 5.1 |" in out  # headline rows: value, reference, band
 
 
-def test_missing_metric_fails(repo, capsys):
-    t = json.loads(json.dumps(TRAIN))
-    del t["d32_unscaled"]["entropy_final"]
-    write_metrics(repo, train=t, cuda=1)
+def test_same_machine_same_params_any_change_fails(repo, capsys):
+    edit(repo, "train", lambda d: d["scaled"].__setitem__("loss_final", 3.7000001))
     rc, out = check(repo, capsys)
-    assert rc == 1 and "train.d32_unscaled.entropy_final" in out and "missing" in out
+    assert rc == 1 and out.startswith("check: FAIL")
+    assert "metric train.scaled.loss_final = 3.7 drifted from 3.7 (exact)" in out
 
 
-def test_missing_file_fails(repo, capsys):
-    (repo / "metrics" / "train.json").unlink()
-    rc, out = check(repo, capsys, "--no-claims")
-    assert rc == 1 and "metrics/train.json is in HEAD" in out
-
-
-def test_gpu_only_metrics_and_claims_are_skipped_on_cpu(repo, capsys):
-    write_metrics(repo, latency={"sdpa_fp32": {"n512_median_ms": 3.0}}, cuda=0)  # a CPU run: no CUDA metrics
-    rc, out = check(repo, capsys, "--all")
+def test_another_machine_inside_the_seed_band_passes(repo, capsys):
+    another_machine(repo)
+    edit(repo, "train", lambda d: d["scaled"].__setitem__("loss_final", 3.72))
+    rc, out = check(repo, capsys)
     assert rc == 0, out
-    assert "| sdpa_fp16.n512_median_ms |" in out and "skipped" in out
-    assert "| gpu_fast |" in out and "| skipped |" in out
-    assert "check: OK" in out
+    assert "statistical verdict (another machine (cpu: Intel Xeon -> AMD EPYC)): init, latency, train" in out
 
 
-def test_gpu_only_metric_missing_on_gpu_run_fails(repo, capsys):
-    write_metrics(repo, latency={"sdpa_fp32": {"n512_median_ms": 3.0}}, cuda=1)
+def test_another_machine_outside_the_seed_band_fails(repo, capsys):
+    another_machine(repo)
+    edit(repo, "train", lambda d: d["scaled"].__setitem__("loss_final", 3.9))
     rc, out = check(repo, capsys)
-    assert rc == 1 and "latency.sdpa_fp16.n512_median_ms" in out
+    assert rc == 1 and "metric train.scaled.loss_final = 3.9 is outside the reference band" in out
+
+
+def test_collapsed_entropy_is_judged_on_the_log_scale(repo, capsys):
+    """x10 on a value near zero is far outside; an absolute tolerance of 0.02 would have let it pass."""
+    another_machine(repo)
+    edit(repo, "train", lambda d: d["unscaled"].__setitem__("entropy", d["unscaled"]["entropy"] * 10))
+    rc, out = check(repo, capsys)
+    assert rc == 1 and "train.unscaled.entropy" in out and "outside the reference band" in out
+
+
+def test_tampered_loss_fails_the_recomputed_conclusion(repo, capsys):
+    """Setting the unscaled loss to the scaled one breaks the conclusion, whatever a stored field says."""
+    another_machine(repo)
+    edit(repo, "train", lambda d: d["unscaled"].__setitem__("loss_final", d["scaled"]["loss_final"]))
+    rc, out = check(repo, capsys)
+    assert rc == 1 and "conclusion train.unscaled_worse fails" in out
+
+
+def test_a_conclusion_that_fails_on_one_reference_seed_fails(repo, capsys):
+    seeds = json.loads(json.dumps(SEEDS))
+    seeds["3"]["unscaled"]["entropy"] = 0.02
+    dump(repo / "metrics/dist/train.json", distribution({int(k): v for k, v in seeds.items()}))
+    rc, out = check(repo, capsys, "--mode", "statistical")
+    assert rc == 1 and "conclusion train.collapse fails" in out and "holds on 4 of 5 seeds" in out
+
+
+def test_parameter_count_plus_one_fails_the_checksum(repo, capsys):
+    another_machine(repo)
+    edit(repo, "train", lambda d: d["scaled"].__setitem__("params", 1001))
+    rc, out = check(repo, capsys)
+    assert rc == 1 and "checksum train.params.scaled.params fails" in out
+
+
+def test_published_values_are_reported_never_gated(repo, capsys):
+    rc, out = check(repo, capsys)
+    assert rc == 0 and "published   0 of 1 published values inside our band or tolerance; of the others 1 unexplained" in out
+
+
+def test_metrics_without_a_distribution_use_their_drift_rule(repo, capsys):
+    another_machine(repo)
+    edit(repo, "init", lambda d: d.update(logit_std=0.0706, parity=8e-16))  # +0.14%, 4 eps
+    assert check(repo, capsys)[0] == 0
+    edit(repo, "init", lambda d: d.update(logit_std=0.0720))  # +2%
+    rc, out = check(repo, capsys)
+    assert rc == 1 and "init.logit_std = 0.072 drifted from 0.0705 (±1%)" in out
+    edit(repo, "init", lambda d: d.update(logit_std=0.0705, parity=2e-14))
+    rc, out = check(repo, capsys)
+    assert rc == 1 and "init.parity" in out
 
 
 def test_timings_are_reported_not_gated(repo, capsys):
-    write_metrics(repo, latency={"sdpa_fp32": {"n512_median_ms": 30.0}, "sdpa_fp16": {"n512_median_ms": 0.8}}, cuda=1)
+    edit(repo, "latency", lambda d: d.update(cpu_ms=30.0))
+    rc, out = check(repo, capsys)
+    assert rc == 0 and "1 timings not gated" in out and "latency.cpu_ms" not in out
+    rc, out = check(repo, capsys, "--all")
+    assert "| latency.cpu_ms | 30 | 3 |" in out
+
+
+def test_other_params_make_the_verdict_statistical(repo, capsys):
+    (repo / "params.yaml").write_text(yaml.safe_dump({"train": {"lr": 0.001}, "init": {"seed": 0}}), encoding="utf-8")
+    edit(repo, "train", lambda d: d["scaled"].__setitem__("loss_final", 3.72))
+    rc, out = check(repo, capsys)
+    assert rc == 0 and "statistical verdict (other params (train)): train" in out
+    assert "exact verdict (same machine and params as the reference): init, latency" in out
+
+
+def test_a_multi_seed_rerun_is_judged_by_welch(repo, capsys):
+    another_machine(repo)
+    near = {s: json.loads(json.dumps(v)) for s, v in SEEDS.items()}
+    for v in near.values():
+        v["scaled"]["loss_final"] += 0.001
+    dump(repo / "metrics/dist/train.json", distribution(near))
+    assert check(repo, capsys)[0] == 0
+    far = {s: json.loads(json.dumps(v)) for s, v in SEEDS.items()}
+    for v in far.values():
+        v["scaled"]["loss_final"] += 0.1
+    dump(repo / "metrics/dist/train.json", distribution(far))
+    rc, out = check(repo, capsys)
+    assert rc == 1 and "train.scaled.loss_final: this run's seeds differ from the reference's (Welch p =" in out
+
+
+def test_missing_metric_fails_and_gpu_only_is_skipped(repo, capsys):
+    edit(repo, "init", lambda d: d.pop("logit_std"))
+    rc, out = check(repo, capsys)
+    assert rc == 1 and "metric init.logit_std is in HEAD but missing from this run" in out
+    edit(repo, "init", lambda d: d.update(logit_std=0.0705))
+    dump(repo / "metrics/latency.json", {"cpu_ms": 3.0, "gpu_ms": 0.1})
+    git(repo, "commit", "-qam", "a GPU reference")
+    dump(repo / "metrics/latency.json", {"cpu_ms": 3.0})
     rc, out = check(repo, capsys)
     assert rc == 0, out
-    assert "changed" in out and "not gated" in out
 
 
-def test_other_revision_and_bad_revision(repo, capsys):
-    write_metrics(repo, train=perturbed(("d32_scaled", "loss_final"), +0.2), cuda=1)
-    git(repo, "commit", "-qam", "second")
-    assert check(repo, capsys)[0] == 0                    # vs HEAD: equal
-    rc, out = check(repo, capsys, "--rev", "HEAD~1")       # vs the first commit: drift
-    assert rc == 1 and "HEAD~1" in out
-    rc, out = check(repo, capsys, "--rev", "no-such-rev")
-    assert rc == 2 and out.startswith("error: --rev") and out.count("\n") == 1
-
-
-def test_bad_config_is_one_line(repo, capsys):
-    (repo / "check.yaml").write_text("rules:\n  - match: '*'\n    rel: fast\n", encoding="utf-8")
+def test_bad_revision_and_bad_files_are_one_line_errors(repo, capsys):
+    rc, out = check(repo, capsys, "--rev", "nope")
+    assert rc == 2 and out.strip() == f"error: --rev: 'nope' is not a commit in {repo.resolve()}"
+    (repo / "metrics/train.json").write_bytes(b"\xff\xfe not utf-8")
     rc, out = check(repo, capsys)
-    assert rc == 2 and "rules[0].rel" in out and out.count("\n") == 1
-
-
-def test_project_check_config_rules():
-    from attnrepro.check import load_check_config
-    cfg = load_check_config(REPO / "check.yaml")
-    assert cfg.rule_for("train.d32_scaled.params").exact
-    assert cfg.rule_for("corpus.distinct_chars").exact
-    assert cfg.rule_for("train.d256_scaled.loss_final").better == "lower"
-    assert not cfg.rule_for("latency.sdpa_fp32.n512_median_ms").gate
-    assert not cfg.rule_for("latency.naive_fp32.exponent").gate
-    assert not cfg.rule_for("kv_cache.latency.cached_ms_n16").gate
-    assert not cfg.rule_for("kv_cache.latency.speedup_n1024").gate
-    assert not cfg.rule_for("kv_cache.latency.gen_uncached_s").gate
-    # GPU-only keys as stages/latency.py and stages/kv_cache.py write them on CUDA
-    for key in ("latency.sdpa_fp16.n8192_median_ms", "latency.sdpa_bf16.n512_cold_ms",
-                "latency.naive_fp16.n65536_oom", "latency.device.gpu_memory_bytes",
-                "latency.device.peak_tflops_fp16", "kv_cache.cache.cuda_allocated_delta",
-                "kv_cache.cache.cuda_delta_minus_formula"):
-        assert cfg.is_gpu_only(key), key
-    for key in ("latency.sdpa_fp32.n512_median_ms", "latency.setup.cuda", "kv_cache.latency.cuda",
-                "kv_cache.cache.nbytes_measured"):
-        assert not cfg.is_gpu_only(key), key
-    # heads / failures: deterministic on one machine, small tolerances for another
-    assert cfg.rule_for("heads.n_positions").exact
-    assert cfg.rule_for("failures.mask_zero.check_future_zero").exact
-    assert cfg.rule_for("failures.correct.caught_by_intended").exact
-    assert not cfg.rule_for("failures.no_stable_softmax.check_boundary_value").exact
-    r = cfg.rule_for("heads.l0h1.entropy")
-    assert r.gate and not r.exact and 0 < r.tolerance(0.5) <= 0.05
-    r = cfg.rule_for("failures.dk_not_sqrt.entropy")
-    assert r.gate and not r.exact and 0 < r.tolerance(0.9) <= 0.05
-    assert cfg.rule_for("train.comparison.gap_d32_loss_final").better is None
+    assert rc == 2 and out.strip().endswith("train.json: not UTF-8 text") and out.count("\n") == 1
+    (repo / "metrics/train.json").write_text("{", encoding="utf-8")
+    rc, out = check(repo, capsys)
+    assert rc == 2 and "not valid JSON" in out and out.count("\n") == 1

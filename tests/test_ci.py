@@ -64,7 +64,7 @@ def check_command(words: list[str]) -> None:
         assert words[1] in subs or words[1] in PLUGINS, words
         build_parser().parse_args([w for w in words[1:] if w not in ("|",)])
     elif prog == "cml":
-        assert words[1:3] == ["comment", "create"], words
+        assert words[1:3] == ["comment", "update"], words
     else:
         raise AssertionError(f"unexpected command in a workflow: {words}")
 
@@ -80,17 +80,20 @@ def test_ci_workflow():
         check_command(words)
 
 
-def test_reproduce_workflow():
+def test_reproduce_workflow_forces_every_stage_checks_and_comments():
     wf = load("reproduce.yml")
     (job,) = wf["jobs"].values()
     assert job["runs-on"] == ["self-hosted", "linux", "gpu"]
-    text = (WF / "reproduce.yml").read_text(encoding="utf-8")
-    for needed in ("dvc repro", "attnrepro check", "dvc metrics diff", "--md", "upload-artifact", "report/",
-                   "cml comment create"):
-        assert needed in text, needed
+    cmds = commands(wf)
+    # the rerun goes through scripts/reproduce.sh, which forces every stage
+    assert ["bash", "scripts/reproduce.sh"] in cmds
+    assert "dvc repro --force" in (REPO / "scripts/reproduce.sh").read_text(encoding="utf-8")
+    assert not [c for c in cmds if c[:2] == ["dvc", "repro"]], "a plain dvc repro would skip committed stages"
+    assert [".venv/bin/attnrepro", "check"] in cmds
+    assert ["cml", "comment", "update", "--publish", "comment.md"] in cmds
     uploads = [s for s in job["steps"] if "upload-artifact" in str(s.get("uses", ""))]
     assert uploads and uploads[0].get("if") == "always()"
-    for words in commands(wf):
+    for words in cmds:
         check_command(words)
 
 
@@ -99,3 +102,15 @@ def test_console_script_declared():
     assert py["project"]["scripts"]["attnrepro"] == "attnrepro.cli:main"
     assert (REPO / ".ci" / "run").is_file()
     assert (REPO / "docs" / "ci.md").is_file()
+
+
+def test_reproduce_script_covers_every_stage_once():
+    """scripts/reproduce.sh forces the default stages (and the sweeps with --sweeps), then report."""
+    import re
+
+    text = (REPO / "scripts/reproduce.sh").read_text(encoding="utf-8")
+    lists = {name: re.search(rf"^{name}=\(([^)]*)\)", text, re.M).group(1).split() for name in ("DEFAULT", "SWEEPS")}
+    stages = set(yaml.safe_load((REPO / "dvc.yaml").read_text(encoding="utf-8"))["stages"])
+    named = lists["DEFAULT"] + lists["SWEEPS"] + ["report"]
+    assert sorted(named) == sorted(stages) and len(set(named)) == len(named)
+    assert "dvc repro --force --single-item" in text

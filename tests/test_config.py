@@ -3,6 +3,7 @@ one line on stderr naming the key and what was expected, and no outputs."""
 
 import ast
 import copy
+import typing
 
 import pytest
 import yaml
@@ -108,14 +109,12 @@ def test_missing_params_file(tmp_path):
 
 
 def test_broken_yaml_names_the_line(tmp_path):
-    """params, claims and check config share one reader: a one-line error with the line number."""
-    from attnrepro.check import load_check_config
-    from attnrepro.claims import ClaimError, load_claims
+    """params and the claims file share one reader: a one-line error with the line number."""
+    from attnrepro.claims import ClaimError, load as load_claims
 
     bad = tmp_path / "bad.yaml"
     bad.write_text("a: 1\nb:\n  reason: two: colons\n", encoding="utf-8")
-    for load, err in ((config.read_params, ConfigError), (load_claims, ClaimError),
-                      (load_check_config, config.UserError)):
+    for load, err in ((config.read_params, ConfigError), (load_claims, ClaimError)):
         with pytest.raises(err, match=r"bad\.yaml: not valid YAML at line 3 \(ScannerError\)$"):
             load(bad)
     bad.write_text("- a list\n", encoding="utf-8")
@@ -213,3 +212,53 @@ def test_train_without_corpus(repo_copy):
     proc = call_stage("train", cwd=repo_copy)
     _assert_one_line_error(proc, "data/corpus", "dvc repro corpus")
     assert output_files(repo_copy) == []
+
+
+# --- one source of defaults: params.yaml ----------------------------------------------------
+
+def _section_classes():
+    """(stage, section, config class) of every registered stage, loaded from the stage module."""
+    return [(stage, section, eval(expr, vars(load_stage_module(stage)))) for stage, section, expr in
+            _registered_sections()]
+
+
+def _missing_cases():
+    cases = []
+    for stage, section, cls in _section_classes():
+        for key in PARAMS[section]:
+            cases.append((section, cls, key))
+    return cases
+
+
+@pytest.mark.parametrize("section,cls,key", _missing_cases(), ids=lambda x: getattr(x, "__name__", str(x)))
+def test_deleting_a_params_line_is_an_error_naming_the_key(section, cls, key):
+    """No config class has a default that could silently stand in for a deleted params line
+    (issue 13: classes defaulted threads to 2 while params.yaml said 1)."""
+    data = copy.deepcopy(PARAMS[section])
+    del data[key]
+    with pytest.raises(ConfigError, match=rf"^{section}\.{key}: missing"):
+        from_dict(cls, data, prefix=section)
+
+
+def test_config_classes_have_no_defaults():
+    import dataclasses
+
+    seen = set()
+    todo = [cls for _, _, cls in _section_classes()]
+    while todo:
+        cls = todo.pop()
+        if cls in seen:
+            continue
+        seen.add(cls)
+        for f in dataclasses.fields(cls):
+            assert f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING, \
+                f"{cls.__name__}.{f.name} has a default: params.yaml must be the only source"
+        hints = typing.get_type_hints(cls)
+        todo += [t for h in hints.values() for t in (h, *typing.get_args(h)) if dataclasses.is_dataclass(t)]
+    assert len(seen) >= 10
+
+
+def test_config_classes_live_in_the_library():
+    """Stage scripts import their config classes from attnrepro; none is defined in stages/."""
+    for _, _, cls in _section_classes():
+        assert cls.__module__.startswith("attnrepro."), f"{cls.__name__} is defined in {cls.__module__}"

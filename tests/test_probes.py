@@ -197,3 +197,29 @@ def test_mask_zero_peeks_at_the_answer_on_unpredictable_tokens():
         final[bug] = sum(r["loss"] for r in run.history[-10:]) / 10
     assert final["correct"] > math.log(vocab) - 0.1
     assert final["mask_zero"] < final["correct"] - 0.1  # 60 steps: the leak is already visible
+
+
+# ------------------------------------------------------------------ the heads stage's checkpoint
+
+@pytest.mark.parametrize("content,needle", [
+    (None, "not found"),
+    (b"\x80\x02 this is not a checkpoint", "is not a readable checkpoint"),
+    (b"", "is not a readable checkpoint"),
+])
+def test_heads_bad_checkpoint_is_one_line(repo_copy, tmp_path, content, needle):
+    """A missing or corrupt heads.checkpoint: one line naming the key and the file (attnrepro.model.
+    load_checkpoint), not torch's traceback advising weights_only=False; nothing written."""
+    import yaml
+
+    from conftest import REPO, call_stage, output_files
+
+    ckpt = tmp_path / "model.pt"
+    if content is not None:
+        ckpt.write_bytes(content)
+    params = yaml.safe_load((REPO / "params.yaml").read_text(encoding="utf-8"))
+    params["heads"]["checkpoint"] = str(ckpt)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, allow_unicode=True), encoding="utf-8")
+    code, _, err = call_stage("heads", "--params", tmp_path / "params.yaml", cwd=repo_copy)
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"error: heads.checkpoint: {ckpt}") and needle in err and "weights_only" not in err
+    assert output_files(repo_copy) == []

@@ -21,8 +21,12 @@ from attnrepro import reversal as R
 ROOT = Path(__file__).resolve().parents[1]
 
 
+PARAMS = yaml.safe_load((ROOT / "params.yaml").read_text(encoding="utf-8"))
+
+
 def cfg(**kw) -> R.ReversalConfig:
-    return from_dict(R.ReversalConfig, kw, prefix="reversal")
+    """params.yaml's reversal section (the only source of values) with `kw` replaced."""
+    return from_dict(R.ReversalConfig, {**PARAMS["reversal"], **kw}, prefix="reversal")
 
 
 def test_sequence_and_labels():
@@ -218,6 +222,8 @@ def test_stage_end_to_end_and_bad_params(tmp_path):
               "plots/reversal/attention_heads4.png", "data/reversal/predictions_heads4.csv",
               "data/reversal/heads4.pt"):
         assert (tmp_path / f).stat().st_size > 0
+    header = (tmp_path / "plots/reversal/losses.csv").read_text(encoding="utf-8").splitlines()[0]
+    assert header == "step,heads4_train_loss,heads4_val_loss,heads4_batch_loss"  # one column per series
 
     sec["lr"] = -1
     params.write_text(yaml.safe_dump({"engine": full["engine"], "reversal": sec}), encoding="utf-8")

@@ -20,12 +20,53 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import numpy as np
 import torch
 
 from .attention import attention, fused_attention
+from .config import require, require_positive
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+@dataclass
+class LatencyConfig:
+    """params `latency` (no defaults: params.yaml is the only source of values)."""
+
+    seed: int
+    threads: int
+    device: str
+    heads: int
+    d_head: int
+    cuda_n: list[int]
+    cuda_dtypes: list[str]
+    cuda_warmup: int
+    cuda_reps: int
+    naive_cuda_n: list[int]
+    cpu_n: list[int]
+    cpu_dtypes: list[str]
+    cpu_warmup: int
+    cpu_reps: int
+    naive_cpu_n: list[int]
+
+    def validate(self, prefix: str = "latency") -> None:
+        require_positive(self, ("threads", "heads", "d_head", "cuda_reps", "cpu_reps"), prefix)
+        for name in ("cuda_warmup", "cpu_warmup"):
+            require(getattr(self, name) >= 0, f"{prefix}.{name}", getattr(self, name), "a non-negative integer")
+        for name in ("cuda_n", "naive_cuda_n", "cpu_n", "naive_cpu_n"):
+            vals = getattr(self, name)
+            optional = name.startswith("naive")  # the naive path may be left out; the fused one not
+            require((optional or len(vals) > 0) and all(n > 0 for n in vals) and vals == sorted(set(vals)),
+                    f"{prefix}.{name}", vals, "increasing positive integers" if optional else
+                    "a non-empty list of increasing positive integers")
+        for name in ("cuda_dtypes", "cpu_dtypes"):
+            vals = getattr(self, name)
+            require(len(vals) > 0 and all(d in DTYPES for d in vals), f"{prefix}.{name}", vals,
+                    "a non-empty list of " + ", ".join(DTYPES))
+
 
 # Dense (no sparsity) FP16/BF16 tensor-core peak, TFLOP/s, from the vendors' datasheets
 # (NVIDIA H200/H100/A100/RTX A6000/L40S/V100 product briefs; sparse figures halved).

@@ -90,9 +90,14 @@ class TrainConfig(OptimConfig):
     def diag_schedule(self) -> set[int]:
         return set(range(0, self.steps, self.diag_every)) | {s for s in self.diag_steps if s < self.steps}
 
-    def spec(self, variant: str, seed: int, device: str, **optim) -> RunSpec:
-        """The RunSpec of `variant` at `seed` (optim: overrides of OptimConfig fields, for ablations)."""
-        model = model_fields(model_config(self.models, self.variants[variant], f"train.variants.{variant}"))
+    def spec(self, variant: str, seed: int, device: str) -> RunSpec:
+        """The RunSpec of train.variants[variant] at `seed`."""
+        mcfg = model_config(self.models, self.variants[variant], f"train.variants.{variant}")
+        return self.run(model_fields(mcfg), seed, device, f"{variant} seed {seed}")
+
+    def run(self, model: dict, seed: int, device: str, label: str, **optim) -> RunSpec:
+        """A run of this protocol for any model (every ModelConfig field but vocab_size); `optim`
+        overrides OptimConfig fields (the sensitivity sweep's one-factor changes)."""
         return RunSpec(
             task="corpus_lm", model=model, optim={**optim_fields(self), **optim}, seed=seed, batch_seed=seed,
             data={"val_batches": self.val_batches, "val_seed": self.val_seed},
@@ -100,7 +105,16 @@ class TrainConfig(OptimConfig):
             measure={"loss_window": self.loss_window, "summary_steps": sorted(self.diag_steps), "diagnostics": True,
                      "qk_scale": True, "sample": {"prompt": self.sample_prompt, "tokens": self.sample_tokens,
                                                   "temperature": self.sample_temperature, "seed": self.sample_seed}},
-            threads=self.threads, device=device, label=f"{variant} seed {seed}")
+            threads=self.threads, device=device, label=label)
+
+
+def family_model(base: dict, d_head: int, min_d_model: int, **switches) -> dict:
+    """The critical-d_head family (exercise 2): the preset `base` with d_model the smallest multiple
+    of d_head that is at least min_d_model, and n_head = d_model / d_head; every ModelConfig field
+    but vocab_size, like model_fields."""
+    d_model = d_head * -(-min_d_model // d_head)
+    spec = {**base, "d_model": d_model, "n_head": d_model // d_head, **switches, "vocab_size": 2}
+    return model_fields(from_dict(ModelConfig, spec, prefix=f"critical.d_head {d_head}"))
 
 
 def d_head_of(cfg: TrainConfig, variant: str) -> int:
@@ -158,11 +172,13 @@ class FailuresConfig(OptimConfig):
                     "not set here (bug comes from variants, vocab_size from the corpus)")
         from_dict(ModelConfig, {**self.model, "vocab_size": 2}, prefix=f"{prefix}.model")
 
-    def spec(self, bug: str, seed: int, device: str) -> RunSpec:
+    def spec(self, bug: str, seed: int, device: str, model: dict | None = None, **optim) -> RunSpec:
+        """The run of `bug` at `seed`; `model` and `optim` override ModelConfig / OptimConfig fields
+        (the sensitivity sweep's one-factor changes)."""
+        fields = {**self.model, **(model or {}), "bug": bug, "vocab_size": 2}
         return RunSpec(
-            task="corpus_lm", model=model_fields(from_dict(ModelConfig, {**self.model, "bug": bug, "vocab_size": 2},
-                                                            prefix="failures.model")),
-            optim=optim_fields(self), seed=seed, batch_seed=seed,
+            task="corpus_lm", model=model_fields(from_dict(ModelConfig, fields, prefix="failures.model")),
+            optim={**optim_fields(self), **optim}, seed=seed, batch_seed=seed,
             data={"val_batches": self.val_batches, "val_seed": self.val_seed},
             measure={"loss_window": self.loss_window, "symptoms": True},
             threads=self.threads, device=device, label=f"{bug} seed {seed}")

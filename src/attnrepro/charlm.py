@@ -16,6 +16,7 @@ optimizer or how its losses were estimated; our choices are recorded in params.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
@@ -30,41 +31,45 @@ from .training import BatchSampler, fixed_batches, mean_loss
 
 @dataclass
 class CharLMConfig:
-    text_file: str = "src/attnrepro/data/charlm_sentences.txt"
-    repeat: int = 100  # unstated in the source ("repeated many times")
-    val_fraction: float = 0.1  # unstated; the last 10% of the repeated stream
-    seed: int = 1337  # model init and dropout
-    batch_seed: int = 1  # training batch order
-    eval_seed: int = 2  # the fixed train/val evaluation batches
-    threads: int = 1
-    block_size: int = 32
-    batch_size: int = 32
-    d_model: int = 64
-    n_head: int = 4
-    n_layer: int = 4
-    mlp_ratio: int = 4
-    dropout: float = 0.1
-    lr: float = 1e-3
-    weight_decay: float = 0.01  # torch.optim.AdamW's default
-    steps: int = 1000
-    eval_every: int = 100
-    eval_batches: int = 20  # per split, fixed batches
-    prompt: str = "我正在学习"
-    gen_tokens: int = 120
-    sample_temperature: float = 1.0
-    sample_seed: int = 0
-    attn_text: str = "自注意力可以让序列"
-    attn_layers: tuple[int, ...] = (0, 3)  # blocks 1 and 4 of the document
+    """params `charlm` (no defaults: params.yaml is the only source of values; the document's
+    choices and ours are commented there)."""
+
+    text_file: str
+    repeat: int  # unstated in the source ("repeated many times")
+    val_fraction: float  # unstated; the last share of the repeated stream
+    seed: int  # model init and dropout
+    batch_seed: int  # training batch order
+    eval_seed: int  # the fixed train/val evaluation batches
+    threads: int
+    block_size: int
+    batch_size: int
+    d_model: int
+    n_head: int
+    n_layer: int
+    mlp_ratio: int
+    dropout: float
+    lr: float
+    weight_decay: float
+    steps: int
+    eval_every: int
+    eval_batches: int  # per split, fixed batches
+    prompt: str
+    gen_tokens: int
+    sample_temperature: float
+    sample_seed: int
+    attn_text: str
+    attn_layers: tuple[int, ...]  # blocks whose attention maps are drawn
 
     def validate(self, prefix: str = "charlm") -> None:
         require_positive(self, ("repeat", "threads", "block_size", "batch_size", "d_model", "n_head", "n_layer",
                                 "mlp_ratio", "steps", "eval_every", "eval_batches", "gen_tokens"), prefix)
         require(0 < self.val_fraction < 1, f"{prefix}.val_fraction", self.val_fraction, "in (0, 1)")
         require(0 <= self.dropout < 1, f"{prefix}.dropout", self.dropout, "in [0, 1)")
-        require(self.lr > 0, f"{prefix}.lr", self.lr, "a positive number")
-        require(self.weight_decay >= 0, f"{prefix}.weight_decay", self.weight_decay, ">= 0")
-        require(self.sample_temperature > 0, f"{prefix}.sample_temperature", self.sample_temperature,
-                "a positive number (greedy decoding is always written too)")
+        require(math.isfinite(self.lr) and self.lr > 0, f"{prefix}.lr", self.lr, "a finite positive number")
+        require(math.isfinite(self.weight_decay) and self.weight_decay >= 0, f"{prefix}.weight_decay",
+                self.weight_decay, "a finite number >= 0")
+        require(math.isfinite(self.sample_temperature) and self.sample_temperature > 0, f"{prefix}.sample_temperature",
+                self.sample_temperature, "a finite positive number (greedy decoding is always written too)")
         require(self.d_model % self.n_head == 0, f"{prefix}.d_model", self.d_model,
                 f"a multiple of n_head ({self.n_head})")
         require(0 < len(self.prompt) <= self.block_size, f"{prefix}.prompt", self.prompt,
@@ -86,9 +91,12 @@ class CharLMConfig:
 def read_sentences(path) -> list[str]:
     """Non-empty, non-comment lines of the sentence file."""
     path = Path(path)
-    if not path.exists():
+    if not path.is_file():
         raise UserError(f"charlm.text_file: {path} not found")
-    return parse_sentences(path.read_text(encoding="utf-8"))
+    try:
+        return parse_sentences(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise UserError(f"charlm.text_file: {path} is not UTF-8 text (byte {e.start})") from None
 
 
 def parse_sentences(text: str) -> list[str]:
@@ -171,17 +179,6 @@ def exact_lines(generated: str, sentences: list[str]) -> float:
         return 0.0
     known = set(sentences)
     return sum(ln in known for ln in lines) / len(lines)
-
-
-@torch.no_grad()
-def attention_maps(model: TinyGPT, ids: torch.Tensor) -> torch.Tensor:
-    """(n_layer, n_head, T, T) attention weights of one sequence (eval mode)."""
-    model.eval()
-    model.set_record(True)
-    model(ids[None])
-    maps = torch.stack([a.last["weights"][0] for a in model.attentions])
-    model.set_record(False)
-    return maps
 
 
 def prepare(spec: RunSpec, inputs: Mapping[str, bytes], device: str) -> Prepared:

@@ -1,276 +1,211 @@
-"""`attnrepro check`: workspace metrics vs a git revision's, with tolerances, plus the claims.
+"""`attnrepro check`: does this run reproduce the committed reference run?
 
-`dvc metrics diff` reports changes but has no notion of tolerance. This module
-compares every metric in metrics/*.json with the same key at a git revision
-(default HEAD, read with `git show REV:metrics/<file>.json`) under the first
-matching rule of check.yaml, evaluates claims.yaml, and says which gated items
-fail.
+The reference is what a git revision holds (default HEAD): metrics/*.json, the seed
+distributions metrics/dist/*.json, the machine records metrics/env/*.json and
+params.yaml. Each stage's metrics file gets one of two verdicts:
 
-Verdicts per metric:
-  ok        within tolerance (or exactly equal)
-  improved  beyond tolerance in the better direction (rules with `better:`); not a failure
-  DRIFT     beyond tolerance; a failure when the rule is gated
-  changed   beyond tolerance under an ungated rule (timings); reported only
-  MISSING   in the reference but not in the workspace; a failure
-  skipped   a GPU-only metric absent from a run made without CUDA
-  new       in the workspace but not in the reference; reported only
+  exact        this run was made on the reference's kind of machine (same CPU model, torch,
+               Python, thread count, device) with the same params: every metric must be
+               identical (timings aside), as reruns on one machine are byte-identical.
+  statistical  otherwise (another CPU changes the float order; other params): a metric with
+               a seed distribution must fall in its 95% prediction interval for one new run
+               (log scale for attention statistics; attnrepro.stats), or, where this run has
+               a distribution of its own (the seeds stage rerun), pass Welch's t-test against
+               the reference's seeds (p >= 0.05), as MLPerf judges convergence; a metric
+               without a distribution stays within its drift tolerance in claims.yaml.
+
+Then the claims of claims.yaml: every conclusion and every checksum must hold,
+recomputed from the raw metrics (values are reported, never gated). The first line of
+the output is the verdict.
 """
 
 from __future__ import annotations
 
-import fnmatch
 import json
+import math
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Optional
 
-from .claims import (Result, cuda_run, evaluate_all, flatten, fmt_number, load_claims, load_envs,
-                     load_metrics_dir)
-from .config import UserError, read_yaml_mapping
+import yaml
 
-EXCLUDED_FILES = ("claims",)  # derived from the others; claims are evaluated directly
+from .claims import (Expectations, Result, Tol, band, counts, evaluate_all, load, load_dists, load_envs,
+                     load_metrics_dir, METRIC_FILES_EXCLUDED, cuda_run)
+from .config import UserError
+from .expr import fmt_number
+from .stats import ALPHA, Band, flatten
 
-
-@dataclass
-class Rule:
-    match: list[str]
-    exact: bool = False
-    abs: float = 0.0
-    rel: float = 0.0
-    better: str | None = None      # higher | lower | None (two-sided)
-    gate: bool = True
-    reason: str = ""
-
-    def tolerance(self, ref: float) -> float:
-        return 0.0 if self.exact else max(self.abs, self.rel * abs(ref))
-
-    def text(self) -> str:
-        if self.exact:
-            t = "exact"
-        else:
-            parts = ([f"±{fmt_number(self.abs)}"] if self.abs else []) + \
-                    ([f"±{fmt_number(100 * self.rel)}%"] if self.rel else [])
-            t = " or ".join(parts) or "±0"
-        if self.better:
-            t += f" ({self.better} is better)"
-        if not self.gate:
-            t += " (not gated)"
-        return t
+# what decides whether a rerun must be byte-identical: the machine's float order and the software
+MACHINE_KEYS = ("cpu", "cpu_capability", "torch", "python", "torch_threads", "device", "cuda_available", "gpu_name")
 
 
-@dataclass
-class CheckConfig:
-    default: Rule
-    rules: list[Rule] = field(default_factory=list)
-    gpu_only: list[str] = field(default_factory=list)
+# ---------------------------------------------------------------- the reference, from git
 
-    def rule_for(self, key: str) -> Rule:
-        for r in self.rules:
-            if any(fnmatch.fnmatchcase(key, p) for p in r.match):
-                return r
-        return self.default
+class Revision:
+    """Files as committed at a git revision."""
 
-    def is_gpu_only(self, key: str) -> bool:
-        return any(fnmatch.fnmatchcase(key, p) for p in self.gpu_only)
-
-
-_RULE_KEYS = {"match", "exact", "abs", "rel", "better", "gate", "reason"}
-
-
-def _rule(raw, where: str, default: bool = False) -> Rule:
-    if not isinstance(raw, dict):
-        raise UserError(f"{where}: expected a mapping")
-    unknown = sorted(set(raw) - _RULE_KEYS)
-    if unknown:
-        raise UserError(f"{where}.{unknown[0]}: unknown key (known: {', '.join(sorted(_RULE_KEYS))})")
-    match = raw.get("match", ["*"] if default else None)
-    if isinstance(match, str):
-        match = [match]
-    if not isinstance(match, list) or not match or not all(isinstance(m, str) for m in match):
-        raise UserError(f"{where}.match: expected a glob or a list of globs over <file>.<key>")
-    for k in ("abs", "rel"):
-        v = raw.get(k, 0.0)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
-            raise UserError(f"{where}.{k}: got {v!r}, expected a number >= 0")
-    for k in ("exact", "gate"):
-        if k in raw and not isinstance(raw[k], bool):
-            raise UserError(f"{where}.{k}: got {raw[k]!r}, expected true/false")
-    if raw.get("better") not in (None, "higher", "lower"):
-        raise UserError(f"{where}.better: got {raw['better']!r}, expected higher or lower")
-    if not raw.get("exact") and "abs" not in raw and "rel" not in raw and raw.get("gate", True):
-        raise UserError(f"{where}: give `exact: true`, `abs:`, `rel:` or `gate: false`")
-    return Rule(match=match, exact=raw.get("exact", False), abs=float(raw.get("abs", 0.0)),
-                rel=float(raw.get("rel", 0.0)), better=raw.get("better"), gate=raw.get("gate", True),
-                reason=str(raw.get("reason", "")))
-
-
-def load_check_config(path: str | Path = "check.yaml") -> CheckConfig:
-    path = Path(path)
-    data = read_yaml_mapping(path, "check config not found (see --config)", UserError)
-    unknown = sorted(set(data) - {"default", "rules", "gpu_only"})
-    if unknown:
-        raise UserError(f"{path}: unknown top-level key {unknown[0]!r} (known: default, rules, gpu_only)")
-    default = _rule(data.get("default", {"rel": 0.01}), f"{path}: default", default=True)
-    rules = data.get("rules", []) or []
-    if not isinstance(rules, list):
-        raise UserError(f"{path}: rules: expected a list")
-    gpu = data.get("gpu_only", []) or []
-    if not isinstance(gpu, list) or not all(isinstance(g, str) for g in gpu):
-        raise UserError(f"{path}: gpu_only: expected a list of globs")
-    return CheckConfig(default, [_rule(r, f"{path}: rules[{i}]") for i, r in enumerate(rules)], gpu)
-
-
-# ---------------------------------------------------------------- reading a revision
-
-def git_metrics(rev: str, root: str | Path = ".", metrics_dir: str = "metrics") -> dict:
-    """Flattened metrics/*.json as committed at `rev` ({} when the revision has none)."""
-    def git(*args) -> str:
-        p = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True)
-        if p.returncode != 0:
-            raise UserError(f"git {' '.join(args)}: {p.stderr.strip().splitlines()[-1] if p.stderr.strip() else 'failed'}")
-        return p.stdout
-
-    try:
-        git("rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
-    except UserError:
-        raise UserError(f"--rev: {rev!r} is not a commit in {Path(root).resolve()}") from None
-    names = git("ls-tree", "--name-only", rev, f"{metrics_dir}/").split("\n")
-    out: dict = {}
-    for name in sorted(n for n in names if n.endswith(".json")):
-        stem = Path(name).stem
-        if stem in EXCLUDED_FILES:
-            continue
+    def __init__(self, rev: str, root: Path):
+        self.rev, self.root = rev, root
         try:
-            data = json.loads(git("show", f"{rev}:{name}"))
+            self._git("rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
+        except UserError:
+            raise UserError(f"--rev: {rev!r} is not a commit in {root.resolve()}") from None
+
+    def _git(self, *args) -> str:
+        p = subprocess.run(["git", "-C", str(self.root), *args], capture_output=True)
+        if p.returncode != 0:
+            err = p.stderr.decode("utf-8", "replace").strip().splitlines()
+            raise UserError(f"git {' '.join(args)}: {err[-1] if err else 'failed'}")
+        return p.stdout.decode("utf-8", "replace")
+
+    def files(self, folder: str) -> list[str]:
+        return sorted(n for n in self._git("ls-tree", "--name-only", self.rev, f"{folder}/").split("\n")
+                      if n.endswith(".json"))
+
+    def json(self, path: str):
+        try:
+            return json.loads(self._git("show", f"{self.rev}:{path}"))
         except json.JSONDecodeError:
-            raise UserError(f"{rev}:{name}: not valid JSON") from None
-        out.update(flatten(data, f"{stem}."))
+            raise UserError(f"{self.rev}:{path}: not valid JSON") from None
+
+    def yaml(self, path: str) -> dict:
+        try:
+            return yaml.safe_load(self._git("show", f"{self.rev}:{path}")) or {}
+        except UserError:
+            return {}
+
+
+@dataclass
+class Reference:
+    metrics: dict  # flat <file>.<key> -> number
+    dists: dict  # file -> {"stats", "runs"}
+    envs: dict  # file -> machine record
+    params: dict
+
+
+def reference(rev: str, root: Path, metrics_dir: str) -> Reference:
+    r = Revision(rev, root)
+    metrics, dists, envs = {}, {}, {}
+    for name in r.files(metrics_dir):
+        stem = Path(name).stem
+        if stem not in METRIC_FILES_EXCLUDED:
+            metrics.update(flatten(r.json(name), f"{stem}."))
+    for name in r.files(f"{metrics_dir}/dist"):
+        dists[Path(name).stem] = r.json(name)
+    for name in r.files(f"{metrics_dir}/env"):
+        envs[Path(name).stem] = r.json(name)
+    return Reference(metrics, dists, envs, r.yaml("params.yaml"))
+
+
+def stage_params(root: Path) -> dict[str, set[str]]:
+    """{metrics file: the params sections its stage and the stages upstream of it read} (dvc.yaml)."""
+    try:
+        stages = (yaml.safe_load((root / "dvc.yaml").read_text(encoding="utf-8")) or {}).get("stages", {})
+    except (OSError, yaml.YAMLError):
+        return {}
+    own, outs, deps = {}, {}, {}
+    for name, st in stages.items():
+        st = st.get("do", st)
+        own[name] = {str(p if isinstance(p, str) else next(iter(p))).split(".")[0] for p in st.get("params", [])}
+        outs[name] = [str(o if isinstance(o, str) else next(iter(o)))
+                      for k in ("outs", "metrics", "plots") for o in st.get(k, [])]
+        deps[name] = [str(d if isinstance(d, str) else next(iter(d))) for d in st.get("deps", [])]
+
+    def upstream(name, seen):
+        for other, paths in outs.items():
+            if other not in seen and any(d == p or d.startswith(p + "/") for d in deps[name] for p in paths):
+                seen.add(other)
+                upstream(other, seen)
+        return seen
+
+    out: dict[str, set[str]] = {}
+    for name in stages:
+        sections = set().union(*(own[s] for s in upstream(name, {name})))
+        for p in outs[name]:
+            if p.startswith("metrics/") and p.endswith(".json") and p.count("/") == 1:
+                out[Path(p).stem] = sections
     return out
 
 
-# ---------------------------------------------------------------- comparison
+# ---------------------------------------------------------------- verdicts per metric
 
 @dataclass
 class Row:
     key: str
-    ref: float | None
-    cur: float | None
-    rule: Rule
-    verdict: str
-    missing_ref: bool = False
-    missing_cur: bool = False
+    ref: Optional[float]
+    cur: Optional[float]
+    how: str  # exact | band | welch | the drift tolerance's text
+    verdict: str  # ok | OUTSIDE | DRIFT | MISSING | new | skipped | info
+    band: Optional[Band] = None
+    p: Optional[float] = None  # Welch's p-value
 
     @property
     def failure(self) -> bool:
-        return self.verdict == "MISSING" or (self.verdict == "DRIFT" and self.rule.gate)
+        return self.verdict in ("OUTSIDE", "DRIFT", "MISSING")
 
     @property
-    def path(self) -> str:
-        return f"metrics/{self.key.split('.', 1)[0]}.json"
+    def file(self) -> str:
+        return self.key.split(".", 1)[0]
 
-    @property
-    def metric(self) -> str:
-        return self.key.split(".", 1)[1]
-
-    def change(self) -> str:
-        if self.ref is None or self.cur is None or self.missing_ref or self.missing_cur:
+    def band_text(self) -> str:
+        if self.band is None:
             return "—"
-        d = float(self.cur) - float(self.ref)
-        return "0" if d == 0 else ("+" if d > 0 else "") + fmt_number(d)
+        lo, hi = self.band.prediction_interval()
+        return f"{lo:.4g} – {hi:.4g} (n={self.band.n})"
 
 
-def _verdict(key: str, ref, cur, rule: Rule) -> str:
-    if ref is None or cur is None:  # nan in the metrics file
-        return "ok" if ref is None and cur is None else ("DRIFT" if rule.gate else "changed")
-    ref, cur = float(ref), float(cur)
-    d = cur - ref
-    if rule.exact:
-        ok = d == 0
-    else:
-        ok = abs(d) <= rule.tolerance(ref) * (1 + 1e-12)
-    if ok:
-        return "ok"
-    if rule.better == "lower" and d < 0 or rule.better == "higher" and d > 0:
-        return "improved"
-    return "DRIFT" if rule.gate else "changed"
+def _same(a, b) -> bool:
+    return a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
 
 
-def compare(ref: dict, cur: dict, cfg: CheckConfig, envs: dict) -> list[Row]:
+def machine(env: Optional[dict]) -> dict:
+    return {k: (env or {}).get(k) for k in MACHINE_KEYS}
+
+
+def compare(cur: dict, ref: Reference, cur_dists: dict, exp: Expectations, modes: dict[str, str],
+            envs: dict) -> list[Row]:
     rows = []
-    for key in sorted(set(ref) | set(cur)):
-        rule = cfg.rule_for(key)
+    for key in sorted(set(ref.metrics) | set(cur)):
+        file = key.split(".", 1)[0]
+        rule = exp.drift_rule(key)
+        if rule is not None and rule.tol.kind == "info":
+            rows.append(Row(key, ref.metrics.get(key), cur.get(key), "not gated", "info"))
+            continue
         if key not in cur:
-            gpu_skip = cfg.is_gpu_only(key) and cuda_run(key.split(".", 1)[0], envs) is not True
-            rows.append(Row(key, ref[key], None, rule, "skipped" if gpu_skip else "MISSING", missing_cur=True))
-        elif key not in ref:
-            rows.append(Row(key, None, cur[key], rule, "new", missing_ref=True))
+            skip = exp.is_gpu_only(key) and cuda_run(file, envs) is not True
+            rows.append(Row(key, ref.metrics[key], None, "—", "skipped" if skip else "MISSING"))
+            continue
+        if key not in ref.metrics:
+            rows.append(Row(key, None, cur[key], "—", "new"))
+            continue
+        r, c = ref.metrics[key], cur[key]
+        b = band(ref.dists, key)
+        if modes.get(file) == "exact":
+            rows.append(Row(key, r, c, "exact", "ok" if _same(r, c) else "DRIFT", b))
+            continue
+        mine = band(cur_dists, key)
+        if b is not None and mine is not None and cur_dists.get(file) != ref.dists.get(file):
+            p = b.welch(mine)
+            rows.append(Row(key, r, c, "welch", "ok" if p >= ALPHA else "OUTSIDE", b, p))
+        elif b is not None:
+            rows.append(Row(key, r, c, "band", "ok" if b.contains(c) else "OUTSIDE", b))
         else:
-            rows.append(Row(key, ref[key], cur[key], rule, _verdict(key, ref[key], cur[key], rule)))
+            tol = rule.tol if rule is not None else Tol("exact")
+            rows.append(Row(key, r, c, tol.text(), "ok" if tol.ok(c, r) else "DRIFT"))
     return rows
 
 
-# ---------------------------------------------------------------- output
-
-def _cell(row: Row, which: str) -> str:
-    if (which == "ref" and row.missing_ref) or (which == "cur" and row.missing_cur):
-        return "—"
-    v = row.ref if which == "ref" else row.cur
-    return "nan" if v is None else fmt_number(v)
-
-
-def whole_files(rows: list[Row], verdict: str) -> dict[str, int]:
-    """Files whose every metric has `verdict` (a file new in, or absent from, the workspace)."""
-    by_file: dict[str, list[Row]] = {}
-    for r in rows:
-        by_file.setdefault(r.path, []).append(r)
-    return {f: len(rs) for f, rs in by_file.items() if all(r.verdict == verdict for r in rs)}
-
-
-def metrics_table(rows: list[Row], rev: str, show_all: bool) -> str:
-    new_files = {} if show_all else whole_files(rows, "new")
-    shown = [r for r in rows if r.path not in new_files
-             and (show_all or r.verdict != "ok" or r.change() not in ("0", "—"))]
-    if not shown and not new_files:
-        return f"No metric differs from {rev} ({len(rows)} compared).\n"
-    out = [f"| Path | Metric | {rev} | workspace | Change | Tolerance | Verdict |",
-           "| --- | --- | --- | --- | --- | --- | --- |"]
-    for f, n in sorted(new_files.items()):
-        out.append(f"| {f} | ({n} metrics) | — | file not in {rev} | — | — | new |")
-    for r in shown:
-        out.append(f"| {r.path} | {r.metric} | {_cell(r, 'ref')} | {_cell(r, 'cur')} | {r.change()} | "
-                   f"{r.rule.text()} | {r.verdict} |")
-    return "\n".join(out) + "\n"
-
-
-def claim_verdict(r: Result) -> str:
-    if r.status == "pass":
-        return "pass"
-    if r.status == "skipped":
-        return "skipped"
-    return ("FAIL" if r.claim.gate else "off") + (" (missing)" if r.status == "missing" else "")
-
-
-def claims_table(results: list[Result], show_all: bool) -> str:
-    shown = [r for r in results if show_all or r.claim.gate or r.status != "pass"]
-    out = ["| Claim | Kind | Published | Reproduced | Tolerance | Gate | Verdict |",
-           "| --- | --- | --- | --- | --- | --- | --- |"]
-    for r in shown:
-        c = r.claim
-        if c.kind == "value":
-            pub, tol = fmt_number(c.published), c.tolerance_text()
-        else:
-            pub, tol = f"`{' '.join(c.expr.split())}`", ""
-        val = fmt_number(r.value) if r.value is not None else ("—" if r.status != "pass" else "true")
-        out.append(f"| {c.id} | {c.kind} | {pub} | {val} | {tol} | {'yes' if c.gate else 'no'} | "
-                   f"{claim_verdict(r)} |")
-    return "\n".join(out) + "\n"
-
+# ---------------------------------------------------------------- the check
 
 @dataclass
 class Outcome:
     rows: list[Row]
     results: list[Result]
-    problems: list[str]
+    modes: dict[str, str]  # metrics file -> exact | statistical
+    why: dict[str, str]  # metrics file -> why statistical
+    headline: list[str]
+    problems: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -278,53 +213,119 @@ class Outcome:
 
 
 def run_check(rev: str = "HEAD", root: str | Path = ".", metrics_dir: str = "metrics",
-              claims_path: str | Path | None = "claims.yaml", config_path: str | Path = "check.yaml") -> Outcome:
+              claims_path: str | Path = "claims.yaml", mode: str = "auto") -> Outcome:
     root = Path(root)
-    cfg = load_check_config(root / config_path)
-    cur = load_metrics_dir(root / metrics_dir, exclude=EXCLUDED_FILES)
+    exp = load(root / claims_path)
+    cur = load_metrics_dir(root / metrics_dir)
+    cur_dists = load_dists(root / metrics_dir / "dist")
     envs = load_envs(root / metrics_dir / "env")
-    ref = git_metrics(rev, root, metrics_dir)
-    rows = compare(ref, cur, cfg, envs)
-    results = evaluate_all(load_claims(root / claims_path), cur, envs) if claims_path else []
-    problems = []
-    gone = whole_files(rows, "MISSING")
-    problems += [f"{f} is in {rev} ({n} metrics) but missing from the workspace" for f, n in sorted(gone.items())]
+    ref = reference(rev, root, metrics_dir)
+    params = _read_params(root / "params.yaml")
+    sections = stage_params(root)
+
+    modes, why = {}, {}
+    for file in sorted({k.split(".", 1)[0] for k in set(cur) | set(ref.metrics)}):
+        reasons = []
+        if mode == "statistical":
+            reasons.append("asked for (--mode statistical)")
+        elif mode == "auto":
+            if machine(envs.get(file)) != machine(ref.envs.get(file)):
+                diff = [k for k in MACHINE_KEYS if machine(envs.get(file))[k] != machine(ref.envs.get(file))[k]]
+                reasons.append("another machine (" + ", ".join(
+                    f"{k}: {machine(ref.envs.get(file))[k]} -> {machine(envs.get(file))[k]}" for k in diff) + ")")
+            changed = sorted(s for s in sections.get(file, {file}) if params.get(s) != ref.params.get(s))
+            if changed:
+                reasons.append("other params (" + ", ".join(changed) + ")")
+        modes[file] = "statistical" if reasons else "exact"
+        if reasons:
+            why[file] = "; ".join(reasons)
+
+    rows = compare(cur, ref, cur_dists, exp, modes, envs)
+    results = evaluate_all(exp, cur, cur_dists, envs)
+    out = Outcome(rows, results, modes, why, exp.headline)
     for r in rows:
-        if r.path in gone:
-            continue
-        if r.failure and r.verdict == "MISSING":
-            problems.append(f"metric {r.key} is in {rev} but missing from the workspace")
-        elif r.failure:
-            problems.append(f"metric {r.key} drifted {r.change()} (tolerance {r.rule.text()}): "
-                            f"{_cell(r, 'ref')} -> {_cell(r, 'cur')}")
+        if r.verdict == "MISSING":
+            out.problems.append(f"metric {r.key} is in {rev} but missing from this run")
+        elif r.verdict == "OUTSIDE" and r.how == "welch":
+            out.problems.append(f"metric {r.key}: this run's seeds differ from the reference's (Welch p = {r.p:.3g})")
+        elif r.verdict == "OUTSIDE":
+            out.problems.append(f"metric {r.key} = {fmt_number(r.cur)} is outside the reference band {r.band_text()}")
+        elif r.verdict == "DRIFT":
+            out.problems.append(f"metric {r.key} = {fmt_number(r.cur)} drifted from {fmt_number(r.ref)} ({r.how})")
     for res in results:
         if res.gated_failure:
-            why = res.detail or (f"{fmt_number(res.value)} vs {fmt_number(res.claim.published)} "
-                                 f"{res.claim.tolerance_text()}" if res.claim.kind == "value"
-                                 else f"`{' '.join(res.claim.expr.split())}` is false")
-            problems.append(f"claim {res.claim.id} failed: {why}")
-    return Outcome(rows, results, problems)
+            c = res.claim
+            detail = res.detail or (f"{fmt_number(res.value)} vs published {fmt_number(c.published)} ({c.tol.text()})"
+                                    if c.is_cell else "is false")
+            out.problems.append(f"{c.cls} {c.id} fails: {c.text} — {detail}")
+    return out
 
 
-def render(outcome: Outcome, rev: str, show_all: bool = False) -> str:
-    parts = [f"## Metrics: workspace vs {rev}\n\n", metrics_table(outcome.rows, rev, show_all)]
-    if outcome.results:
-        t = {s: sum(r.status == s for r in outcome.results) for s in ("pass", "fail", "missing", "skipped")}
-        parts += [f"\n## Claims ({t['pass']} passed, {t['fail'] + t['missing']} failed, {t['skipped']} skipped "
-                  f"of {len(outcome.results)}; {'all' if show_all else 'gated and failing'} shown)\n\n",
-                  claims_table(outcome.results, show_all)]
-    skipped = sum(r.verdict == "skipped" for r in outcome.rows)
-    ungated = sum(not r.rule.gate for r in outcome.rows)
-    notes = []
-    if skipped:
-        notes.append(f"{skipped} GPU-only metric(s) skipped: this run had no CUDA.")
-    if ungated:
-        notes.append(f"{ungated} timing metric(s) are machine-dependent and not gated against {rev}.")
-    if notes:
-        parts.append("\n" + "\n".join(notes) + "\n")
-    if outcome.ok:
-        parts.append(f"\ncheck: OK ({len(outcome.rows)} metrics, {len(outcome.results)} claims)\n")
-    else:
-        parts.append(f"\ncheck: FAILED, {len(outcome.problems)} gated problem(s):\n"
-                     + "".join(f"- {p}\n" for p in outcome.problems))
-    return "".join(parts)
+def _read_params(path: Path) -> dict:
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError, UnicodeDecodeError):
+        return {}
+
+
+# ---------------------------------------------------------------- output
+
+def _cell(x) -> str:
+    return "—" if x is None else fmt_number(x)
+
+
+def render(o: Outcome, rev: str, show_all: bool = False) -> str:
+    c = counts(o.results)
+    gated = [r for r in o.rows if r.verdict not in ("info", "new", "skipped")]
+    exact = sorted(f for f, m in o.modes.items() if m == "exact")
+    stat = sorted(f for f, m in o.modes.items() if m == "statistical")
+    lines = [f"check: {'PASS' if o.ok else 'FAIL'} — this run "
+             + ("reproduces" if o.ok else "does not reproduce") + f" the reference ({rev})"
+             + ("" if o.ok else f": {len(o.problems)} problem(s), listed below"), ""]
+    lines.append(f"  conclusions {c['conclusion']['passed']} of {c['conclusion']['n'] - c['conclusion']['skipped']} hold"
+                 f" (each on this run, and on every reference seed and the seed mean where a stage has seeds)"
+                 + (f", {c['conclusion']['skipped']} skipped (need a GPU)" if c['conclusion']['skipped'] else ""))
+    lines.append(f"  checksums   {c['checksum']['passed']} of {c['checksum']['n'] - c['checksum']['skipped']} hold")
+    lines.append(f"  metrics     {sum(not r.failure for r in gated)} of {len(gated)} within their reference "
+                 f"({sum(r.how == 'band' for r in gated)} against a seed band, "
+                 f"{sum(r.how == 'exact' for r in gated)} exact); "
+                 f"{sum(r.verdict == 'info' for r in o.rows)} timings not gated")
+    lines.append(f"  published   {c['value']['passed']} of {c['value']['n'] - c['value']['skipped']} published values "
+                 f"inside our band or tolerance; of the others {c['value']['unexplained']} unexplained (informational)")
+    if exact:
+        lines.append(f"  exact verdict (same machine and params as the reference): {', '.join(exact)}")
+    reasons: dict[str, list[str]] = {}
+    for f in stat:
+        reasons.setdefault(o.why.get(f, ""), []).append(f)
+    for why, files in reasons.items():
+        lines.append(f"  statistical verdict ({why}): {', '.join(files)}")
+    if stat:
+        lines.append(f"    (95% prediction interval per metric, alpha = {ALPHA}; meant for reruns of the reference's "
+                     "params: a run with another seed leaves about 5% of the banded metrics outside by chance)")
+    if o.problems:
+        lines += ["", "problems:"] + [f"- {p}" for p in o.problems]
+    by_key = {r.key: r for r in o.rows}
+    head = [by_key[k] for k in o.headline if k in by_key]
+    if head:
+        lines += ["", "headline metrics (reference band: 95% prediction interval of one run over the reference seeds)", "",
+                  "| metric | this run | reference run | reference band | verdict |", "| --- | --- | --- | --- | --- |"]
+        lines += [f"| {r.key} | {_cell(r.cur)} | {_cell(r.ref)} | {r.band_text()} | {r.verdict} ({r.how}) |" for r in head]
+    shown = [r for r in o.rows if show_all or (r.failure and r.key not in o.headline)]
+    if shown:
+        lines += ["", "all metrics" if show_all else "other metrics that failed", "",
+                  "| metric | this run | reference run | reference band | how | verdict |",
+                  "| --- | --- | --- | --- | --- | --- |"]
+        lines += [f"| {r.key} | {_cell(r.cur)} | {_cell(r.ref)} | {r.band_text()} | {r.how} | {r.verdict} |"
+                  for r in shown]
+    claims = [r for r in o.results if show_all or r.gated_failure]
+    if claims:
+        lines += ["", "claims" if show_all else "claims that failed", "",
+                  "| claim | class | result | detail |", "| --- | --- | --- | --- |"]
+        for r in claims:
+            detail = r.detail or (f"{_cell(r.value)} vs {_cell(r.claim.published)}" if r.claim.is_cell else "")
+            if r.seeds_n:
+                detail = (detail + "; " if detail else "") + f"{r.seeds_held}/{r.seeds_n} seeds, mean {'holds' if r.mean_holds else 'fails'}"
+            lines.append(f"| {r.claim.id} | {r.claim.cls} | {r.status} | {detail} |")
+    if not show_all:
+        lines += ["", "(`attnrepro check --all` lists every metric and claim, timings included)"]
+    return "\n".join(lines) + "\n"

@@ -1,20 +1,37 @@
-"""Published claims: a safe expression language, the claims file, and their evaluation.
+"""The expectations file (claims.yaml): what the chapter says, and what this repository
+expects of its own results, in one format with one tolerance grammar.
 
-A claim compares reproduced metrics with the source. Expressions are parsed by a
-small recursive-descent parser (never Python's eval) and may contain:
+    gpu_only: [globs]          metrics that exist only on a CUDA run ("skipped" on a CPU run)
+    headline: [metric keys]    the rows `attnrepro check` shows first
+    experiments:
+      <file>:                  one per metrics/<file>.json, in the spec's order
+        section: "§2 train"
+        conclusions: [...]     class conclusion: the chapter's experimental findings. Gated.
+        checksums: [...]       class checksum: true by construction (a count, an identity, an
+                               IEEE fact, an injected invariant). Gated, counted apart.
+        values: [...]          class value: the chapter's published numbers. Informational.
+        drift: [[glob, tol, why], ...]   how far a rerun on another machine may move the
+                               metrics that have no seed distribution (first match wins)
 
-  metric references   train.d32_scaled.loss_final   (metrics/<file>.json, then the key path)
-  numbers             3, 0.01, 1e-4
-  arithmetic          + - * / and unary minus, parentheses
-  comparisons         < <= > >= == !=  (chainable: 0.01 < x < 0.99)
-  logic               and, or, not
-  functions           abs, min, max, log, sqrt
+An entry is an expression `{id, text, expr, note?}` (a comparison, e.g. a < b) or a table
+`{id, text, metric, columns, rows}` with `metric` a template such as "train.{row}.{col}"
+(any expression; {row} and {col} are replaced) and `rows: {row: [one number per column]}`
+(null: nothing published); a one-row table gives `published: {col: number}` instead. Its
+cells are claims `<id>.<row>.<col>`. A table may carry `tol` (how close a cell must come
+when no seed distribution exists), `requires: cuda`, `note`, and `explain: {cell or "*":
+{by: [metric keys], note: ...}}` (the measurement in this repository that explains a
+deviation; a value outside its band with no explanation is reported "unexplained").
 
-Two kinds of claim (see the header of claims.yaml for the gating rule):
+Tolerance grammar (Tol): exact | ±x | ±x% | ×x (within x times either way) |
+<= N eps32 / <= N eps64 (float noise: N machine epsilons, whatever the reference) | info
+(reported, never gated).
 
-  value      `value:` a numeric expression, `published:` the source's figure and a
-             `tolerance:` (abs, rel, or factor) with a one-line `reason:`
-  direction  `expr:` a boolean expression that must hold on any machine
+Evaluation. A conclusion is recomputed from the raw per-variant metrics, on the run in
+metrics/ and, where the stage has a seed distribution (metrics/dist/<file>.json), on
+every seed and on the seed means: it holds only if it holds on all of them. A value cell
+whose metric has a seed distribution is judged by where the published figure falls in
+it: inside the 95% prediction interval of one new run, or k seed standard deviations
+away (attnrepro.stats); without a distribution, by its `tol`.
 """
 
 from __future__ import annotations
@@ -23,296 +40,305 @@ import fnmatch
 import json
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Mapping, Optional
 
 from .config import UserError, read_yaml_mapping
+from .expr import ExprError, MissingMetric, evaluate, fmt_number, lookups, parse, references
+from .stats import Band, flatten, from_summary
 
-FUNCTIONS: dict[str, Callable[..., float]] = {
-    "abs": abs, "min": min, "max": max, "log": math.log, "sqrt": math.sqrt,
-}
-KEYWORDS = {"and", "or", "not"}
-COMPARISONS = {"<", "<=", ">", ">=", "==", "!="}
+CLASSES = ("conclusion", "checksum", "value")
 ID_RE = re.compile(r"^[a-z0-9_]+$")
+EPS = {"eps16": 2.0 ** -10, "epsbf16": 2.0 ** -7, "eps32": 2.0 ** -23, "eps64": 2.0 ** -52}
 
 
 class ClaimError(UserError):
-    """A malformed claim or expression; the message names the claim."""
+    """A malformed claims file; the message names the place."""
 
 
-class MissingMetric(Exception):
-    """An expression referred to a metric that is not in the metrics."""
+# ---------------------------------------------------------------- the tolerance grammar
 
-    def __init__(self, key: str):
-        super().__init__(key)
-        self.key = key
+@dataclass(frozen=True)
+class Tol:
+    kind: str  # exact | abs | rel | factor | eps | info
+    amount: float = 0.0
 
-
-# ---------------------------------------------------------------- tokenizer
-
-_TOKEN = re.compile(r"""
-    (?P<ws>\s+)
-  | (?P<num>(?:\d+\.\d*|\.\d+|\d+)(?:[eE][+-]?\d+)?)
-  | (?P<name>[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9_]+)*)
-  | (?P<op><=|>=|==|!=|[<>+\-*/(),])
-""", re.VERBOSE)
-
-
-def tokenize(text: str) -> list[tuple[str, str]]:
-    out, pos = [], 0
-    while pos < len(text):
-        m = _TOKEN.match(text, pos)
-        if not m:
-            raise ClaimError(f"unexpected character {text[pos]!r} at position {pos} in {text!r}")
-        pos = m.end()
-        kind = m.lastgroup
-        if kind != "ws":
-            out.append((kind, m.group()))
-    out.append(("end", ""))
-    return out
-
-
-# ---------------------------------------------------------------- parser -> AST
-# AST nodes are tuples: ("num", x) ("ref", key) ("neg", a) ("bin", op, a, b)
-# ("cmp", [a, b, ...], [op, ...]) ("and", a, b) ("or", a, b) ("not", a) ("call", f, [args])
-
-class _Parser:
-    def __init__(self, text: str):
-        self.text = text
-        self.toks = tokenize(text)
-        self.i = 0
-
-    def peek(self) -> tuple[str, str]:
-        return self.toks[self.i]
-
-    def take(self, value: str | None = None) -> tuple[str, str]:
-        tok = self.toks[self.i]
-        if value is not None and tok[1] != value:
-            raise ClaimError(f"expected {value!r} but found {tok[1] or 'end'!r} in {self.text!r}")
-        self.i += 1
-        return tok
-
-    def parse(self):
-        node = self.or_()
-        if self.peek()[0] != "end":
-            raise ClaimError(f"unexpected {self.peek()[1]!r} in {self.text!r}")
-        return node
-
-    def or_(self):
-        node = self.and_()
-        while self.peek() == ("name", "or"):
-            self.take()
-            node = ("or", node, self.and_())
-        return node
-
-    def and_(self):
-        node = self.not_()
-        while self.peek() == ("name", "and"):
-            self.take()
-            node = ("and", node, self.not_())
-        return node
-
-    def not_(self):
-        if self.peek() == ("name", "not"):
-            self.take()
-            return ("not", self.not_())
-        return self.cmp()
-
-    def cmp(self):
-        items, ops = [self.add()], []
-        while self.peek()[0] == "op" and self.peek()[1] in COMPARISONS:
-            ops.append(self.take()[1])
-            items.append(self.add())
-        return ("cmp", items, ops) if ops else items[0]
-
-    def add(self):
-        node = self.mul()
-        while self.peek()[1] in ("+", "-") and self.peek()[0] == "op":
-            op = self.take()[1]
-            node = ("bin", op, node, self.mul())
-        return node
-
-    def mul(self):
-        node = self.unary()
-        while self.peek()[1] in ("*", "/") and self.peek()[0] == "op":
-            op = self.take()[1]
-            node = ("bin", op, node, self.unary())
-        return node
-
-    def unary(self):
-        if self.peek() == ("op", "-"):
-            self.take()
-            return ("neg", self.unary())
-        if self.peek() == ("op", "+"):
-            self.take()
-            return self.unary()
-        return self.atom()
-
-    def atom(self):
-        kind, text = self.take()
-        if kind == "num":
-            return ("num", float(text))
-        if kind == "op" and text == "(":
-            node = self.or_()
-            self.take(")")
-            return node
-        if kind == "name" and text not in KEYWORDS:
-            if self.peek() == ("op", "("):
-                if text not in FUNCTIONS:
-                    raise ClaimError(f"unknown function {text!r} in {self.text!r} "
-                                     f"(known: {', '.join(sorted(FUNCTIONS))})")
-                self.take("(")
-                args = [self.or_()]
-                while self.peek() == ("op", ","):
-                    self.take()
-                    args.append(self.or_())
-                self.take(")")
-                return ("call", text, args)
-            if "." not in text:
-                raise ClaimError(f"{text!r} in {self.text!r} is not a metric reference "
-                                 "(write <file>.<key>, e.g. corpus.poems)")
-            return ("ref", text)
-        raise ClaimError(f"unexpected {text or 'end'!r} in {self.text!r}")
-
-
-def parse(text: str):
-    """Parse an expression into an AST (tuples); raises ClaimError on bad syntax."""
-    if not isinstance(text, str) or not text.strip():
-        raise ClaimError(f"empty expression: {text!r}")
-    return _Parser(text).parse()
-
-
-def references(node) -> list[str]:
-    """Every metric key an AST refers to, in order of appearance, without repeats."""
-    out: list[str] = []
-
-    def walk(n):
-        if n[0] == "ref":
-            if n[1] not in out:
-                out.append(n[1])
-        elif n[0] in ("neg", "not"):
-            walk(n[1])
-        elif n[0] in ("bin",):
-            walk(n[2]), walk(n[3])
-        elif n[0] in ("and", "or"):
-            walk(n[1]), walk(n[2])
-        elif n[0] == "cmp":
-            for x in n[1]:
-                walk(x)
-        elif n[0] == "call":
-            for x in n[2]:
-                walk(x)
-
-    walk(node)
-    return out
-
-
-def evaluate(node, lookup: Callable[[str], float]):
-    """Evaluate an AST. `lookup(key)` returns a number or raises MissingMetric.
-
-    Arithmetic follows IEEE rules (x/0 is inf or nan); a comparison involving nan is
-    false. Booleans come back as Python bools, numbers as floats.
-    """
-    kind = node[0]
-    if kind == "num":
-        return node[1]
-    if kind == "ref":
-        return lookup(node[1])
-    if kind == "neg":
-        return -_num(evaluate(node[1], lookup))
-    if kind == "bin":
-        a, b = _num(evaluate(node[2], lookup)), _num(evaluate(node[3], lookup))
-        op = node[1]
-        if op == "+":
-            return a + b
-        if op == "-":
-            return a - b
-        if op == "*":
-            return a * b
-        if b == 0:
-            return math.nan if a == 0 or math.isnan(a) else math.copysign(math.inf, a)
-        return a / b
-    if kind == "cmp":
-        vals = [_num(evaluate(x, lookup)) for x in node[1]]
-        return all(_compare(vals[i], op, vals[i + 1]) for i, op in enumerate(node[2]))
-    if kind == "and":
-        return bool(evaluate(node[1], lookup)) and bool(evaluate(node[2], lookup))
-    if kind == "or":
-        return bool(evaluate(node[1], lookup)) or bool(evaluate(node[2], lookup))
-    if kind == "not":
-        return not bool(evaluate(node[1], lookup))
-    if kind == "call":
-        args = [_num(evaluate(x, lookup)) for x in node[2]]
+    @classmethod
+    def parse(cls, text, where: str = "tol") -> "Tol":
+        s = str(text).strip().replace("+-", "±").replace(" ", "")
         try:
-            return float(FUNCTIONS[node[1]](*args))
-        except (ValueError, TypeError):
-            return math.nan
-    raise ValueError(f"bad AST node {node!r}")
+            if s in ("exact", "info"):
+                return cls(s)
+            if s.startswith("±") and s.endswith("%"):
+                return cls("rel", float(s[1:-1]) / 100)
+            if s.startswith("±"):
+                return cls("abs", float(s[1:]))
+            if s.startswith(("×", "x")):
+                v = float(s[1:])
+                if v >= 1:
+                    return cls("factor", v)
+            if s.startswith("<="):
+                for name, eps in EPS.items():
+                    if s.endswith(name):
+                        return cls("eps", float(s[2:-len(name)]) * eps)
+        except ValueError:
+            pass
+        raise ClaimError(f"{where}: {text!r} is not a tolerance (exact | ±x | ±x% | ×x | <= N eps32 | "
+                         "<= N eps64 | info)")
+
+    def ok(self, value: Optional[float], reference: Optional[float]) -> bool:
+        if self.kind == "info":
+            return True
+        if value is None or not math.isfinite(value):
+            return self.kind == "exact" and reference is not None and value == reference
+        if self.kind == "eps":
+            return abs(value) <= self.amount
+        if reference is None or not math.isfinite(reference):
+            return False
+        d = abs(value - reference)
+        if self.kind == "exact":
+            return d == 0
+        if self.kind == "abs":
+            return d <= self.amount * (1 + 1e-12) + 1e-15
+        if self.kind == "rel":
+            return d <= self.amount * abs(reference) * (1 + 1e-12) + 1e-15
+        return value * reference > 0 and abs(math.log(value / reference)) <= math.log(self.amount) + 1e-12
+
+    @property
+    def gated(self) -> bool:
+        return self.kind != "info"
+
+    def text(self) -> str:
+        a = fmt_number(self.amount)
+        return {"exact": "exact", "info": "not gated", "abs": f"±{a}", "rel": f"±{fmt_number(100 * self.amount)}%",
+                "factor": f"×{a}", "eps": f"≤ {a}"}[self.kind]
 
 
-def _num(x) -> float:
+# ---------------------------------------------------------------- claims
+
+@dataclass
+class Claim:
+    id: str  # <experiment>.<entry id>[.<row>].<col>
+    experiment: str
+    section: str
+    cls: str  # conclusion | checksum | value
+    text: str
+    expr: str  # a comparison (expression claims) or a numeric expression (table cells)
+    published: Optional[float] = None  # table cells: the source's figure
+    tol: Optional[Tol] = None
+    requires: Optional[str] = None
+    note: str = ""
+    evidence: tuple[str, ...] = ()
+    evidence_note: str = ""
+
+    @property
+    def gate(self) -> bool:
+        return self.cls != "value"
+
+    @property
+    def is_cell(self) -> bool:
+        return self.published is not None
+
+
+@dataclass
+class DriftRule:
+    glob: str
+    tol: Tol
+    why: str
+
+
+@dataclass
+class Expectations:
+    claims: list[Claim]
+    drift: list[DriftRule]
+    gpu_only: list[str]
+    headline: list[str]
+    sections: dict[str, str]  # experiment -> section title
+
+    def drift_rule(self, key: str) -> Optional[DriftRule]:
+        return next((r for r in self.drift if fnmatch.fnmatchcase(key, r.glob)), None)
+
+    def is_gpu_only(self, key: str) -> bool:
+        return any(fnmatch.fnmatchcase(key, g) for g in self.gpu_only)
+
+
+def load(path: str | Path = "claims.yaml") -> Expectations:
+    """Read and validate the expectations file; every problem is one line naming the place."""
+    path = Path(path)
+    data = read_yaml_mapping(path, "claims file not found", ClaimError)
+    unknown = sorted(set(data) - {"gpu_only", "headline", "experiments"})
+    if unknown:
+        raise ClaimError(f"{path}: unknown top-level key {unknown[0]!r} (known: experiments, gpu_only, headline)")
+    exps = data.get("experiments")
+    if not isinstance(exps, dict) or not exps:
+        raise ClaimError(f"{path}: expected `experiments:`, a mapping of metrics file -> expectations")
+    claims, drift, sections = [], [], {}
+    for name, body in exps.items():
+        where = f"{path}: experiments.{name}"
+        if not isinstance(body, dict):
+            raise ClaimError(f"{where}: expected a mapping")
+        bad = sorted(set(body) - {"section", "conclusions", "checksums", "values", "drift"})
+        if bad:
+            raise ClaimError(f"{where}.{bad[0]}: unknown key (known: section, conclusions, checksums, values, drift)")
+        sections[name] = _text(body.get("section"), f"{where}.section")
+        for cls, key in (("conclusion", "conclusions"), ("checksum", "checksums"), ("value", "values")):
+            for i, entry in enumerate(body.get(key) or []):
+                claims += _entry(entry, cls, name, sections[name], f"{where}.{key}[{i}]")
+        for i, rule in enumerate(body.get("drift") or []):
+            if not (isinstance(rule, list) and len(rule) == 3 and isinstance(rule[0], str)):
+                raise ClaimError(f"{where}.drift[{i}]: expected [glob, tolerance, why]")
+            drift.append(DriftRule(rule[0], Tol.parse(rule[1], f"{where}.drift[{i}]"),
+                                   _text(rule[2], f"{where}.drift[{i}] why")))
+    seen = set()
+    for c in claims:
+        if c.id in seen:
+            raise ClaimError(f"{path}: claim {c.id} appears twice")
+        seen.add(c.id)
+    gpu = data.get("gpu_only") or []
+    head = data.get("headline") or []
+    for what, val in (("gpu_only", gpu), ("headline", head)):
+        if not isinstance(val, list) or not all(isinstance(v, str) for v in val):
+            raise ClaimError(f"{path}: {what}: expected a list of metric keys")
+    return Expectations(claims, drift, gpu, head, sections)
+
+
+def _text(v, where: str) -> str:
+    if not isinstance(v, str) or not v.strip():
+        raise ClaimError(f"{where}: a non-empty string is required")
+    return " ".join(v.split())
+
+
+def _number(x, where: str) -> Optional[float]:
+    if x is None:
+        return None
+    if isinstance(x, str):  # YAML 1.1 reads 3.4e38 (no exponent sign) as a string
+        try:
+            return float(x)
+        except ValueError:
+            pass
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        raise ClaimError(f"{where}: {x!r} is not a number")
     return float(x)
 
 
-def _compare(a: float, op: str, b: float) -> bool:
-    if math.isnan(a) or math.isnan(b):
-        return False
-    return {"<": a < b, "<=": a <= b, ">": a > b, ">=": a >= b, "==": a == b, "!=": a != b}[op]
+_EXPR_KEYS = {"id", "text", "expr", "note", "requires"}
+_TABLE_KEYS = {"id", "text", "metric", "columns", "rows", "published", "tol", "requires", "note", "explain"}
 
 
-def eval_expr(text: str, metrics: Mapping[str, float]):
-    """Parse and evaluate `text` against a flat {key: number} mapping."""
-    def lookup(key):
-        if key not in metrics:
-            raise MissingMetric(key)
-        v = metrics[key]
-        return math.nan if v is None else float(v)
-    return evaluate(parse(text), lookup)
-
-
-# ---------------------------------------------------------------- metrics
-
-def flatten(obj, prefix: str = "") -> dict[str, float | None]:
-    """{'a': {'b': 1}} -> {'a.b': 1}; booleans become 0/1; strings are dropped."""
-    out: dict[str, float | None] = {}
-    if isinstance(obj, Mapping):
-        for k, v in obj.items():
-            out.update(flatten(v, f"{prefix}{k}."))
-        return out
-    key = prefix[:-1]
-    if isinstance(obj, bool):
-        out[key] = int(obj)
-    elif isinstance(obj, (int, float)) or obj is None:
-        out[key] = obj
-    return out
-
-
-def load_metrics_dir(path: str | Path = "metrics", exclude: tuple[str, ...] = ("claims",)) -> dict:
-    """Every metrics/<file>.json (not env/) flattened to {'<file>.<key>': number}."""
-    out: dict = {}
-    for f in sorted(Path(path).glob("*.json")):
-        if f.stem in exclude:
-            continue
-        out.update(flatten(_read(f), f"{f.stem}."))
-    return out
-
-
-def load_envs(path: str | Path = "metrics/env") -> dict[str, dict]:
-    """{stage: environment dict} from metrics/env/*.json."""
-    return {f.stem: _read(f) for f in sorted(Path(path).glob("*.json"))}
-
-
-def _read(f: Path):
+def _check_expr(text, where: str, boolean: bool):
     try:
-        return json.loads(f.read_text(encoding="utf-8"))
+        node = parse(text)
+    except ExprError as e:
+        raise ClaimError(f"{where}: {e}") from None
+    if not references(node):
+        raise ClaimError(f"{where}: the expression refers to no metric")
+    if boolean != (node[0] in ("cmp", "and", "or", "not")):
+        raise ClaimError(f"{where}: expected {'a comparison (e.g. a < b)' if boolean else 'a number, not a comparison'}")
+
+
+def _entry(raw, cls: str, exp: str, section: str, where: str) -> list[Claim]:
+    if not isinstance(raw, dict):
+        raise ClaimError(f"{where}: expected a mapping")
+    cid = raw.get("id")
+    if not isinstance(cid, str) or not ID_RE.match(cid):
+        raise ClaimError(f"{where}: id {cid!r} must be lower_snake_case")
+    where = f"{where} ({cid})"
+    requires = raw.get("requires")
+    if requires not in (None, "cuda"):
+        raise ClaimError(f"{where}.requires: {requires!r}, expected cuda or nothing")
+    text = _text(raw.get("text"), f"{where}.text")
+    if "expr" in raw:
+        if cls == "value":
+            raise ClaimError(f"{where}: a value is a table cell (metric + published), not an expr")
+        bad = sorted(set(raw) - _EXPR_KEYS)
+        if bad:
+            raise ClaimError(f"{where}.{bad[0]}: unknown key for an expression claim")
+        expr = " ".join(str(raw["expr"]).split())
+        _check_expr(expr, where, boolean=True)
+        return [Claim(f"{exp}.{cid}", exp, section, cls, text, expr, requires=requires,
+                      note=" ".join(str(raw.get("note", "")).split()))]
+    if cls == "conclusion":
+        raise ClaimError(f"{where}: a conclusion is a comparison: give `expr:`")
+    bad = sorted(set(raw) - _TABLE_KEYS)
+    if bad:
+        raise ClaimError(f"{where}.{bad[0]}: unknown key for a table (known: {', '.join(sorted(_TABLE_KEYS))})")
+    template = raw.get("metric")
+    if not isinstance(template, str) or "{col}" not in template:
+        raise ClaimError(f"{where}.metric: a template with {{col}} (and {{row}} for a table with rows) is required")
+    cells: list[tuple[str, str, Optional[float]]] = []  # (cell id, expression, published)
+    if "published" in raw:
+        if not isinstance(raw["published"], dict) or "rows" in raw or "{row}" in template:
+            raise ClaimError(f"{where}.published: a one-row table is {{column: number}}, without rows or {{row}}")
+        for col, pub in raw["published"].items():
+            cells.append((col, template.replace("{col}", col), _number(pub, f"{where}.published.{col}")))
+    else:
+        cols, rows = raw.get("columns"), raw.get("rows")
+        if not isinstance(cols, list) or not isinstance(rows, dict) or not rows:
+            raise ClaimError(f"{where}: a table needs `columns:` (a list) and `rows:` (row -> numbers)")
+        for row, vals in rows.items():
+            if not isinstance(vals, list) or len(vals) != len(cols):
+                raise ClaimError(f"{where}.rows.{row}: expected {len(cols)} numbers (one per column; null for none)")
+            for col, pub in zip(cols, vals):
+                if pub is not None:
+                    cells.append((f"{row}.{col}", template.replace("{row}", str(row)).replace("{col}", str(col)),
+                                  _number(pub, f"{where}.rows.{row}")))
+    tol = Tol.parse(raw["tol"], f"{where}.tol") if "tol" in raw else None
+    if cls == "checksum" and tol is None:
+        raise ClaimError(f"{where}: a checksum table needs `tol:` (usually exact)")
+    explain = raw.get("explain") or {}
+    if not isinstance(explain, dict):
+        raise ClaimError(f"{where}.explain: expected {{cell or '*': {{by: [metric keys], note: text}}}}")
+    out = []
+    for cell, expr, pub in cells:
+        _check_expr(expr, f"{where} cell {cell}", boolean=False)
+        ex = explain.get(cell) or explain.get("*") or {}
+        if not isinstance(ex, dict) or not isinstance(ex.get("by", []), list):
+            raise ClaimError(f"{where}.explain.{cell}: expected {{by: [metric keys], note: text}}")
+        out.append(Claim(f"{exp}.{cid}.{cell}", exp, section, cls, text, expr, published=pub, tol=tol,
+                         requires=requires, note=" ".join(str(raw.get("note", "")).split()),
+                         evidence=tuple(ex.get("by", [])), evidence_note=" ".join(str(ex.get("note", "")).split())))
+    if not out:
+        raise ClaimError(f"{where}: the table has no published number")
+    return out
+
+
+# ---------------------------------------------------------------- metrics, distributions, machines
+
+def read_json(f: Path):
+    try:
+        return json.loads(f.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError:
+        raise UserError(f"{f}: not UTF-8 text") from None
     except json.JSONDecodeError as e:
         raise UserError(f"{f}: not valid JSON ({e.msg}, line {e.lineno})") from None
 
 
-def cuda_run(stage: str, envs: Mapping[str, dict]) -> bool | None:
-    """Was `stage` produced on a machine with CUDA? From metrics/env/<stage>.json,
-    else from any other stage's env (one pipeline runs on one machine); None if unknown."""
+METRIC_FILES_EXCLUDED = ("claims", "claims_summary")
+
+
+def load_metrics_dir(path: str | Path = "metrics") -> dict[str, float]:
+    """Every metrics/<file>.json (not env/, dist/, nor the claims' own files), flattened to
+    {'<file>.<key>': number}."""
+    out: dict = {}
+    for f in sorted(Path(path).glob("*.json")):
+        if f.stem not in METRIC_FILES_EXCLUDED:
+            out.update(flatten(read_json(f), f"{f.stem}."))
+    return out
+
+
+def load_dists(path: str | Path = "metrics/dist") -> dict[str, dict]:
+    """{file: {"stats": {key: summary}, "runs": {seed: metrics}}} from metrics/dist/*.json."""
+    return {f.stem: read_json(f) for f in sorted(Path(path).glob("*.json"))}
+
+
+def load_envs(path: str | Path = "metrics/env") -> dict[str, dict]:
+    return {f.stem: read_json(f) for f in sorted(Path(path).glob("*.json"))}
+
+
+def cuda_run(stage: str, envs: Mapping[str, dict]) -> Optional[bool]:
+    """Was `stage` produced with CUDA? From metrics/env/<stage>.json, else from any other stage's
+    record (one pipeline runs on one machine); None if unknown."""
     env = envs.get(stage)
     if env is None:
         known = [bool(e.get("cuda_available")) for e in envs.values() if "cuda_available" in e]
@@ -320,134 +346,11 @@ def cuda_run(stage: str, envs: Mapping[str, dict]) -> bool | None:
     return bool(env.get("cuda_available")) or str(env.get("device", "")).startswith("cuda")
 
 
-# ---------------------------------------------------------------- claims file
-
-@dataclass
-class Claim:
-    id: str
-    section: str
-    kind: str                      # value | direction
-    text: str                      # what the source says, in words
-    gate: bool
-    expr: str                      # value: numeric expression; direction: boolean expression
-    published: float | None = None
-    tolerance: dict = field(default_factory=dict)   # {abs: x} | {rel: x} | {factor: x}
-    reason: str = ""
-    requires: str | None = None    # "cuda" for GPU-only claims
-    note: str = ""
-
-    @property
-    def stages(self) -> list[str]:
-        return sorted({k.split(".", 1)[0] for k in references(parse(self.expr))})
-
-    def tolerance_text(self) -> str:
-        if self.kind == "direction":
-            return ""
-        (k, v), = self.tolerance.items()
-        return {"abs": f"±{_fmt(v)}", "rel": f"±{_fmt(100 * v)}%", "factor": f"×/÷{_fmt(v)}"}[k]
-
-    def tolerance_value(self) -> float:
-        """The tolerance as an absolute half-width around `published`."""
-        if self.kind == "direction":
-            return 0.0
-        (k, v), = self.tolerance.items()
-        if k == "abs":
-            return float(v)
-        if k == "rel":
-            return float(v) * abs(self.published)
-        return abs(self.published) * (float(v) - 1)  # factor: upper half-width
-
-
-_CLAIM_KEYS = {"id", "section", "kind", "text", "gate", "value", "expr", "published",
-               "tolerance", "reason", "requires", "note"}
-
-
-def load_claims(path: str | Path = "claims.yaml") -> list[Claim]:
-    """Read and validate the claims file; every problem is one line naming the claim."""
-    path = Path(path)
-    data = read_yaml_mapping(path, "claims file not found", ClaimError)
-    if not isinstance(data.get("claims"), list):
-        raise ClaimError(f"{path}: expected a mapping with a `claims:` list")
-    claims, seen = [], set()
-    for i, raw in enumerate(data["claims"]):
-        claims.append(_claim(raw, f"{path}: claims[{i}]"))
-        if claims[-1].id in seen:
-            raise ClaimError(f"{path}: claim id {claims[-1].id!r} appears twice")
-        seen.add(claims[-1].id)
-    return claims
-
-
-def _claim(raw, where: str) -> Claim:
-    if not isinstance(raw, dict):
-        raise ClaimError(f"{where}: expected a mapping")
-    cid = raw.get("id")
-    if not isinstance(cid, str) or not ID_RE.match(cid) or cid == "totals":
-        raise ClaimError(f"{where}: id {cid!r} must be lower_snake_case (and not 'totals')")
-    where = f"{where.split(':')[0]}: claim {cid}"
-    unknown = sorted(set(raw) - _CLAIM_KEYS)
-    if unknown:
-        raise ClaimError(f"{where}: unknown key {unknown[0]!r} (known: {', '.join(sorted(_CLAIM_KEYS))})")
-    kind = raw.get("kind")
-    if kind not in ("value", "direction"):
-        raise ClaimError(f"{where}: kind {kind!r}, expected 'value' or 'direction'")
-    for key in ("section", "text"):
-        if not isinstance(raw.get(key), str) or not raw[key].strip():
-            raise ClaimError(f"{where}: `{key}` (a string) is required")
-    if not isinstance(raw.get("gate"), bool):
-        raise ClaimError(f"{where}: `gate` must be true or false")
-    if raw.get("requires") not in (None, "cuda"):
-        raise ClaimError(f"{where}: requires {raw['requires']!r}, expected 'cuda' or nothing")
-    if kind == "value":
-        expr = raw.get("value")
-        raw = {**raw, "published": _number(raw.get("published"))}
-        if isinstance(raw.get("tolerance"), dict):
-            raw["tolerance"] = {k: _number(v) for k, v in raw["tolerance"].items()}
-        if "expr" in raw:
-            raise ClaimError(f"{where}: a value claim takes `value:` (a numeric expression), not `expr:`")
-        pub = raw.get("published")
-        if isinstance(pub, bool) or not isinstance(pub, (int, float)):
-            raise ClaimError(f"{where}: `published` must be a number")
-        tol = raw.get("tolerance")
-        if (not isinstance(tol, dict) or len(tol) != 1 or next(iter(tol)) not in ("abs", "rel", "factor")
-                or isinstance(next(iter(tol.values())), bool)
-                or not isinstance(next(iter(tol.values())), (int, float))
-                or next(iter(tol.values())) < 0):
-            raise ClaimError(f"{where}: `tolerance` must be one of {{abs: x}}, {{rel: x}}, {{factor: x}} "
-                             "with x >= 0")
-        if "factor" in tol and (tol["factor"] < 1 or pub <= 0):
-            raise ClaimError(f"{where}: a factor tolerance needs factor >= 1 and a positive published value")
-        if not isinstance(raw.get("reason"), str) or not raw["reason"].strip():
-            raise ClaimError(f"{where}: a value claim needs a one-line `reason:` for its tolerance")
-    else:
-        expr = raw.get("expr")
-        if "value" in raw or "published" in raw or "tolerance" in raw:
-            raise ClaimError(f"{where}: a direction claim takes only `expr:` (no value/published/tolerance)")
-        pub, tol = None, {}
-    try:
-        node = parse(expr)
-    except ClaimError as e:
-        raise ClaimError(f"{where}: {e}") from None
-    if not references(node):
-        raise ClaimError(f"{where}: the expression refers to no metric")
-    is_bool = node[0] in ("cmp", "and", "or", "not")
-    if kind == "direction" and not is_bool:
-        raise ClaimError(f"{where}: a direction claim needs a comparison (e.g. a < b)")
-    if kind == "value" and is_bool:
-        raise ClaimError(f"{where}: a value claim's `value:` must be numeric, not a comparison")
-    return Claim(id=cid, section=raw["section"], kind=kind, text=raw["text"].strip(), gate=raw["gate"],
-                 expr=expr, published=None if pub is None else float(pub), tolerance=dict(tol),
-                 reason=str(raw.get("reason", "")).strip(), requires=raw.get("requires"),
-                 note=str(raw.get("note", "") or "").strip())
-
-
-def _number(x):
-    """YAML 1.1 reads 3.4e38 (no exponent sign) as a string; accept it as a number."""
-    if isinstance(x, str):
-        try:
-            return float(x)
-        except ValueError:
-            return x
-    return x
+def band(dists: Mapping[str, dict], key: str) -> Optional[Band]:
+    """The seed distribution of metric `<file>.<key>`, if its stage has one."""
+    file, _, rest = key.partition(".")
+    s = dists.get(file, {}).get("stats", {}).get(rest)
+    return from_summary(s) if s and s.get("n", 0) >= 2 else None
 
 
 # ---------------------------------------------------------------- evaluation
@@ -455,11 +358,15 @@ def _number(x):
 @dataclass
 class Result:
     claim: Claim
-    status: str                    # pass | fail | missing | skipped
-    value: float | None = None     # value claims: the reproduced number; direction: left side
-    bound: float | None = None     # direction: right side of the top comparison
+    status: str  # pass | fail | missing | skipped
+    value: Optional[float] = None  # cells: the reproduced number; comparisons: the left side
+    bound: Optional[float] = None  # comparisons: the right side
     detail: str = ""
-    inputs: dict = field(default_factory=dict)   # referenced metric -> value (those present)
+    seeds_held: Optional[int] = None  # conclusions: on how many seeds it holds
+    seeds_n: Optional[int] = None
+    mean_holds: Optional[bool] = None
+    band: Optional[Band] = None  # cells: our seed distribution of the metric
+    z: Optional[float] = None  # cells: (published - our mean) / our seed sd
 
     @property
     def passed(self) -> bool:
@@ -469,109 +376,110 @@ class Result:
     def gated_failure(self) -> bool:
         return self.claim.gate and self.status in ("fail", "missing")
 
-
-def within(value: float, published: float, tolerance: Mapping[str, float]) -> bool:
-    if value is None or math.isnan(value):
-        return False
-    (k, t), = tolerance.items()
-    if k == "abs":
-        return abs(value - published) <= t * (1 + 1e-12) + 1e-15
-    if k == "rel":
-        return abs(value - published) <= t * abs(published) * (1 + 1e-12) + 1e-15
-    return value > 0 and published / t <= value * (1 + 1e-12) and value <= published * t * (1 + 1e-12)
+    @property
+    def explanation(self) -> str:
+        """For a value outside its band: the evidence cited, or 'unexplained'."""
+        if self.claim.cls != "value" or self.status != "fail":
+            return ""
+        return self.claim.evidence_note if self.claim.evidence else "unexplained"
 
 
-def evaluate_claim(claim: Claim, metrics: Mapping[str, float], envs: Mapping[str, dict]) -> Result:
+def _variants(metrics: Mapping[str, float], dists: Mapping[str, dict], files: set[str]) -> list[tuple[str, dict]]:
+    """The seed runs and the seed means of `files`, each as a full metrics mapping."""
+    files = [f for f in sorted(files) if dists.get(f, {}).get("runs")]
+    if not files:
+        return []
+    out = []
+    seeds = list(dists[files[0]]["runs"])
+    for seed in seeds:
+        m = {k: v for k, v in metrics.items() if k.split(".", 1)[0] not in files}
+        for f in files:
+            run = dists[f]["runs"].get(seed)
+            if run is not None:
+                m.update(flatten(run, f"{f}."))
+        out.append((f"seed {seed}", m))
+    mean = {k: v for k, v in metrics.items() if k.split(".", 1)[0] not in files}
+    for f in files:
+        mean.update({f"{f}.{k}": s["mean"] for k, s in dists[f]["stats"].items()})
+    out.append(("mean", mean))
+    return out
+
+
+def _holds(node, metrics) -> tuple[bool, Optional[float], Optional[float]]:
+    lookup, expand = lookups(metrics)
+    ok = bool(evaluate(node, lookup, expand))
+    left = right = None
+    if node[0] == "cmp" and len(node[2]) == 1 and node[1][0][0] != "glob" and node[1][1][0] != "glob":
+        left, right = float(evaluate(node[1][0], lookup, expand)), float(evaluate(node[1][1], lookup, expand))
+    return ok, left, right
+
+
+def evaluate_claim(claim: Claim, metrics: Mapping[str, float], dists: Mapping[str, dict],
+                   envs: Mapping[str, dict]) -> Result:
     node = parse(claim.expr)
     refs = references(node)
     if claim.requires == "cuda":
         cuda = [cuda_run(k.split(".", 1)[0], envs) for k in refs]
-        absent = [k for k in refs if k not in metrics]
-        if any(c is False for c in cuda):
-            return Result(claim, "skipped", detail="needs CUDA; these metrics were produced without it")
-        if absent and all(c is None for c in cuda):
-            return Result(claim, "skipped", detail=f"needs CUDA; {absent[0]} absent and the machine is unknown")
-
-    def lookup(key):
-        if key not in metrics:
-            raise MissingMetric(key)
-        v = metrics[key]
-        return math.nan if v is None else float(v)
-
-    inputs = {k: metrics[k] for k in refs if k in metrics}
+        if any(c is False for c in cuda) or (all(c is None for c in cuda) and any(k not in metrics for k in refs)):
+            return Result(claim, "skipped", detail="needs a CUDA run")
     try:
-        if claim.kind == "value":
-            value = float(evaluate(node, lookup))
-            ok = within(value, claim.published, claim.tolerance)
-            return Result(claim, "pass" if ok else "fail", value=value, inputs=inputs)
-        ok = bool(evaluate(node, lookup))
-        left = right = None
-        if node[0] == "cmp" and len(node[2]) == 1:
-            left = float(evaluate(node[1][0], lookup))
-            right = float(evaluate(node[1][1], lookup))
-        return Result(claim, "pass" if ok else "fail", value=left, bound=right, inputs=inputs)
+        if claim.is_cell:
+            lookup, expand = lookups(metrics)
+            value = float(evaluate(node, lookup, expand))
+            b = band(dists, refs[0]) if node[0] == "ref" and claim.cls == "value" else None
+            if b is not None:
+                return Result(claim, "pass" if b.contains(claim.published) else "fail", value=value, band=b,
+                              z=b.z(claim.published))
+            tol = claim.tol or Tol("exact")
+            return Result(claim, "pass" if tol.ok(value, claim.published) else "fail", value=value)
+        ok, left, right = _holds(node, metrics)
+        res = Result(claim, "pass" if ok else "fail", value=left, bound=right)
+        if claim.cls == "conclusion":
+            others = _variants(metrics, dists, {k.split(".", 1)[0] for k in refs})
+            seeds = [m for name, m in others if name != "mean"]
+            if seeds:
+                held = sum(_holds(node, m)[0] for m in seeds)
+                mean_ok = _holds(node, others[-1][1])[0]
+                res.seeds_held, res.seeds_n, res.mean_holds = held, len(seeds), mean_ok
+                if held < len(seeds) or not mean_ok:
+                    res.status = "fail"
+                    res.detail = f"holds on {held} of {len(seeds)} seeds" + ("" if mean_ok else ", not on their mean")
+        return res
     except MissingMetric as e:
-        return Result(claim, "missing", detail=f"metric {e.key} not found", inputs=inputs)
+        return Result(claim, "missing", detail=f"metric {e.key} not found")
 
 
-def evaluate_all(claims: list[Claim], metrics: Mapping[str, float], envs: Mapping[str, dict]) -> list[Result]:
-    return [evaluate_claim(c, metrics, envs) for c in claims]
+def evaluate_all(exp: Expectations, metrics, dists, envs) -> list[Result]:
+    return [evaluate_claim(c, metrics, dists, envs) for c in exp.claims]
 
 
-def totals(results: list[Result]) -> dict[str, int]:
-    return {
-        "n": len(results),
-        "passed": sum(r.status == "pass" for r in results),
-        "failed": sum(r.status in ("fail", "missing") for r in results),
-        "missing": sum(r.status == "missing" for r in results),
-        "skipped": sum(r.status == "skipped" for r in results),
-        "gated": sum(r.claim.gate for r in results),
-        "gated_passed": sum(r.claim.gate and r.status == "pass" for r in results),
-        "gated_failed": sum(r.gated_failure for r in results),
-    }
-
-
-def claims_metrics(results: list[Result]) -> dict:
-    """metrics/claims.json: numbers only, one level of nesting, no timestamps."""
-    out: dict = {}
-    for r in results:
-        c = r.claim
-        entry = {"pass": int(r.passed), "gate": int(c.gate), "skipped": int(r.status == "skipped")}
-        if c.kind == "value":
-            entry.update(published=c.published, tolerance=c.tolerance_value())
-            if r.value is not None:
-                entry["value"] = r.value
-        else:
-            entry["tolerance"] = 0
-            if r.value is not None:
-                entry["value"] = r.value
-            if r.bound is not None:
-                entry["published"] = r.bound
-        out[c.id] = entry
-    out["totals"] = totals(results)
+def counts(results: list[Result]) -> dict:
+    """Per class: n, passed, failed (missing included), skipped; values: unexplained deviations."""
+    out = {}
+    for cls in CLASSES:
+        rs = [r for r in results if r.claim.cls == cls]
+        out[cls] = {"n": len(rs), "passed": sum(r.passed for r in rs),
+                    "failed": sum(r.status in ("fail", "missing") for r in rs),
+                    "skipped": sum(r.status == "skipped" for r in rs)}
+    out["value"]["unexplained"] = sum(r.explanation == "unexplained" for r in results)
     return out
 
 
-def select(claims: list[Claim], patterns: list[str]) -> list[Claim]:
-    """Claims whose id matches any glob pattern."""
-    return [c for c in claims if any(fnmatch.fnmatchcase(c.id, p) for p in patterns)]
-
-
-def _fmt(x: float) -> str:
-    return fmt_number(x)
-
-
-def fmt_number(x) -> str:
-    """Short, stable text for a number in tables (up to 7 significant digits)."""
-    if x is None:
-        return "—"
-    x = float(x)
-    if math.isnan(x):
-        return "nan"
-    if math.isinf(x) or abs(x) >= 1e300:
-        return "inf" if x > 0 else "-inf"
-    if abs(x) >= 1e7:
-        return f"{x:.6g}"
-    if x == int(x):
-        return f"{int(x):,}" if abs(x) >= 10000 else str(int(x))
-    return f"{x:.7g}"
+def claims_json(results: list[Result]) -> dict:
+    """metrics/claims.json (a plain output): per claim its class, verdict and numbers."""
+    out: dict = {}
+    for r in results:
+        c = r.claim
+        e: dict = {"class": c.cls, "pass": int(r.passed), "skipped": int(r.status == "skipped")}
+        for k, v in (("value", r.value), ("published", c.published), ("bound", r.bound), ("z", r.z),
+                     ("seeds_held", r.seeds_held), ("seeds_n", r.seeds_n)):
+            if v is not None and (not isinstance(v, float) or math.isfinite(v)):
+                e[k] = v
+        if r.mean_holds is not None:
+            e["mean_holds"] = int(r.mean_holds)
+        if r.band is not None:
+            e["band_lo"], e["band_hi"] = r.band.prediction_interval()
+        if r.explanation:
+            e["unexplained"] = int(r.explanation == "unexplained")
+        out[c.id] = e
+    return out

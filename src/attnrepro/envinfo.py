@@ -1,8 +1,18 @@
-"""The machine and software a result was produced on, recorded beside every metric."""
+"""The machine and software a result was produced on, recorded beside every metric.
+
+Deterministic on one machine and checkout (no timestamps): the same tree and machine give the
+same record. The GPU described is the one torch uses (CUDA_VISIBLE_DEVICES and `cuda:N`
+respected), found in NVML by its PCI address, not NVML's device 0.
+"""
 
 from __future__ import annotations
 
+import os
 import platform
+import re
+import subprocess
+from pathlib import Path
+from typing import Optional, Sequence
 
 import torch
 
@@ -18,8 +28,58 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def gpu_info() -> dict:
-    """Name, driver and memory of GPU 0 via NVML; empty when there is no NVIDIA GPU."""
+PciAddress = tuple[int, int, int]  # (domain, bus, device)
+
+
+def parse_pci(bus_id: str) -> Optional[PciAddress]:
+    """'00000000:3B:00.0' (NVML) or '0000:3b:00.0' -> (domain, bus, device); None if unreadable."""
+    m = re.fullmatch(r"\s*(?:([0-9a-fA-F]+):)?([0-9a-fA-F]+):([0-9a-fA-F]+)(?:\.[0-9a-fA-F]+)?\s*", bus_id or "")
+    if m is None:
+        return None
+    return int(m.group(1) or "0", 16), int(m.group(2), 16), int(m.group(3), 16)
+
+
+def visible_physical_index(index: int, cuda_visible_devices: Optional[str]) -> Optional[int]:
+    """The physical (NVML) index of torch's device `index` from CUDA_VISIBLE_DEVICES when it lists
+    plain indices; None when it holds UUIDs or MIG names, or does not cover `index`. (A fallback:
+    it assumes CUDA orders devices as NVML does, i.e. CUDA_DEVICE_ORDER=PCI_BUS_ID.)"""
+    if cuda_visible_devices is None:
+        return index
+    entries = [e.strip() for e in cuda_visible_devices.split(",") if e.strip()]
+    if index >= len(entries) or not entries[index].isdigit():
+        return None
+    return int(entries[index])
+
+
+def match_nvml_device(torch_pci: Optional[PciAddress], nvml_pcis: Sequence[Optional[PciAddress]], index: int,
+                      cuda_visible_devices: Optional[str]) -> Optional[int]:
+    """The NVML index of the device torch calls `index`: the NVML device with the same PCI address
+    (domain, bus, device), else the CUDA_VISIBLE_DEVICES mapping; None when neither decides."""
+    if torch_pci is not None:
+        hits = [i for i, p in enumerate(nvml_pcis) if p == torch_pci]
+        if len(hits) == 1:
+            return hits[0]
+    j = visible_physical_index(index, cuda_visible_devices)
+    return j if j is not None and 0 <= j < len(nvml_pcis) else None
+
+
+def torch_device_index(device: str) -> int:
+    """torch's index of `device`: N for 'cuda:N', the current device for 'cuda'."""
+    if ":" in device:
+        return int(device.split(":", 1)[1])
+    return torch.cuda.current_device()
+
+
+def torch_pci(index: int) -> Optional[PciAddress]:
+    """PCI address of torch's CUDA device `index` (None where this torch build does not say)."""
+    props = torch.cuda.get_device_properties(index)
+    parts = [getattr(props, f"pci_{k}_id", None) for k in ("domain", "bus", "device")]
+    return tuple(int(x) for x in parts) if all(x is not None for x in parts) else None
+
+
+def gpu_info(device: str = "cuda") -> dict:
+    """Name, driver, memory and PCI address of the GPU torch uses for `device`, via NVML; empty
+    when there is no NVIDIA GPU, no NVML, or the device cannot be matched."""
     try:
         import pynvml
 
@@ -27,20 +87,61 @@ def gpu_info() -> dict:
     except Exception:
         return {}
     try:
-        h = pynvml.nvmlDeviceGetHandleByIndex(0)
-        name = pynvml.nvmlDeviceGetName(h)
+        index = torch_device_index(device) if torch.cuda.is_available() else 0
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        pcis = [parse_pci(_str(pynvml.nvmlDeviceGetPciInfo(h).busId)) for h in handles]
+        mine = torch_pci(index) if torch.cuda.is_available() else None
+        j = match_nvml_device(mine, pcis, index, os.environ.get("CUDA_VISIBLE_DEVICES"))
+        if j is None:
+            return {}
+        h = handles[j]
         info = {
-            "gpu_name": name.decode() if isinstance(name, bytes) else name,
+            "gpu_name": _str(pynvml.nvmlDeviceGetName(h)),
             "gpu_driver": _str(pynvml.nvmlSystemGetDriverVersion()),
             "gpu_memory_bytes": int(pynvml.nvmlDeviceGetMemoryInfo(h).total),
+            "gpu_pci_bus_id": "{:04x}:{:02x}:{:02x}.0".format(*pcis[j]) if pcis[j] else None,
+            "gpu_nvml_index": j,
         }
         try:
             info["gpu_max_sm_clock_mhz"] = int(pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_SM))
         except Exception:
             pass
         return info
+    except Exception:
+        return {}
     finally:
         pynvml.nvmlShutdown()
+
+
+# outputs of the pipeline: regenerating them does not make the checkout "dirty"
+PIPELINE_OUTPUTS = ("dvc.lock", "metrics", "plots", "report")
+
+
+def git_state(path: Optional[Path] = None) -> dict:
+    """The git revision of the checkout holding this package's code (the code that ran) and whether
+    its tracked files differ from that revision (the pipeline's outputs aside); nulls outside git."""
+    where = Path(path) if path is not None else Path(__file__).resolve().parent
+    git = ["git", "-C", str(where)]
+    try:
+        rev = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=20)
+        if rev.returncode != 0:
+            return {"git_revision": None, "git_dirty": None}
+        status = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no", "--", ":/",
+                                 *(f":(top,exclude){p}" for p in PIPELINE_OUTPUTS)],
+                                capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return {"git_revision": None, "git_dirty": None}
+    dirty = bool(status.stdout.strip()) if status.returncode == 0 else None
+    return {"git_revision": rev.stdout.strip(), "git_dirty": dirty}
+
+
+def _version(dist: str) -> Optional[str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return None
 
 
 def _str(x) -> str:
@@ -51,19 +152,29 @@ def environment(device: str = "cpu") -> dict:
     """A deterministic description of this machine (no timestamps)."""
     import psutil
 
+    import numpy
+
     env = {
         "python": platform.python_version(),
         "torch": torch.__version__,
+        "cuda_version": torch.version.cuda,  # the torch build's CUDA; null for a CPU build
+        "cudnn_version": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "numpy": numpy.__version__,
+        "dvc": _version("dvc"),
         "platform": platform.platform(terse=True),
         "cpu": cpu_model(),
         "cpu_cores_logical": psutil.cpu_count(logical=True),
         "ram_bytes": psutil.virtual_memory().total,
         "torch_threads": torch.get_num_threads(),
+        # the CPU kernels torch dispatches to (DEFAULT, AVX2, AVX512, ...): with the thread count,
+        # what decides the float order of a CPU result
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "device": device,
         "cuda_available": torch.cuda.is_available(),
+        **git_state(),
     }
     if device.startswith("cuda"):
-        env.update(gpu_info())
+        env.update(gpu_info(device))
     return env
 
 

@@ -10,15 +10,76 @@ instead of re-running the whole prefix (O(context^2) attention + O(context) MLP)
 
 from __future__ import annotations
 
-import statistics
-import time
-from typing import Callable, Optional
+import math
+from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
+from . import memory
+from .benchmark import Timer, summarize
+from .config import from_dict, require, require_positive
 from .memory import kv_cache_bytes
-from .model import TinyGPT
+from .model import ModelConfig, TinyGPT
+
+
+@dataclass
+class MatrixCase:
+    seq: int
+    heads: int
+    layers: int
+    dtype: str
+
+
+@dataclass
+class KVCacheConfig:
+    """params `kv_cache` (no defaults: params.yaml is the only source of values)."""
+
+    seed: int
+    threads: int
+    device: str
+    presets: list[str]
+    seq_lens: list[int]
+    attn_matrix: dict[str, MatrixCase]
+    model: dict  # a ModelConfig without vocab_size (untrained TinyGPT for the cache and timings)
+    vocab_size: int
+    cache_batch: int
+    identity_prompt: int
+    identity_tokens: int
+    sample_temperature: float
+    contexts: list[int]
+    warmup: int
+    reps: int
+    gen_prompt: int
+    gen_tokens: int
+
+    def validate(self, prefix: str = "kv_cache") -> None:
+        require_positive(self, ("threads",), prefix)
+        for p in self.presets:
+            require(p in memory.PRESETS, f"{prefix}.presets", p, "one of " + ", ".join(memory.PRESETS))
+        require(len(self.seq_lens) > 0 and all(n > 0 for n in self.seq_lens), f"{prefix}.seq_lens", self.seq_lens,
+                "a non-empty list of positive integers")
+        for name, c in self.attn_matrix.items():
+            require(c.seq > 0 and c.heads > 0 and c.layers > 0, f"{prefix}.attn_matrix.{name}", c,
+                    "positive seq, heads, layers")
+            require(c.dtype in memory.DTYPE_BYTES, f"{prefix}.attn_matrix.{name}.dtype", c.dtype,
+                    "one of " + ", ".join(memory.DTYPE_BYTES))
+        require_positive(self, ("vocab_size", "cache_batch", "identity_prompt", "identity_tokens", "reps",
+                                "gen_prompt", "gen_tokens"), prefix)
+        require(self.warmup >= 0, f"{prefix}.warmup", self.warmup, "a non-negative integer")
+        require(math.isfinite(self.sample_temperature) and self.sample_temperature > 0,
+                f"{prefix}.sample_temperature", self.sample_temperature, "a finite number > 0")
+        require(len(self.contexts) > 0 and min(self.contexts) > 0, f"{prefix}.contexts", self.contexts,
+                "a non-empty list of positive integers")
+        block = self.model_config().block_size
+        for name, need in (("contexts", max(self.contexts)),
+                           ("identity_tokens", self.identity_prompt + self.identity_tokens),
+                           ("gen_tokens", self.gen_prompt + self.gen_tokens)):
+            require(need <= block, f"{prefix}.{name}", need, f"prompt + tokens <= model.block_size ({block})")
+
+    def model_config(self) -> ModelConfig:
+        return from_dict(ModelConfig, {**self.model, "vocab_size": self.vocab_size}, prefix="kv_cache.model")
 
 
 class KVCache:
@@ -117,22 +178,12 @@ def generate_cached(model: TinyGPT, idx: torch.Tensor, max_new_tokens: int, *, t
 
 # ---------------------------------------------------------------- latency
 
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
-def _median_ms(fn: Callable[[], None], reps: int, warmup: int, device: str) -> float:
+def _median_ms(fn, reps: int, warmup: int, device: str) -> float:
+    """Median of `reps` timed calls after `warmup` untimed ones (attnrepro.benchmark's timer)."""
     for _ in range(warmup):
         fn()
-    times = []
-    for _ in range(reps):
-        _sync(device)
-        t0 = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append(1000 * (time.perf_counter() - t0))
-    return statistics.median(times)
+    timer = Timer(device)
+    return summarize([timer(fn) for _ in range(reps)])["median_ms"]
 
 
 @torch.no_grad()
@@ -169,14 +220,8 @@ def generation_time(model: TinyGPT, prompt_len: int, new_tokens: int, *, cached:
     dev = str(next(model.parameters()).device)
     g = torch.Generator().manual_seed(seed)
     idx = torch.randint(model.cfg.vocab_size, (1, prompt_len), generator=g).to(dev)
-    _sync(dev)
-    t0 = time.perf_counter()
-    if cached:
-        generate_cached(model, idx, new_tokens, temperature=0)
-    else:
-        generate(model, idx, new_tokens, temperature=0)
-    _sync(dev)
-    return time.perf_counter() - t0
+    run = generate_cached if cached else generate
+    return Timer(dev)(lambda: run(model, idx, new_tokens, temperature=0)) / 1000.0
 
 
 def cuda_cache_alloc(model: TinyGPT, batch: int, max_len: int) -> dict:

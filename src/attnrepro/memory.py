@@ -15,10 +15,11 @@ Command line (prints a table; --json for machine-readable output):
 from __future__ import annotations
 
 import argparse
+import decimal
 import json
 from dataclasses import asdict, dataclass, replace
 
-from .config import ConfigError, run_stage
+from .config import ArgumentParser, ConfigError, run_stage
 
 DTYPE_BYTES = {"fp64": 8, "fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
 
@@ -135,21 +136,40 @@ def format_table(shape: Shape, seq_len: int, batch: int) -> str:
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
 
+MAX_COUNT = 10**15  # sizes beyond this are typos (and their byte counts would not fit a float)
+
+
+def count(text: str) -> int:
+    """An argparse type: a positive integer up to 1e15, written 4096, 4_096 or 4.096e3."""
+    try:
+        value = int(text.replace("_", ""))
+    except ValueError:
+        try:
+            d = decimal.Decimal(text)
+            value = int(d) if d.is_finite() and d == d.to_integral_value() and abs(d) <= MAX_COUNT else None
+        except decimal.InvalidOperation:
+            value = None
+    if value is None or not 0 < value <= MAX_COUNT:
+        shown = text if len(text) <= 24 else f"{text[:20]}... ({len(text)} characters)"
+        raise argparse.ArgumentTypeError(f"got {shown!r}, expected a positive integer up to 1e15")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
-        prog="python -m attnrepro.memory",
+    ap = ArgumentParser(
+        prog="attnrepro kv",
         description="KV-cache (eq. 1.20) and attention-matrix (eq. 1.45) memory of a decoder. "
                     "Give --preset, or the shape; explicit options override the preset.",
         epilog="presets: " + ", ".join(f"{k} ({v.n_layer}L {v.n_head}/{v.n_kv_head} heads d{v.d_head} {v.dtype})"
                                        for k, v in PRESETS.items()))
     ap.add_argument("--preset", help="a named shape: " + ", ".join(PRESETS))
-    ap.add_argument("--layers", type=int, help="number of layers")
-    ap.add_argument("--heads", type=int, help="query heads (default: --kv-heads); sets the attention-matrix size")
-    ap.add_argument("--kv-heads", type=int, help="K/V heads: = heads for MHA, groups for GQA, 1 for MQA")
-    ap.add_argument("--d-head", type=int, help="dimension per head")
+    ap.add_argument("--layers", type=count, help="number of layers")
+    ap.add_argument("--heads", type=count, help="query heads (default: --kv-heads); sets the attention-matrix size")
+    ap.add_argument("--kv-heads", type=count, help="K/V heads: = heads for MHA, groups for GQA, 1 for MQA")
+    ap.add_argument("--d-head", type=count, help="dimension per head")
     ap.add_argument("--dtype", choices=sorted(DTYPE_BYTES), help="element type of the cache")
-    ap.add_argument("--seq", type=int, default=4096, help="sequence length (default 4096)")
-    ap.add_argument("--batch", type=int, default=1, help="batch size (default 1)")
+    ap.add_argument("--seq", type=count, default=4096, help="sequence length (default 4096; at most 1e15)")
+    ap.add_argument("--batch", type=count, default=1, help="batch size (default 1)")
     ap.add_argument("--json", action="store_true", help="print the numbers as JSON")
     return ap
 
@@ -174,9 +194,6 @@ def shape_from_args(args) -> Shape:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    for name in ("seq", "batch"):
-        if getattr(args, name) <= 0:
-            raise ConfigError(f"--{name}: got {getattr(args, name)}, expected a positive integer")
     shape = shape_from_args(args)
     if args.json:
         print(json.dumps({"shape": asdict(shape), "seq": args.seq, "batch": args.batch,

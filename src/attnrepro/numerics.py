@@ -8,6 +8,7 @@ every random draw takes an explicit seed, so the results are deterministic.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Iterable
 
 import numpy as np
@@ -15,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from .attention import attention, causal_mask
+from .config import require, require_positive
 
 DTYPES: dict[str, torch.dtype] = {
     "fp64": torch.float64,
@@ -22,6 +24,54 @@ DTYPES: dict[str, torch.dtype] = {
     "fp16": torch.float16,
     "bf16": torch.bfloat16,
 }
+LOW = ("fp32", "fp16", "bf16")  # the dtypes a model runs in
+
+
+@dataclass
+class PrecisionConfig:
+    """params `precision` (no defaults: params.yaml is the only source of values). The
+    *_published fields are the chapter's own numbers, used as inputs (params.yaml cites where)."""
+
+    seed: int
+    threads: int
+    softmax_logits: list[float]
+    overflow_stds_published: dict[str, float]  # label -> logit std; metric keys overflow.<label>_*
+    overflow_shape: list[int]
+    overflow_seed: int
+    sigma_d_heads: list[int]
+    d_heads: list[int]
+    dtypes: list[str]
+    qk_stds_published: dict[str, float]  # label -> q/k component std; metric sections forward_<label>
+    batch: int
+    heads: int
+    seq: int
+    mask_logit_stds_published: dict[str, float]  # label -> logit std; metric keys mask.<label>_*
+    mask_values: list[float]
+    accum_n: int
+    parity_shape: list[int]
+
+    def validate(self, prefix: str = "precision") -> None:
+        require_positive(self, ("threads",), prefix)
+        require(len(self.softmax_logits) > 0 and all(math.isfinite(v) for v in self.softmax_logits),
+                f"{prefix}.softmax_logits", self.softmax_logits, "a non-empty list of finite numbers")
+        require(len(self.overflow_shape) > 0 and all(s > 0 for s in self.overflow_shape),
+                f"{prefix}.overflow_shape", self.overflow_shape, "a list of positive integers")
+        for name in ("sigma_d_heads", "d_heads"):
+            vals = getattr(self, name)
+            require(len(vals) > 0 and all(d > 0 for d in vals), f"{prefix}.{name}", vals,
+                    "a non-empty list of positive integers")
+        for dt in self.dtypes:
+            require(dt in LOW, f"{prefix}.dtypes", self.dtypes, "a list of fp32, fp16, bf16")
+        for name in ("overflow_stds_published", "qk_stds_published", "mask_logit_stds_published"):
+            for k, v in getattr(self, name).items():
+                require(math.isfinite(v) and v > 0 and k.isidentifier(), f"{prefix}.{name}.{k}", v,
+                        "a finite positive number under an identifier-like name")
+        require_positive(self, ("batch", "heads", "seq", "accum_n"), prefix)
+        for v in self.mask_values:
+            require(math.isfinite(v) and v < 0, f"{prefix}.mask_values", self.mask_values,
+                    "a list of finite negative numbers")
+        require(len(self.parity_shape) == 4 and all(s > 0 for s in self.parity_shape),
+                f"{prefix}.parity_shape", self.parity_shape, "[batch, heads, seq, d_head] positive")
 
 
 def dtype_of(name: str) -> torch.dtype:

@@ -6,16 +6,44 @@ attnrepro.lm.weight_symptoms.)
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import numpy as np
 import torch
 
 from .attention import causal_mask
+from .config import require, require_positive
 from .diagnostics import logit_std, normalized_entropy, position_stats
 from .model import ModelConfig, TinyGPT
+from .training import mean_loss
 
 # ---------------------------------------------------------------- init sweep
+
+
+@dataclass
+class InitSweepConfig:
+    """params `init_sweep` (no defaults: params.yaml is the only source of values)."""
+
+    d_heads: list[int]
+    vocab_size: int
+    block_size: int
+    batch_size: int
+    n_batches: int
+    token_low: int  # tokens drawn from randint(token_low, vocab_size)
+    init_std: float  # sigma of the N(0, sigma^2) init, also the prediction's sigma
+    model_seed: int  # torch.manual_seed before building each model
+    batch_seed: int  # generator of the token batches (shared by every d_head)
+    threads: int
+
+    def validate(self, prefix: str = "init_sweep") -> None:
+        require(len(self.d_heads) >= 2 and all(d > 0 for d in self.d_heads), f"{prefix}.d_heads",
+                self.d_heads, "at least two positive integers")
+        require_positive(self, ("block_size", "batch_size", "n_batches", "threads"), prefix)
+        require(0 <= self.token_low < self.vocab_size, f"{prefix}.token_low", self.token_low,
+                f"in [0, vocab_size={self.vocab_size})")
+        require(math.isfinite(self.init_std) and self.init_std > 0, f"{prefix}.init_std", self.init_std,
+                "a finite positive number")
 
 
 def init_model(d_head: int, *, vocab_size: int, block_size: int, init_std: float, seed: int) -> TinyGPT:
@@ -93,6 +121,25 @@ def sweep_fit(rows: list[dict]) -> dict:
 # ---------------------------------------------------------------- heads
 
 
+@dataclass
+class HeadsConfig:
+    """params `heads` (no defaults: params.yaml is the only source of values)."""
+
+    checkpoint: str  # a run's model.pt (the train stage's d32_scaled); its folder is the DVC dep
+    n_seqs: int
+    seq_len: int
+    seq_seed: int
+    ablation_batches: int
+    ablation_batch_size: int
+    ablation_seed: int
+    threads: int
+
+    def validate(self, prefix: str = "heads") -> None:
+        require(bool(self.checkpoint), f"{prefix}.checkpoint", self.checkpoint, "a checkpoint path")
+        require_positive(self, ("n_seqs", "seq_len", "ablation_batches", "ablation_batch_size", "threads"), prefix)
+        require(self.seq_len >= 2, f"{prefix}.seq_len", self.seq_len, "at least 2")
+
+
 def fixed_sequences(tokens: torch.Tensor, n: int, length: int, seed: int) -> torch.Tensor:
     """n windows of `length` tokens at start positions drawn from a seeded generator."""
     if len(tokens) <= length:
@@ -104,31 +151,57 @@ def fixed_sequences(tokens: torch.Tensor, n: int, length: int, seed: int) -> tor
 
 @torch.no_grad()
 def attention_maps(model: TinyGPT, x: torch.Tensor) -> list[torch.Tensor]:
-    """Per layer the attention weights (B, H, T, T) of one forward."""
+    """Per layer the attention weights (B, H, T, T) of one forward of the token batch x (B, T),
+    in eval mode (the one place that records a model's attention maps)."""
     model.eval()
     model.set_record(True)
-    model(x)
-    maps = [a.last["weights"].clone() for a in model.attentions]
-    model.set_record(False)
-    return maps
+    try:
+        model(x)
+        return [a.last["weights"].clone() for a in model.attentions]
+    finally:
+        model.set_record(False)
+
+
+def sequence_maps(model: TinyGPT, seq: torch.Tensor) -> torch.Tensor:
+    """(n_layer, n_head, T, T) attention weights of one token sequence seq (T,)."""
+    return torch.stack([w[0] for w in attention_maps(model, seq[None])])
 
 
 def head_stats(maps: list[torch.Tensor]) -> list[dict]:
-    """Rows {layer, head, entropy, diag, prev, distance}, averaged over sequences and rows."""
+    """Rows {layer, head, entropy, diag, prev, distance, distance_std}, averaged over sequences;
+    distance_std is the spread over query positions of the attention centroid distance (§1.20.3)."""
     rows = []
     for li, w in enumerate(maps):
         ent = normalized_entropy(w).mean(0)  # (H,)
         pos = {k: v.mean(0) for k, v in position_stats(w).items()}
         for h in range(w.shape[1]):
-            rows.append({"layer": li, "head": h, "entropy": ent[h].item(), "diag": pos["diag"][h].item(),
-                         "prev": pos["prev"][h].item(), "distance": pos["distance"][h].item()})
+            rows.append({"layer": li, "head": h, "entropy": ent[h].item(),
+                         **{k: pos[k][h].item() for k in ("diag", "prev", "distance", "distance_std")}})
     return rows
 
 
+def uniform_distance_std(seq_len: int) -> float:
+    """The centroid-distance spread of uniform causal attention over `seq_len` tokens: what the
+    growth of the row index alone gives (dist_i = i/2), the baseline a "conditional" head must beat."""
+    causal = torch.tril(torch.ones(seq_len, seq_len, dtype=torch.float64))
+    return position_stats(causal / causal.sum(-1, keepdim=True))["distance_std"].item()
+
+
 @torch.no_grad()
-def mean_loss(model: TinyGPT, batches) -> float:
+def diag_weight_all_rows(model: TinyGPT, batches) -> float:
+    """Layer-0 diagonal weight averaged over every query row, row 0 included (which can only
+    see itself): a second protocol for the failures table's diagonal weight."""
+    was = model.training
     model.eval()
-    return float(np.mean([model(x, y)[1].item() for x, y in batches]))
+    model.set_record(True)
+    vals = []
+    for x, _ in batches:
+        model(x)
+        w = model.attentions[0].last["weights"].double()
+        vals.append(torch.diagonal(w, dim1=-2, dim2=-1).mean().item())
+    model.set_record(False)
+    model.train(was)
+    return float(np.mean(vals))
 
 
 @torch.no_grad()

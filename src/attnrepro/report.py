@@ -1,7 +1,9 @@
-"""The reproduction report: published vs reproduced, per section, with figures.
+"""The reproduction report: the chapter's conclusions, checksums and published values
+against this run and its seed distributions, per experiment, with figures.
 
-`build(...)` evaluates claims.yaml against metrics/*.json and returns the content
-of metrics/claims.json, report/REPORT.md and the report's figures (PNG bytes).
+`build(...)` evaluates claims.yaml against metrics/ and returns the content of
+metrics/claims.json, metrics/claims_summary.json, report/REPORT.md and the report's
+figures (PNG bytes).
 Everything is a pure function of its inputs: no dates, sorted iteration, PNGs
 written without a Software/date stamp, so the same metrics give byte-identical
 outputs.
@@ -10,25 +12,36 @@ outputs.
 from __future__ import annotations
 
 import csv
-import io
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from .claims import (Claim, Result, claims_metrics, evaluate_all, fmt_number, load_claims, load_envs,
-                     load_metrics_dir, totals)
-
-MARK = {"pass": "✅ pass", "fail_gate": "❌ FAIL", "fail_info": "✗ off", "missing": "❌ missing",
-        "skipped": "⏭ skipped"}
-PNG_META = {"Software": None}
+from .claims import (CLASSES, Result, claims_json, counts, evaluate_all, load, load_dists, load_envs,
+                     load_metrics_dir)
+from .config import require
+from .expr import fmt_number
 
 
 @dataclass
 class Report:
-    claims_json: dict
+    claims_json: dict  # metrics/claims.json: every claim (a plain output)
+    summary: dict  # metrics/claims_summary.json: the counts per class (the DVC metric)
     markdown: str
-    figures: dict[str, bytes]       # file name under report/figures/ -> PNG bytes (the report's own)
+    figures: dict[str, bytes]  # file name under report/figures/ -> PNG bytes (the report's own)
     results: list[Result]
+
+
+@dataclass
+class ReportConfig:
+    """params `report` (no defaults: params.yaml is the only source of values)."""
+
+    claims: str  # the only place published numbers live
+    smooth: int  # moving-average window of the training-loss figure
+
+    def validate(self, prefix: str = "report") -> None:
+        require(self.smooth > 0, f"{prefix}.smooth", self.smooth, "a positive integer")
+        require(Path(self.claims).is_file(), f"{prefix}.claims", self.claims, "an existing claims file")
 
 
 # ---------------------------------------------------------------- series
@@ -58,32 +71,15 @@ def moving_average(xs: list[float], window: int) -> list[float]:
     return out
 
 
-def variant_pairs(train_params: dict) -> list[tuple[int, dict[bool, str]]]:
-    """[(d_head, {scaled: variant})] sorted by d_head, from params train.models/variants."""
-    pairs: dict[int, dict[bool, str]] = {}
-    for name, v in (train_params.get("variants") or {}).items():
-        shape = train_params["models"][v["model"]]
-        pairs.setdefault(shape["d_model"] // shape["n_head"], {})[bool(v["scaled"])] = name
-    return sorted(pairs.items())
-
-
 # ---------------------------------------------------------------- figures
 
-def _pyplot():
-    import matplotlib
+def _figures():
+    """attnrepro.figures (its saver: one dpi, no metadata), imported only when a figure is drawn
+    (`attnrepro claims` imports this module for its tables)."""
+    from . import figures
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    plt.rcParams.update({"figure.dpi": 100, "savefig.dpi": 100, "font.size": 9})
-    return plt
-
-
-def _png(fig) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", metadata=PNG_META, bbox_inches="tight")
-    _pyplot().close(fig)
-    return buf.getvalue()
+    figures.plt.rcParams.update({"font.size": 9})
+    return figures
 
 
 STYLE = {True: ("tab:blue", "scaled (÷√d)"), False: ("tab:red", "unscaled")}
@@ -94,7 +90,8 @@ def loss_figure(series: dict[str, dict], pairs, smooth: int) -> bytes | None:
     pairs = [(d, p) for d, p in pairs if any(v in series for v in p.values())]
     if not pairs:
         return None
-    plt = _pyplot()
+    fg = _figures()
+    plt = fg.plt
     fig, axes = plt.subplots(1, len(pairs), figsize=(5 * len(pairs), 3.6), sharey=True, squeeze=False)
     for ax, (d_head, pair) in zip(axes[0], pairs):
         for scaled in (False, True):
@@ -112,7 +109,7 @@ def loss_figure(series: dict[str, dict], pairs, smooth: int) -> bytes | None:
         ax.legend()
     axes[0][0].set_ylabel(f"training loss (moving average of {smooth} steps)")
     fig.suptitle("Training loss with and without 1/√d_k (chapter Fig 1.2)")
-    return _png(fig)
+    return fg.save(fig)
 
 
 def diagnostics_figure(series: dict[str, dict], pairs) -> bytes | None:
@@ -120,7 +117,8 @@ def diagnostics_figure(series: dict[str, dict], pairs) -> bytes | None:
     names = [(d, scaled, p[scaled]) for d, p in pairs for scaled in (False, True) if p.get(scaled) in series]
     if not names:
         return None
-    plt = _pyplot()
+    fg = _figures()
+    plt = fg.plt
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
     for col, (key, title) in enumerate([("entropy_l0", "normalized attention entropy (layer 0)"),
                                         ("jacobian_fro_l0", "softmax Jacobian ||J||_F (layer 0)")]):
@@ -139,72 +137,97 @@ def diagnostics_figure(series: dict[str, dict], pairs) -> bytes | None:
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=7)
     fig.suptitle("Attention saturation over training (chapter Fig 1.4)")
-    return _png(fig)
+    return fg.save(fig)
 
 
 # ---------------------------------------------------------------- markdown
 
-def _status(r: Result) -> str:
-    if r.status in ("pass", "missing", "skipped"):
-        return MARK[r.status]
-    return MARK["fail_gate"] if r.claim.gate else MARK["fail_info"]
+MARK = {"pass": "✅", "fail": "❌", "missing": "❌ missing", "skipped": "⏭ skipped"}
+CLASS_WORDS = {"conclusion": "conclusions (the chapter's findings; gated)",
+               "checksum": "checksums (true by construction; gated)",
+               "value": "published values (informational)"}
 
 
-def _expr(c: Claim) -> str:
-    return "`" + " ".join(c.expr.split()).replace("|", "\\|") + "`"
-
-
-def _cell(text: str) -> str:
+def _cell(text) -> str:
     return " ".join(str(text).split()).replace("|", "\\|")
 
 
-def section_markdown(section: str, results: list[Result]) -> str:
-    out = [f"## {section}\n"]
-    direction = [r for r in results if r.claim.kind == "direction"]
-    value = [r for r in results if r.claim.kind == "value"]
-    if direction:
-        out += ["**Conclusions** (direction claims, must hold on any machine)\n",
-                "| Claim | Test | Reproduced | Gate | Result |", "| --- | --- | --- | --- | --- |"]
-        for r in direction:
-            shown = _direction_values(r)
-            out.append(f"| {_cell(r.claim.text)} | {_expr(r.claim)} | {_cell(shown)} | "
-                       f"{'yes' if r.claim.gate else 'no'} | {_status(r)} |")
+def _expr(r: Result) -> str:
+    return "`" + _cell(r.claim.expr) + "`"
+
+
+def _where(r: Result) -> str:
+    if r.status == "skipped":
+        return "—"
+    parts = []
+    if r.value is not None and r.bound is not None:
+        parts.append(f"{fmt_number(r.value)} vs {fmt_number(r.bound)}")
+    if r.seeds_n:
+        parts.append(f"{r.seeds_held}/{r.seeds_n} seeds" + ("" if r.mean_holds else ", not the mean"))
+    return _cell(r.detail if r.status == "missing" else "; ".join(parts) or "holds" if r.passed else r.detail)
+
+
+def _value_verdict(r: Result) -> str:
+    if r.status != "fail":
+        return MARK.get(r.status, r.status)
+    return "outside" if r.band is not None else "off"
+
+
+def _band(r: Result) -> str:
+    if r.band is None:
+        return r.claim.tol.text() if r.claim.tol else "exact"
+    lo, hi = r.band.prediction_interval()
+    return f"{fmt_number(lo)} – {fmt_number(hi)}"
+
+
+def _z(r: Result) -> str:
+    if r.z is None:
+        return ""
+    return "∞" if math.isinf(r.z) else f"{r.z:+.1f}"
+
+
+def experiment_markdown(title: str, results: list[Result]) -> str:
+    out = [f"## {title}\n"]
+    for cls in ("conclusion", "checksum"):
+        rs = [r for r in results if r.claim.cls == cls]
+        if not rs:
+            continue
+        out += [f"**{CLASS_WORDS[cls].capitalize()}**\n", "| claim | test | this run | result |", "| --- | --- | --- | --- |"]
+        for r in rs:
+            test = _expr(r) if not r.claim.is_cell else f"`{_cell(r.claim.expr)}` = {fmt_number(r.claim.published)} ({r.claim.tol.text()})"
+            label = r.claim.text if not r.claim.is_cell else r.claim.id.split(".", 2)[-1]
+            out.append(f"| {_cell(label)} | {test} | {_where(r) if not r.claim.is_cell else fmt_number(r.value)} | "
+                       f"{MARK.get(r.status, r.status)} |")
         out.append("")
-    if value:
-        out += ["**Numbers** (value claims: published vs reproduced)\n",
-                "| Claim | Published | Reproduced | Δ | Tolerance | Gate | Result |",
+    values = [r for r in results if r.claim.cls == "value"]
+    tables: dict[str, list[Result]] = {}
+    for r in values:
+        tables.setdefault(r.claim.id.split(".")[1], []).append(r)
+    for rs in tables.values():
+        c = rs[0].claim
+        out += [f"**{_cell(c.text)}**" + (f" — {_cell(c.note)}" if c.note else "") + "\n",
+                "| cell | published | this run | our band (95% PI over seeds) or tolerance | z | verdict | explanation |",
                 "| --- | --- | --- | --- | --- | --- | --- |"]
-        for r in value:
-            c = r.claim
-            delta = "—" if r.value is None or math.isnan(r.value) else _signed(r.value - c.published)
-            repro = fmt_number(r.value) if r.value is not None else _cell(r.detail or "—")
-            out.append(f"| {_cell(c.text)} | {fmt_number(c.published)} | {repro} | {delta} | "
-                       f"{c.tolerance_text()} | {'yes' if c.gate else 'no'} | {_status(r)} |")
+        for r in rs:
+            cell = r.claim.id.split(".", 2)[-1]
+            out.append(f"| {_cell(cell)} | {fmt_number(r.claim.published)} | {fmt_number(r.value) if r.value is not None else _cell(r.detail)} | "
+                       f"{_band(r)} | {_z(r)} | {_value_verdict(r)} | {_cell(r.explanation)} |")
         out.append("")
-    notes = [r for r in results if r.claim.note]
-    if notes:
-        out.append("Notes:\n")
-        out += [f"- `{r.claim.id}`: {_cell(r.claim.note)}" for r in notes]
-        out.append("")
-    reasons = [r for r in value if r.claim.reason]
-    if reasons:
-        out += ["<details><summary>Why these tolerances</summary>\n"]
-        out += [f"- `{r.claim.id}` ({r.claim.tolerance_text()}): {_cell(r.claim.reason)}" for r in reasons]
-        out += ["\n</details>\n"]
     return "\n".join(out) + "\n"
 
 
-def _direction_values(r: Result) -> str:
-    if r.status == "missing":
-        return r.detail
-    if r.value is not None and r.bound is not None:
-        return f"{fmt_number(r.value)} vs {fmt_number(r.bound)}"
-    return ", ".join(f"{k.rsplit('.', 2)[-2] + '.' if k.count('.') > 1 else ''}{k.rsplit('.', 1)[-1]} = "
-                     f"{fmt_number(v)}" for k, v in r.inputs.items()) or "—"
-
-
-def _signed(x: float) -> str:
-    return ("+" if x > 0 else "") + fmt_number(x)
+def claims_table(results: list[Result], show_all: bool) -> str:
+    """The `attnrepro claims` table: gated and failing claims (every claim with show_all)."""
+    shown = [r for r in results if show_all or r.claim.gate or r.status != "pass"]
+    out = ["| claim | class | published | this run | band or tolerance | z | result |",
+           "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in shown:
+        c = r.claim
+        pub = fmt_number(c.published) if c.is_cell else _expr(r)
+        val = fmt_number(r.value) if c.is_cell and r.value is not None else _where(r)
+        band = _band(r) if c.is_cell else ""
+        out.append(f"| {c.id} | {c.cls} | {pub} | {val} | {band} | {_z(r)} | {r.status} |")
+    return "\n".join(out) + "\n"
 
 
 def env_markdown(envs: dict[str, dict]) -> str:
@@ -212,21 +235,14 @@ def env_markdown(envs: dict[str, dict]) -> str:
         return "No environment records (metrics/env/*.json) were found.\n"
     stages = sorted(envs)
     keys = sorted({k for e in envs.values() for k in e})
-    rows = []
-    for k in keys:
-        vals = [envs[s].get(k) for s in stages]
-        rows.append((k, vals))
-    same = all(len({repr(v) for v in vals if v is not None}) <= 1 for _, vals in rows)
-    if same:
-        out = [f"All {len(stages)} stages ({', '.join(stages)}) ran on the same machine:\n",
-               "| | |", "| --- | --- |"]
-        for k, vals in rows:
-            v = next(v for v in vals if v is not None)
-            out.append(f"| {k} | {_cell(_env_value(k, v))} |")
+    rows = [(k, [envs[s].get(k) for s in stages]) for k in keys]
+    if all(len({repr(v) for v in vals if v is not None}) <= 1 for _, vals in rows):
+        out = [f"All {len(stages)} stages ({', '.join(stages)}) ran on the same machine:\n", "| | |", "| --- | --- |"]
+        out += [f"| {k} | {_cell(_env_value(k, next(v for v in vals if v is not None)))} |" for k, vals in rows]
     else:
         out = ["| | " + " | ".join(stages) + " |", "| --- |" + " --- |" * len(stages)]
-        for k, vals in rows:
-            out.append(f"| {k} | " + " | ".join("—" if v is None else _cell(_env_value(k, v)) for v in vals) + " |")
+        out += [f"| {k} | " + " | ".join("—" if v is None else _cell(_env_value(k, v)) for v in vals) + " |"
+                for k, vals in rows]
     return "\n".join(out) + "\n"
 
 
@@ -236,22 +252,137 @@ def _env_value(key: str, v) -> str:
     return str(v)
 
 
-def _section_number(section: str) -> int:
-    """'§2 train: loss' -> 2, so sections follow the spec's order whatever the file order."""
-    digits = "".join(ch for ch in section.lstrip("§ ").split(" ")[0] if ch.isdigit())
-    return int(digits) if digits else 10**6
+def headline_markdown(seeds: dict, exp) -> str:
+    """This repository's measured gaps with their seed intervals, next to the chapter's."""
+    if not seeds:
+        return ""
+    pub = {c.id.rsplit(".", 1)[-1]: c.published for c in exp.claims if c.id.startswith("train.gaps.")}
+    n = seeds.get("n_seeds")
+    lines = [f"Measured over {n} paired seeds (mean, 95% confidence interval of the mean), the chapter's figure in "
+             "brackets:\n"]
+    for key, label in (("gap_d32_loss_final", "loss gap at d_head 32"), ("gap_d256_loss_final", "loss gap at d_head 256")):
+        s = seeds.get(key)
+        if s:
+            lines.append(f"- {label}: **{fmt_number(round(s['mean'], 3))}** [{fmt_number(round(s['ci95_lo'], 3))}, "
+                         f"{fmt_number(round(s['ci95_hi'], 3))}] ({fmt_number(pub.get(key))})")
+    r = seeds.get("gap_ratio_of_means_loss_final")
+    if r:
+        lines.append(f"- ratio of the mean gaps: **{r['value']:.2f}×** [{r['ci95_lo']:.2f}, {r['ci95_hi']:.2f}] "
+                     f"(bootstrap over seeds; {fmt_number(pub.get('gap_ratio_loss_final'))}×)")
+    return "\n".join(lines) + "\n"
 
 
-def build(claims_path: Path, metrics_dir: Path, plots_dir: Path, train_params: dict, smooth: int = 20,
+def _read(path: Path) -> dict:
+    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+
+
+def centroid_markdown(m: dict) -> str:
+    """Exercise 3: where each head's attention centroid sits, and how much it moves between positions."""
+    c = m.get("conditional")
+    if not c:
+        return ""
+    heads = sorted(k for k in m if k.startswith("l") and "h" in k and isinstance(m[k], dict))
+    out = ["## Exercise 3: the attention centroid per head (§1.20.3)\n",
+           "dist_i = Σ_j (i − j) p_ij per query row; its mean and its standard deviation over the positions "
+           f"(`stages/heads.py`). Uniform causal attention spreads by {c['uniform_distance_std']:.2f} from the "
+           "growth of i alone; a head whose centroid spreads more is \"conditional\" (near for some queries, far "
+           "for others).\n", "| head | centroid distance | its sd over positions | previous-token weight |",
+           "| --- | --- | --- | --- |"]
+    out += [f"| {h} | {m[h]['distance']:.2f} | {m[h]['distance_std']:.2f} | {m[h]['prev']:.3f} |" for h in heads]
+    out.append(f"\nMost conditional: **l{c['layer']}h{c['head']}** (sd {c['distance_std']:.2f}, "
+               f"{'above' if c['distance_std'] > c['uniform_distance_std'] else 'not above'} the uniform baseline).")
+    return "\n".join(out) + "\n\n"
+
+
+def critical_markdown(m: dict) -> str:
+    """Exercises 1-2: the loss gap and the entropies against d_head."""
+    if not m:
+        return ""
+    rows = sorted((int(k[1:]), v) for k, v in m.items() if k.startswith("d") and k[1:].isdigit())
+    first = rows[0][0]
+    out = ["## Exercises 1-2: the critical d_head (§1.20.1-2)\n",
+           f"The chapter's protocol at every d_head, {m['seeds']} seeds each (mean [min, max]); the model family "
+           "keeps the chapter's two models at its ends (`stages/critical.py`).\n",
+           "| d_head | d_model | gap (unscaled − scaled) | unscaled entropy | scaled entropy | unscaled logit std, trained "
+           f"| Welch p, gap vs d_head {first} |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    for d, v in rows:
+        g, ue, se, ul = v["gap_loss_final"], v["unscaled_entropy_final"], v["scaled_entropy_final"], \
+            v["unscaled_trained_logit_std_l0"]
+        p = v.get(f"gap_vs_d{first}_welch_p")
+        out.append(f"| {d} | {v['d_model']} | {g['mean']:.3f} [{g['min']:.3f}, {g['max']:.3f}] | "
+                   f"{fmt_number(round(ue['mean'], 5))} | {se['mean']:.3f} | {ul['mean']:.4g} | "
+                   f"{'' if p is None else f'{p:.2g}'} |")
+    o = m["onset"]
+    if o.get("reached"):
+        hi = f"{o['ci95_hi']:.0f}" if "ci95_hi" in o else "beyond the grid"
+        out.append(f"\nOnset (the mean gap has risen {o['rise_nats']} nat above its d_head-{first} value): "
+                   f"**d_head {o['d_head']:.0f}**, 95% bootstrap interval over seeds [{o.get('ci95_lo', float('nan')):.0f}, {hi}].")
+    else:
+        out.append(f"\nThe mean gap does not rise {o['rise_nats']} nat above its d_head-{first} value within the grid.")
+    e1 = m.get("exercise1")
+    if e1:
+        r = e1["logit_std_ratio_step0"]
+        out.append(f"Exercise 1 (d_head {2 * first}: half the heads at the same d_model): the unscaled logit std at "
+                   f"step 0 is {r['mean']:.3f}× that of d_head {first} (√2 = 1.414); the gap is "
+                   f"{e1['gap_loss_final']['mean']:.3f} [{e1['gap_loss_final']['min']:.3f}, {e1['gap_loss_final']['max']:.3f}].")
+    return "\n".join(out) + "\n\n"
+
+
+def qknorm_markdown(m: dict) -> str:
+    if not m:
+        return ""
+    steps = sorted({k for v in m.values() for k in v if k.startswith("entropy_step")}, key=lambda k: int(k[12:]))
+    out = ["## QK-norm at d_head 256 (§1.7.8, §1.26.5)\n",
+           "Mean [min, max] over seeds; the plain scaled and unscaled models are the references (`stages/qknorm.py`).\n",
+           "| form | seeds | loss final | val loss | logit std at init | " + " | ".join(f"entropy, step {k[12:]}" for k in steps)
+           + " | entropy, end | ‖J‖_F, end |", "| --- " * (7 + len(steps)) + "|"]
+
+    def cell(s, digits=3):
+        return f"{s['mean']:.{digits}g} [{s['min']:.{digits}g}, {s['max']:.{digits}g}]"
+
+    for name, v in m.items():
+        out.append(f"| {name} | {v['seeds']} | {cell(v['loss_final'], 4)} | {cell(v['val_loss_final'], 4)} | "
+                   f"{cell(v['logit_std_step0'])} | " + " | ".join(cell(v[k]) for k in steps)
+                   + f" | {cell(v['entropy_final'])} | {cell(v['jacobian_fro_final'])} |")
+    return "\n".join(out) + "\n\n"
+
+
+def sensitivity_markdown(m: dict, exp) -> str:
+    """The one-factor table: choice -> effect on each deviating metric, in units of seed sd."""
+    if not m:
+        return ""
+    published = {c.expr: c.published for c in exp.claims if c.cls == "value"}
+    choices = sorted({c for v in m.values() for e in v.values() for c in e})
+    out = ["## Sensitivity to the source's unstated choices\n",
+           "Effect of changing one choice, in units of the seed standard deviation of the plain protocol "
+           "(mean paired difference over seeds; log scale for attention statistics). ▲/▼: the published figure lies "
+           "above/below our baseline; **bold**: the choice moves the metric more than 2 sd toward it.\n",
+           "| metric | ours (baseline) | published | " + " | ".join(choices) + " |", "| --- " * (3 + len(choices)) + "|"]
+    for variant, metrics in m.items():
+        for metric, effects in metrics.items():
+            key = f"failures.correct.{metric}" if variant == "failures_correct" else f"train.{variant}.{metric}"
+            pub = published.get(key)
+            base = next(iter(effects.values()))["baseline"]
+            arrow = "" if pub is None else ("▲" if pub > base else "▼")
+            cells = []
+            for c in choices:
+                e = effects[c]["effect_sd"]
+                toward = pub is not None and abs(e) > 2 and (e > 0) == (pub > base)
+                cells.append(f"**{e:+.1f}**" if toward else f"{e:+.1f}")
+            out.append(f"| {variant}.{metric} | {base:.4g} | {'' if pub is None else f'{pub:.4g} {arrow}'} | "
+                       + " | ".join(cells) + " |")
+    return "\n".join(out) + "\n\n"
+
+
+def build(claims_path: Path, metrics_dir: Path, plots_dir: Path, pairs, smooth: int = 20,
           exclude_plots: tuple[str, ...] = ("report",), plots_href: str = "../plots") -> Report:
-    """plots_href: plots_dir as seen from the report's folder (the links to the stages' figures)."""
-    claims = load_claims(claims_path)
+    """pairs: [(d_head, {scaled: variant})]; plots_href: plots_dir as seen from the report's folder."""
+    exp = load(claims_path)
     metrics = load_metrics_dir(metrics_dir)
+    dists = load_dists(metrics_dir / "dist")
     envs = load_envs(metrics_dir / "env")
-    results = evaluate_all(claims, metrics, envs)
-    t = totals(results)
-
-    pairs = variant_pairs(train_params)
+    results = evaluate_all(exp, metrics, dists, envs)
+    c = counts(results)
     series = {}
     for _, pair in pairs:
         for name in pair.values():
@@ -259,52 +390,45 @@ def build(claims_path: Path, metrics_dir: Path, plots_dir: Path, train_params: d
             if f.exists():
                 series[name] = read_series(f)
     figures: dict[str, bytes] = {}
-    fig = loss_figure(series, pairs, smooth)
-    if fig:
-        figures["train_loss.png"] = fig
-    fig = diagnostics_figure(series, pairs)
-    if fig:
-        figures["train_diagnostics.png"] = fig
-    # the stages' own figures are linked where they lie, not copied
+    for name, fig in (("train_loss.png", loss_figure(series, pairs, smooth)),
+                      ("train_diagnostics.png", diagnostics_figure(series, pairs))):
+        if fig:
+            figures[name] = fig
     embedded = [(png.parent.name, png.name) for png in sorted(plots_dir.glob("*/*.png"))
-                 if png.parent.name not in exclude_plots]
-
-    sections: dict[str, list[Result]] = {}
-    for r in sorted(results, key=lambda r: _section_number(r.claim.section)):
-        sections.setdefault(r.claim.section, []).append(r)
+                if png.parent.name not in exclude_plots]
+    seeds = _read(metrics_dir / "seeds.json")
 
     md = ["# attnrepro: reproduction report\n",
-          "Published figures of the source (claims.yaml) against this run's metrics (metrics/*.json). "
-          "Generated by the `report` stage; same metrics, same bytes.\n",
-          f"**{t['passed']} of {t['n']} claims pass**, {t['failed']} fail ({t['missing']} of them missing a "
-          f"metric), {t['skipped']} skipped. Gated claims (the chapter's conclusions and exact checksums): "
-          f"**{t['gated_passed']} of {t['gated']} pass**"
-          + (f", {t['gated_failed']} fail." if t["gated_failed"] else ".") + "\n",
-          "Value claims are informational: \"✗ off\" means the number is outside the stated tolerance "
-          "(a different corpus copy, CPU instead of the author's GPU, another torch build), "
-          "not that the pipeline is broken. \"❌\" marks a gated claim that failed or a metric that is "
-          "missing. \"⏭ skipped\" claims need a GPU run.\n",
-          "## Summary\n", "| Section | Claims | Passed | Failed | Skipped | Gated failed |",
-          "| --- | --- | --- | --- | --- | --- |"]
-    for section, rs in sections.items():
-        st = totals(rs)
-        md.append(f"| {section} | {st['n']} | {st['passed']} | {st['failed']} | {st['skipped']} | "
-                  f"{st['gated_failed']} |")
-    md.append("")
-    for section, rs in sections.items():
-        md.append(section_markdown(section, rs))
-
+          "The chapter's conclusions, checksums and published numbers (claims.yaml) against this run "
+          "(metrics/) and the reference seed distributions (metrics/dist/). Generated by the `report` stage; "
+          "same metrics, same bytes.\n",
+          headline_markdown(seeds, exp),
+          "| class | claims | hold / inside | fail / outside | skipped |", "| --- | --- | --- | --- | --- |"]
+    for cls in CLASSES:
+        md.append(f"| {CLASS_WORDS[cls]} | {c[cls]['n']} | {c[cls]['passed']} | {c[cls]['failed']} | {c[cls]['skipped']} |")
+    md += ["", f"Published values outside our band without an explanation measured here: **{c['value']['unexplained']}** "
+           "(marked \"unexplained\" below). A value is \"outside\" when the published figure falls outside the 95% "
+           "prediction interval of one run over our seeds (z: seed standard deviations from our mean, on the log scale "
+           "for attention statistics), \"off\" when it misses its tolerance where no seed distribution exists.\n"]
+    order = list(exp.sections)
+    for exp_name in order:
+        rs = [r for r in results if r.claim.experiment == exp_name]
+        if rs:
+            md.append(experiment_markdown(exp.sections[exp_name], rs))
+    md.append(centroid_markdown(_read(metrics_dir / "heads.json")))
+    md.append(critical_markdown(_read(metrics_dir / "critical.json")))
+    md.append(qknorm_markdown(_read(metrics_dir / "qknorm.json")))
+    md.append(sensitivity_markdown(_read(metrics_dir / "sensitivity.json"), exp))
     md.append("## Figures\n")
     if "train_loss.png" in figures:
         md.append("![Training loss, d_head 32 and 256, with and without scaling](figures/train_loss.png)\n")
     if "train_diagnostics.png" in figures:
-        md.append("![Layer-0 attention entropy and softmax Jacobian norm over training]"
-                  "(figures/train_diagnostics.png)\n")
+        md.append("![Layer-0 attention entropy and softmax Jacobian norm over training](figures/train_diagnostics.png)\n")
     if not series:
         md.append("No training curves yet (plots/train/*.csv missing).\n")
     for stage in sorted({s for s, _ in embedded}):
         md.append(f"### From stage `{stage}`\n")
-        for _, name in [e for e in embedded if e[0] == stage]:
-            md.append(f"![{stage}: {name}]({plots_href}/{stage}/{name})\n")
+        md += [f"![{stage}: {name}]({plots_href}/{stage}/{name})\n" for _, name in [e for e in embedded if e[0] == stage]]
     md += ["## Machine\n", env_markdown(envs)]
-    return Report(claims_metrics(results), "\n".join(md).rstrip() + "\n", figures, results)
+    summary = {cls: {k: v for k, v in c[cls].items()} for cls in CLASSES}
+    return Report(claims_json(results), summary, "\n".join(md).rstrip() + "\n", figures, results)

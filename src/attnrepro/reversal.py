@@ -20,7 +20,8 @@ four 16-dim slices, and the no-mask variant differs only in `causal`.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass
 from typing import Mapping
 
 import torch
@@ -29,6 +30,7 @@ import torch.nn.functional as F
 
 from .config import require, require_positive
 from .model import ModelConfig, SelfAttention, TinyGPT, generate
+from .probes import sequence_maps
 from .runs import Prepared, RunSpec, model_config
 from .training import IndexedBatches
 
@@ -47,31 +49,32 @@ FUTURE_KEYS = [q + 1 for q in ALIGN_QUERIES]
 
 @dataclass
 class Variant:
-    n_head: int = 4
-    causal: bool = True
+    n_head: int
+    causal: bool
 
 
 @dataclass
 class ReversalConfig:
-    seed: int = 42  # model initialization (shared by every variant)
-    data_seed: int = 0  # which digit sequences land in train/val/test
-    batch_seed: int = 1  # the pre-drawn (steps, batch_size) training indices
-    threads: int = 1
-    n_train: int = 4096
-    n_val: int = 512
-    n_test: int = 512
-    steps: int = 600
-    batch_size: int = 64
-    lr: float = 1e-3
-    grad_clip: float = 1.0
-    eval_every: int = 50
-    d_model: int = 64
-    n_layer: int = 2
-    mlp_ratio: int = 2
-    init_std: float = 0.02
-    sample_index: int = 0  # test sample used for alignment, heatmaps and the mask toggle
-    variants: dict[str, Variant] = field(default_factory=lambda: {
-        "heads4": Variant(4, True), "heads1": Variant(1, True), "no_mask": Variant(4, False)})
+    """params `reversal` (no defaults: params.yaml is the only source of values)."""
+
+    seed: int  # model initialization (shared by every variant)
+    data_seed: int  # which digit sequences land in train/val/test
+    batch_seed: int  # the pre-drawn (steps, batch_size) training indices
+    threads: int
+    n_train: int
+    n_val: int
+    n_test: int
+    steps: int
+    batch_size: int
+    lr: float
+    grad_clip: float
+    eval_every: int
+    d_model: int
+    n_layer: int
+    mlp_ratio: int
+    init_std: float
+    sample_index: int  # test sample used for alignment, heatmaps and the mask toggle
+    variants: dict[str, Variant]
 
     def validate(self, prefix: str = "reversal") -> None:
         require_positive(self, ("n_train", "n_val", "n_test", "steps", "batch_size", "eval_every", "threads",
@@ -79,9 +82,9 @@ class ReversalConfig:
         total = self.n_train + self.n_val + self.n_test
         require(total <= 10 ** N_DIGITS, f"{prefix}.n_train", self.n_train,
                 f"n_train + n_val + n_test <= {10 ** N_DIGITS} (distinct digit strings)")
-        require(self.lr > 0, f"{prefix}.lr", self.lr, "a positive number")
-        require(self.grad_clip > 0, f"{prefix}.grad_clip", self.grad_clip, "a positive number")
-        require(self.init_std > 0, f"{prefix}.init_std", self.init_std, "a positive number")
+        for name in ("lr", "grad_clip", "init_std"):
+            v = getattr(self, name)
+            require(math.isfinite(v) and v > 0, f"{prefix}.{name}", v, "a finite positive number")
         require(0 <= self.sample_index < self.n_test, f"{prefix}.sample_index", self.sample_index,
                 f"in [0, n_test={self.n_test})")
         require(len(self.variants) > 0, f"{prefix}.variants", self.variants, "at least one variant")
@@ -195,17 +198,6 @@ def accuracy(pred: torch.Tensor, seqs: torch.Tensor) -> dict:
             "seq_acc": ok.all(dim=1).float().mean().item()}
 
 
-@torch.no_grad()
-def attention_maps(model: TinyGPT, seq: torch.Tensor) -> torch.Tensor:
-    """(n_layer, n_head, 14, 14) weights of one teacher-forced sequence."""
-    model.eval()
-    model.set_record(True)
-    model(seq[None, :-1])
-    maps = torch.stack([a.last["weights"][0] for a in model.attentions])
-    model.set_record(False)
-    return maps
-
-
 def alignment(maps: torch.Tensor, keys=ALIGN_KEYS) -> torch.Tensor:
     """(n_layer, n_head): mean weight of answer queries 7..12 on `keys`, not renormalized."""
     return maps[:, :, ALIGN_QUERIES, keys].mean(dim=-1)
@@ -275,7 +267,7 @@ def evaluate_variant(model: TinyGPT, splits: dict, history: list[dict], cfg: Rev
     pred = generate_answers(model, test[:, :PROMPT_LEN])
     out = {"params": model.num_params(), **accuracy(pred, test)}
     sample = test[cfg.sample_index]
-    maps = attention_maps(model, sample)
+    maps = sequence_maps(model, sample[:-1])  # teacher-forced: the 14 model inputs
     align = alignment(maps)
     future = alignment(maps, FUTURE_KEYS)
     for layer in range(align.shape[0]):

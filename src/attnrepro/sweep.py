@@ -169,8 +169,7 @@ class _Progress:
         self.name, self.total_runs, self.done_runs, self.failed = name, total, cached, 0
         self.steps = {key: 0 for _, key in todo}
         self.limit = {key: spec.steps for spec, key in todo}
-        self.bar = progress(sum(self.limit.values()), f"sweep {name}")
-        self.bar.unit = "step"
+        self.bar = progress(sum(self.limit.values()), f"sweep {name}", unit="step")
         self._post()
 
     def _post(self) -> None:

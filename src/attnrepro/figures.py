@@ -1,0 +1,339 @@
+"""Figures (matplotlib, Agg backend): one saver, one CJK font finder, every stage's figures.
+
+Chinese tick labels need a CJK font. `cjk_font()` looks for one among the fonts matplotlib
+knows (on Linux these come from fontconfig); without one (a bare CI image) the heatmaps
+label positions by token id or index instead.
+"""
+
+from __future__ import annotations
+
+import io
+from functools import lru_cache
+from pathlib import Path
+from typing import Iterable, Optional, Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker  # noqa: E402
+from matplotlib.font_manager import FontProperties, fontManager  # noqa: E402
+
+from .io import atomic_path  # noqa: E402
+
+DPI = 120
+PNG_METADATA = {"Software": None}  # no matplotlib version in the file: the same figure, the same bytes
+
+
+def save(fig, path=None) -> Optional[bytes]:
+    """Render `fig` as a PNG (DPI dots per inch, no metadata) and free it. With a path, the
+    file is written atomically (with the stage's other outputs); without, the bytes are returned."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight", metadata=PNG_METADATA)
+    plt.close(fig)
+    if path is None:
+        return buf.getvalue()
+    with atomic_path(path) as tmp:
+        Path(tmp).write_bytes(buf.getvalue())
+    return None
+
+
+CJK_FAMILIES = ("Noto Sans CJK SC", "Noto Sans CJK TC", "Noto Sans CJK JP", "Noto Serif CJK SC",
+                "Noto Serif CJK TC", "Source Han Sans SC", "Source Han Sans CN", "WenQuanYi Zen Hei",
+                "WenQuanYi Micro Hei", "Droid Sans Fallback", "SimHei", "Microsoft YaHei", "PingFang SC",
+                "Heiti SC", "AR PL UMing CN")
+
+
+def find_cjk_family(installed: Iterable[str]) -> Optional[str]:
+    """The preferred CJK family among `installed` family names, else any family named *CJK*."""
+    names = set(installed)
+    for fam in CJK_FAMILIES:
+        if fam in names:
+            return fam
+    return next((n for n in sorted(names) if "CJK" in n), None)
+
+
+@lru_cache(maxsize=1)
+def cjk_font() -> Optional[FontProperties]:
+    """A font that can draw Chinese characters, or None when the machine has none."""
+    family = find_cjk_family(f.name for f in fontManager.ttflist)
+    return FontProperties(family=family) if family else None
+
+
+def sized(font: Optional[FontProperties], size: float) -> FontProperties:
+    """A copy of `font` (or the default font) at `size` points."""
+    fp = font.copy() if font is not None else FontProperties()
+    fp.set_size(size)
+    return fp
+
+
+# ---------------------------------------------------------------- seeds
+
+def seed_bands_figure(rows: list[dict], variants: Sequence[str], path, n_seeds: int) -> None:
+    """Training loss and layer-0 entropy per variant: the mean over seeds and their min-max band."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    steps = [r["step"] for r in rows]
+    for ax, key, title in ((axes[0], "loss", "training loss"), (axes[1], "entropy_l0", "layer-0 entropy")):
+        for i, v in enumerate(variants):
+            mean = [r.get(f"{v}_{key}_mean") for r in rows]
+            pts = [(s, m, r[f"{v}_{key}_min"], r[f"{v}_{key}_max"]) for s, m, r in zip(steps, mean, rows)
+                   if m is not None]
+            if not pts:
+                continue
+            xs, ms, lo, hi = zip(*pts)
+            ax.plot(xs, ms, color=f"C{i}", lw=1, label=v)
+            ax.fill_between(xs, lo, hi, color=f"C{i}", alpha=0.25, lw=0)
+        ax.set_xlabel("step")
+        ax.set_title(f"{title}: mean and range over {n_seeds} seeds", fontsize=10)
+        ax.grid(alpha=0.3)
+    axes[1].set_yscale("log")
+    axes[0].legend(fontsize=8)
+    save(fig, path)
+
+
+def seed_gaps_figure(rows: list[dict], small: int, large: int, path) -> None:
+    """Per seed: the loss gap (unscaled - scaled) at both d_head, and their ratio."""
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
+    seeds = [str(r["seed"]) for r in rows]
+    x = range(len(rows))
+    a.plot(x, [r[f"gap_d{small}_loss_final"] for r in rows], "o", label=f"d_head {small}")
+    a.plot(x, [r[f"gap_d{large}_loss_final"] for r in rows], "s", label=f"d_head {large}")
+    a.axhline(0, color="k", lw=0.5)
+    a.set_ylabel("final loss gap (unscaled - scaled)")
+    b.plot(x, [r["gap_ratio_loss_final"] for r in rows], "D", color="C2")
+    b.set_ylabel(f"gap ratio d{large} / d{small}")
+    for ax in (a, b):
+        ax.set_xticks(list(x), seeds, rotation=30, fontsize=8)
+        ax.set_xlabel("seed")
+        ax.grid(alpha=0.3)
+    a.legend(fontsize=8)
+    save(fig, path)
+
+
+# ---------------------------------------------------------------- critical d_head
+
+def critical_figure(rows: list[dict], onset: dict, path, n_seeds: int) -> None:
+    """The loss gap and the final layer-0 entropies against d_head (mean and range over seeds)."""
+    d = [r["d_head"] for r in rows]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    a.plot(d, [r["gap_loss_final_mean"] for r in rows], "o-", color="C3", label="gap, mean over seeds")
+    a.fill_between(d, [r["gap_loss_final_min"] for r in rows], [r["gap_loss_final_max"] for r in rows],
+                   color="C3", alpha=0.2, lw=0, label="range over seeds")
+    if "d_head" in onset:
+        a.axvline(onset["d_head"], color="k", lw=1, ls="--", label=f"onset {onset['d_head']:.0f}")
+    if "ci95_lo" in onset:
+        a.axvspan(onset["ci95_lo"], onset.get("ci95_hi", d[-1]), color="k", alpha=0.08, lw=0,
+                  label="onset, 95% interval")
+    a.set_ylabel("final loss gap (unscaled - scaled)")
+    a.set_title(f"the critical d_head ({n_seeds} seeds)", fontsize=10)
+    for key, color, label in (("unscaled_entropy_final", "C3", "unscaled"), ("scaled_entropy_final", "C0", "scaled")):
+        b.plot(d, [r[f"{key}_mean"] for r in rows], "o-", color=color, label=label)
+        b.fill_between(d, [r[f"{key}_min"] for r in rows], [r[f"{key}_max"] for r in rows], color=color, alpha=0.2, lw=0)
+    b.set_yscale("log")
+    b.set_ylabel("final layer-0 attention entropy")
+    for ax in (a, b):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(d, [str(x) for x in d])
+        ax.set_xlabel("d_head")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=8)
+    save(fig, path)
+
+
+# ---------------------------------------------------------------- QK-norm
+
+def qknorm_figure(rows: list[dict], forms: Sequence[str], path, n_seeds: int) -> None:
+    """Training loss and layer-0 entropy of each QK-norm form and reference (mean over seeds)."""
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    for i, f in enumerate(forms):
+        for ax, key in ((a, "loss"), (b, "entropy_l0")):
+            pts = [(r["step"], r[f"{f}_{key}"]) for r in rows if r.get(f"{f}_{key}") is not None]
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], color=f"C{i}", lw=1, label=f)
+    a.set_ylabel("training loss")
+    b.set_ylabel("layer-0 attention entropy")
+    b.set_yscale("log")
+    for ax in (a, b):
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    a.set_title(f"d_head 256 with QK-norm: mean over {n_seeds} seeds", fontsize=10)
+    a.legend(fontsize=8)
+    save(fig, path)
+
+
+# ---------------------------------------------------------------- companions (reversal, charlm)
+
+def loss_curves(path, series: dict[str, list[dict]], title: str, keys=("train_loss", "val_loss"),
+                logy: bool = True) -> None:
+    """One line per (variant, key); rows carry `step` and the keys."""
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    for i, (name, rows) in enumerate(series.items()):
+        for key, style in zip(keys, ("-", "--")):
+            pts = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], style, color=f"C{i}", marker=".",
+                    label=f"{name} {key}")
+    if logy:
+        ax.set_yscale("log")
+    ax.set_xlabel("step")
+    ax.set_ylabel("cross-entropy (nats)")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    save(fig, path)
+
+
+def attention_grid(path, maps, labels: Sequence[str], title: str, layer_names: Sequence[str],
+                   font: Optional[FontProperties] = None, boxes: Sequence[tuple[int, int]] = ()) -> None:
+    """Heatmaps of maps[layer][head] (T x T, query rows, key columns), colour range 0-1.
+
+    `labels` are the tokens; when `font` is None and a label is not ASCII, positions
+    are shown by index. `boxes` are (query, key) cells to outline.
+    """
+    n_layer, n_head = len(maps), len(maps[0])
+    T = len(labels)
+    ascii_ok = all(lbl.isascii() for lbl in labels)
+    ticks = ([f"{i}:{lbl}" for i, lbl in enumerate(labels)] if (font is not None or ascii_ok)
+             else [str(i) for i in range(T)])
+    tick_font = sized(font, 6)
+    fig, axes = plt.subplots(n_layer, n_head, figsize=(2.9 * n_head + 0.6, 2.9 * n_layer + 0.4),
+                             squeeze=False)
+    im = None
+    for li in range(n_layer):
+        for hi in range(n_head):
+            ax = axes[li][hi]
+            im = ax.imshow(maps[li][hi], vmin=0.0, vmax=1.0, cmap="viridis")
+            for q, k in boxes:
+                ax.add_patch(plt.Rectangle((k - 0.5, q - 0.5), 1, 1, fill=False, ec="red", lw=1))
+            ax.set_title(f"{layer_names[li]} head {hi}", fontsize=9)
+            ax.set_xticks(range(T))
+            ax.set_yticks(range(T))
+            ax.set_xticklabels(ticks, rotation=90, fontproperties=tick_font)
+            ax.set_yticklabels(ticks, fontproperties=tick_font)
+            if hi == 0:
+                ax.set_ylabel("query", fontsize=8)
+            if li == n_layer - 1:
+                ax.set_xlabel("key", fontsize=8)
+    fig.colorbar(im, ax=axes, shrink=0.6)
+    fig.suptitle(title, fontproperties=font)
+    save(fig, path)
+
+
+# ---------------------------------------------------------------- probes (init_sweep, heads, failures)
+
+def tick_labels(tokens: Sequence[int], itos: Optional[Sequence[str]]) -> tuple[list[str], Optional[FontProperties]]:
+    """Characters when a CJK font exists (newline shown as \\n), otherwise token ids."""
+    font = cjk_font()
+    if itos is None or font is None:
+        return [str(int(t)) for t in tokens], None
+    labels = []
+    for t in tokens:
+        c = itos[int(t)]
+        labels.append("\\n" if c == "\n" else ("□" if len(c) != 1 else c))
+    return labels, font
+
+
+def init_sweep_figure(rows: list[dict], path) -> None:
+    """Log-log: measured unscaled logit std vs sqrt(d) and v*sqrt(d)."""
+    d = [r["d_head"] for r in rows]
+    fig, ax = plt.subplots(figsize=(5.5, 4))
+    ax.loglog(d, [r["logit_std"] for r in rows], "o-", color="tab:blue", label="measured (init)")
+    ax.loglog(d, [r["theory_sqrt_d"] for r in rows], "s--", color="tab:red", label=r"footnote $\sqrt{d}$")
+    ax.loglog(d, [r["pred_varprop"] for r in rows], "^:", color="tab:green",
+              label=r"variance propagation $v\sqrt{d}$, $v=d\sigma^2$")
+    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    ax.set_xticks(d, [str(x) for x in d])
+    ax.set_xlabel(r"$d_{head} = d_{model}$")
+    ax.set_ylabel(r"std of unscaled $q\cdot k$")
+    ax.set_title("q·k scale at initialization")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    save(fig, path)
+
+
+def heads_figure(weights, tokens, itos, layer: int, path) -> None:
+    """One layer: rows = sequences, columns = heads; query rows, key columns, scale 0-1."""
+    n_seq, n_head = weights.shape[0], weights.shape[1]
+    t = weights.shape[-1]
+    fig, axes = plt.subplots(n_seq, n_head, figsize=(3.2 * n_head + 1, 3.2 * n_seq), squeeze=False)
+    im = None
+    for s in range(n_seq):
+        labels, font = tick_labels(tokens[s], itos)
+        fp = sized(font, 6 if font is not None else 5)
+        for h in range(n_head):
+            ax = axes[s][h]
+            im = ax.imshow(weights[s, h].numpy(), vmin=0.0, vmax=1.0, cmap="viridis", interpolation="nearest")
+            ax.set_xticks(range(t), labels, fontproperties=fp, rotation=90 if font is None else 0)
+            ax.set_yticks(range(t), labels, fontproperties=fp)
+            ax.tick_params(length=0, pad=1)
+            if s == 0:
+                ax.set_title(f"layer {layer} head {h}", fontsize=9)
+            if h == 0:
+                ax.set_ylabel(f"seq {s}: query", fontsize=8)
+            if s == n_seq - 1:
+                ax.set_xlabel("key", fontsize=8)
+    fig.colorbar(im, ax=axes, shrink=0.6, label="attention weight")
+    save(fig, path)
+
+
+def failures_figure(histories: dict[str, list[dict]], path) -> None:
+    """Training loss and grad norm per variant."""
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for name, hist in histories.items():
+        steps = [r["step"] for r in hist]
+        a.plot(steps, [r["loss"] for r in hist], label=name, lw=1)
+        b.plot(steps, [r["grad_norm"] for r in hist], label=name, lw=1)
+    a.set_ylabel("train loss")
+    a.legend(fontsize=8)
+    b.set_ylabel("grad norm (before clipping)")
+    b.set_yscale("log")
+    for ax in (a, b):
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    b.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    save(fig, path)
+
+
+# ---------------------------------------------------------------- timings (kv_cache, latency)
+
+def _loglog_finish(ax, xlabel: str, ylabel: str, title: str, legend_size=None) -> None:
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=legend_size)
+
+
+def kv_latency_figure(rows: list[dict], path, title: str) -> None:
+    """Per-token latency vs context length, with and without the KV cache."""
+    ctx = [r["context"] for r in rows]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(ctx, [r["uncached_ms"] for r in rows], "o-", label="no cache (re-run the prefix)")
+    ax.plot(ctx, [r["cached_ms"] for r in rows], "s-", label="KV cache (one new token)")
+    _loglog_finish(ax, "context length (tokens)", "time per generated token (ms, median)", title)
+    save(fig, path)
+
+
+def latency_figure(rows: list[dict], path, title: str) -> None:
+    """Median latency (p20-p80 band) vs n per implementation/dtype, log-log, with an n^2 guide."""
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    series: dict[str, list[dict]] = {}
+    for r in rows:
+        if not r.get("oom"):
+            series.setdefault(f"{r['impl']} {r['dtype']}", []).append(r)
+    for label, pts in series.items():
+        n = [p["n"] for p in pts]
+        ax.plot(n, [p["median_ms"] for p in pts], "o-", label=label)
+        ax.fill_between(n, [p["p20_ms"] for p in pts], [p["p80_ms"] for p in pts], alpha=0.2)
+    if series:
+        first = next(iter(series.values()))
+        n0, t0 = first[0]["n"], first[0]["median_ms"]
+        ns = [p["n"] for p in first]
+        ax.plot(ns, [t0 * (n / n0) ** 2 for n in ns], "k:", label="~ n^2 from the first point")
+    for r in rows:
+        if r.get("oom"):
+            ax.axvline(r["n"], color="red", ls="--", alpha=0.5)
+            ax.text(r["n"], ax.get_ylim()[1], f" OOM {r['impl']} {r['dtype']}", color="red", fontsize=7,
+                    rotation=90, va="top")
+    _loglog_finish(ax, "sequence length n", "forward time (ms, median; band p20-p80)", title, legend_size=8)
+    save(fig, path)

@@ -1,0 +1,133 @@
+"""DVC stage `sensitivity`: which unstated choice moves which deviating number, in seed sd?
+
+The source leaves open its weight-decay value and grouping (its snippet is
+`AdamW(model.parameters(), ...)`), its warm-up and schedule, the block size of the
+failures table, its validation split and its init scheme. Each choice of
+`sensitivity.choices` changes ONE of them on top of the train protocol (params `train`)
+and is trained at `sensitivity.seeds` for the variants whose numbers deviate from the
+published ones (`sensitivity.metrics`), and for the failures table's correct model (the
+failures protocol, 300 steps). The effect of a choice on a metric is the mean over seeds
+of its paired difference from the plain protocol at the same seed, in units of the
+plain protocol's seed standard deviation (the reference distribution of the seeds and
+failures stages; the log scale for attention statistics and scales).
+
+Choice kinds: {optim: {OptimConfig fields}}, {model: {ModelConfig fields}} or
+{split: first} (the first 10% of the token stream is the validation set instead of the
+last). The measurement protocol of the failures symptoms is the failures stage's second
+diagonal-weight protocol (no retraining needed).
+
+Writes metrics/sensitivity.json (<variant>.<metric>.<choice>: effect_sd, mean, baseline)
+and plots/sensitivity/effects.csv (one row per variant, metric and choice).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from attnrepro.chapter import FailuresConfig, TrainConfig, corpus_inputs, model_config, model_fields
+from attnrepro.config import ConfigError, from_dict, read_params, require, run_stage
+from attnrepro.io import read_json, write_csv, write_json
+from attnrepro.runtime import resolve_device
+from attnrepro.stats import from_summary
+from attnrepro.sweep import add_engine_args, engine_config, require_ok, run_sweep
+
+FAILURES = "failures_correct"  # the failures table's correct model, a pseudo-variant here
+
+
+@dataclass
+class SensitivityConfig:
+    seeds: list[int]
+    choices: dict[str, dict]  # name -> {optim: {...}} | {model: {...}} | {split: first}
+    metrics: dict[str, list[str]]  # train variant (or failures_correct) -> the deviating metrics
+
+    def validate(self, prefix: str = "sensitivity") -> None:
+        require(len(self.seeds) >= 2 and len(set(self.seeds)) == len(self.seeds), f"{prefix}.seeds", self.seeds,
+                "at least 2 different seeds")
+        for name, c in self.choices.items():
+            require(isinstance(c, dict) and len(c) == 1 and next(iter(c)) in ("optim", "model", "split"),
+                    f"{prefix}.choices.{name}", c, "one of {optim: {...}}, {model: {...}}, {split: first}")
+            if "split" in c:
+                require(c["split"] == "first", f"{prefix}.choices.{name}.split", c["split"], "first")
+
+
+def first_split(inputs: dict[str, bytes]) -> dict[str, bytes]:
+    """The same token stream, with its first len(val) tokens as validation instead of its last."""
+    train, val = (np.load(io.BytesIO(inputs[k])) for k in ("train.npy", "val.npy"))
+    ids = np.concatenate([train, val])
+    out = dict(inputs)
+    for name, arr in (("val.npy", ids[:len(val)]), ("train.npy", ids[len(val):])):
+        buf = io.BytesIO()
+        np.save(buf, arr)
+        out[name] = buf.getvalue()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--params", default="params.yaml")
+    add_engine_args(ap)
+    args = ap.parse_args()
+    params = read_params(args.params)
+    train = from_dict(TrainConfig, params.get("train"), prefix="train")
+    failures = from_dict(FailuresConfig, params.get("failures"), prefix="failures")
+    cfg = from_dict(SensitivityConfig, params.get("sensitivity"), prefix="sensitivity")
+    for v in cfg.metrics:
+        require(v in train.variants or v == FAILURES, "sensitivity.metrics", v, f"train.variants or {FAILURES}")
+    engine = engine_config(params, args.scheduler, args.workers)
+    device = resolve_device(train.device, "train.device")
+    inputs = corpus_inputs()
+    alt = first_split(inputs)
+
+    def spec(variant: str, choice: dict, seed: int, label: str):
+        model, optim = choice.get("model", {}), choice.get("optim", {})
+        if variant == FAILURES:
+            return failures.spec("correct", seed, device, model=model, **optim)
+        v = {**train.variants[variant], **model}
+        return train.run(model_fields(model_config(train.models, v, f"sensitivity.{variant}")), seed, device,
+                         label, **optim)
+
+    plan = {"plain": {}, **cfg.choices}
+    keys = [(v, c, s) for c in plan for v in cfg.metrics for s in cfg.seeds]
+    records = {}
+    for split in (False, True):  # the runs of each input set are one sweep
+        sub = [k for k in keys if ("split" in plan[k[1]]) == split]
+        if sub:
+            recs = run_sweep(f"sensitivity{' (first split)' if split else ''}",
+                             [spec(v, plan[c], s, f"{v} {c} seed {s}") for v, c, s in sub], alt if split else inputs,
+                             engine)
+            require_ok(recs, "sensitivity")
+            records.update(zip(sub, recs))
+
+    bands = {"train": read_json("metrics/dist/train.json")["stats"],
+             "failures": read_json("metrics/dist/failures.json")["stats"]}
+    rows, metrics = [], {}
+    for v, names in cfg.metrics.items():
+        for m in names:
+            stats = bands["failures"].get(f"correct.{m}") if v == FAILURES else bands["train"].get(f"{v}.{m}")
+            if stats is None:
+                raise ConfigError(f"sensitivity.metrics.{v}: {m} has no seed distribution (metrics/dist/); "
+                                  "run the seeds and failures stages first, or name a metric they record")
+            b = from_summary(stats)
+            for c in cfg.choices:
+                base = [records[(v, "plain", s)].summary()[m] for s in cfg.seeds]
+                ours = [records[(v, c, s)].summary()[m] for s in cfg.seeds]
+                f = math.log if b.log else (lambda x: x)
+                diff = float(np.mean([f(o) - f(p) for o, p in zip(ours, base)]))
+                row = {"variant": v, "metric": m, "choice": c, "effect_sd": diff / b.sd if b.sd else 0.0,
+                       "mean": float(np.mean(ours)), "baseline": float(np.mean(base)), "log_scale": int(b.log)}
+                rows.append(row)
+                metrics.setdefault(v, {}).setdefault(m, {})[c] = {k: row[k] for k in ("effect_sd", "mean", "baseline")}
+    write_json("metrics/sensitivity.json", metrics)
+    write_csv("plots/sensitivity/effects.csv", rows)
+    table = pd.DataFrame(rows).pivot_table(index=["variant", "metric"], columns="choice", values="effect_sd")
+    print(table.round(1).to_string())
+
+
+if __name__ == "__main__":
+    run_stage(main)

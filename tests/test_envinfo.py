@@ -1,0 +1,94 @@
+"""The environment record: versions (torch, CUDA, cuDNN, numpy, dvc), the git revision of the code
+that ran and whether it was dirty, and the GPU torch actually uses (matched in NVML by PCI
+address, not NVML's device 0). Deterministic on one machine; the GPU paths skip on CPU."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+import torch
+
+from attnrepro import envinfo
+
+
+def test_record_has_the_versions_and_is_deterministic():
+    env = envinfo.environment("cpu")
+    for key in ("python", "torch", "cuda_version", "cudnn_version", "numpy", "dvc", "git_revision", "git_dirty"):
+        assert key in env, key
+    import numpy
+
+    assert env["numpy"] == numpy.__version__ and env["cuda_version"] == torch.version.cuda
+    if torch.version.cuda is None:  # a CPU build: no CUDA, no cuDNN
+        assert env["cuda_version"] is None and env["cudnn_version"] is None
+    assert isinstance(env["dvc"], str) and env["dvc"][0].isdigit()
+    assert envinfo.environment("cpu") == env  # no timestamps
+
+
+def _git(*args, cwd):
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t.invalid", "-c", "commit.gpgsign=false", *args],
+                   cwd=cwd, check=True, capture_output=True)
+
+
+def test_git_state(tmp_path):
+    assert envinfo.git_state(tmp_path) == {"git_revision": None, "git_dirty": None}  # not a checkout
+    (tmp_path / "src").mkdir()
+    (tmp_path / "metrics").mkdir()
+    (tmp_path / "src" / "code.py").write_text("x = 1\n")
+    (tmp_path / "metrics" / "m.json").write_text("{}\n")
+    _git("init", "-q", cwd=tmp_path)
+    _git("add", "-A", cwd=tmp_path)
+    _git("commit", "-q", "-m", "c", cwd=tmp_path)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout.strip()
+    assert envinfo.git_state(tmp_path / "src") == {"git_revision": head, "git_dirty": False}
+    (tmp_path / "metrics" / "m.json").write_text('{"a": 1}\n')  # an output of the pipeline: still clean
+    (tmp_path / "new_untracked.txt").write_text("x")
+    assert envinfo.git_state(tmp_path / "src")["git_dirty"] is False
+    (tmp_path / "src" / "code.py").write_text("x = 2\n")
+    assert envinfo.git_state(tmp_path / "src") == {"git_revision": head, "git_dirty": True}
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("00000000:3B:00.0", (0, 0x3B, 0)),
+    ("0000:3b:00.0", (0, 0x3B, 0)),
+    ("00000001:C1:1F.0", (1, 0xC1, 0x1F)),
+    ("3b:00", (0, 0x3B, 0)),
+    ("garbage", None),
+])
+def test_parse_pci(text, expected):
+    assert envinfo.parse_pci(text) == expected
+
+
+# NVML lists devices by PCI address; CUDA's default order may differ (fastest first)
+NVML = [(0, 0x18, 0), (0, 0x3B, 0), (0, 0x86, 0), (0, 0xAF, 0)]
+
+
+@pytest.mark.parametrize("torch_pci,index,visible,expected", [
+    ((0, 0x86, 0), 0, None, 2),        # matched by PCI address, whatever the indices say
+    ((0, 0x86, 0), 0, "2,3", 2),       # CUDA_VISIBLE_DEVICES=2,3: torch's cuda:0 is NVML's 2
+    ((0, 0xAF, 0), 1, "2,3", 3),       # cuda:1
+    (None, 1, "2,3", 3),               # a torch without PCI fields: the visible-devices mapping
+    (None, 0, None, 0),                # nothing to go by: the same index
+    (None, 0, "GPU-8f2a5c1e", None),   # UUIDs in CUDA_VISIBLE_DEVICES and no PCI: undecided, not GPU 0
+    ((0, 0x99, 0), 0, "GPU-8f2a5c1e", None),
+])
+def test_match_nvml_device(torch_pci, index, visible, expected):
+    assert envinfo.match_nvml_device(torch_pci, NVML, index, visible) == expected
+
+
+def test_gpu_info_without_nvidia_is_empty_or_matches():
+    info = envinfo.gpu_info("cpu" if not torch.cuda.is_available() else "cuda")
+    assert info == {} or {"gpu_name", "gpu_pci_bus_id", "gpu_nvml_index"} <= set(info)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_record_is_torchs_device():
+    for i in range(torch.cuda.device_count()):
+        info = envinfo.gpu_info(f"cuda:{i}")
+        assert info["gpu_name"]
+        pci = envinfo.torch_pci(i)
+        if pci is not None:
+            assert envinfo.parse_pci(info["gpu_pci_bus_id"]) == pci
+    env = envinfo.environment("cuda:0")
+    assert env["cuda_version"] == torch.version.cuda and env["cudnn_version"] is not None

@@ -1,0 +1,103 @@
+"""The committed reference run, as CI sees it on a fresh clone.
+
+- metrics/claims.json and claims_summary.json equal a fresh evaluation of claims.yaml on
+  the committed metrics, and every gated claim (conclusion, checksum) passes;
+- tampering with copies of the committed metrics is caught by `attnrepro check` in its
+  statistical mode (the verdict a run from another machine gets), and a change inside the
+  seed band is not.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from attnrepro.claims import claims_json, counts, evaluate_all, load, load_dists, load_envs, load_metrics_dir
+from attnrepro.cli import main
+from attnrepro.stats import from_summary
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def evaluate():
+    m = REPO / "metrics"
+    return evaluate_all(load(REPO / "claims.yaml"), load_metrics_dir(m), load_dists(m / "dist"), load_envs(m / "env"))
+
+
+def test_committed_claims_equal_a_fresh_evaluation():
+    results = evaluate()
+    committed = json.loads((REPO / "metrics/claims.json").read_text(encoding="utf-8"))
+    fresh = json.loads(json.dumps(claims_json(results)))
+    assert committed.keys() == fresh.keys()
+    for k in fresh:
+        for field, v in fresh[k].items():
+            assert committed[k][field] == pytest.approx(v, rel=1e-5), (k, field)
+    summary = json.loads((REPO / "metrics/claims_summary.json").read_text(encoding="utf-8"))
+    assert summary == {k: v for k, v in counts(results).items()}
+
+
+def test_every_gated_claim_of_the_reference_passes():
+    failing = [(r.claim.id, r.status, r.detail) for r in evaluate() if r.gated_failure]
+    assert not failing
+
+
+@pytest.fixture
+def reference(tmp_path) -> Path:
+    """A git repository holding a copy of the committed reference (metrics, params, claims, dvc.yaml)."""
+    root = tmp_path / "ref"
+    root.mkdir()
+    for f in ("claims.yaml", "params.yaml", "dvc.yaml"):
+        shutil.copy(REPO / f, root / f)
+    shutil.copytree(REPO / "metrics", root / "metrics")
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "reference"]):
+        subprocess.run(["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@t", *args], check=True)
+    return root
+
+
+def tamper(root: Path, variant: str, key: str, fn) -> None:
+    p = root / "metrics" / "train.json"
+    data = json.loads(p.read_text(encoding="utf-8"))
+    data[variant][key] = fn(data)
+    p.write_text(json.dumps(data, indent=2), encoding="utf-8")
+
+
+def check(root: Path, capsys) -> tuple[int, str]:
+    rc = main(["check", "--root", str(root), "--mode", "statistical"])
+    out = capsys.readouterr()
+    return rc, out.out + out.err
+
+
+def test_reference_passes_its_own_statistical_check(reference, capsys):
+    rc, out = check(reference, capsys)
+    assert rc == 0, out
+
+
+def test_tamper_unscaled_loss_to_scaled_fails_the_conclusion(reference, capsys):
+    tamper(reference, "d256_unscaled", "loss_final", lambda d: d["d256_scaled"]["loss_final"])
+    rc, out = check(reference, capsys)
+    assert rc == 1 and "conclusion train.gap_grows_with_dhead fails" in out
+
+
+def test_tamper_collapsed_entropy_times_ten_fails(reference, capsys):
+    tamper(reference, "d256_unscaled", "entropy_step222", lambda d: 10 * d["d256_unscaled"]["entropy_step222"])
+    rc, out = check(reference, capsys)
+    assert rc == 1 and "metric train.d256_unscaled.entropy_step222" in out and "outside the reference band" in out
+
+
+def test_a_change_inside_the_seed_band_passes(reference, capsys):
+    stats = json.loads((reference / "metrics/dist/train.json").read_text(encoding="utf-8"))["stats"]
+    b = from_summary(stats["d256_scaled.loss_final"])
+    lo, hi = b.prediction_interval()
+    tamper(reference, "d256_scaled", "loss_final", lambda d: (d["d256_scaled"]["loss_final"] + hi) / 2)
+    rc, out = check(reference, capsys)
+    assert rc == 0, out
+
+
+def test_parameter_count_plus_one_fails(reference, capsys):
+    tamper(reference, "d32_scaled", "params", lambda d: d["d32_scaled"]["params"] + 1)
+    rc, out = check(reference, capsys)
+    assert rc == 1 and "checksum train.params.d32_scaled.params fails" in out

@@ -1,0 +1,241 @@
+"""Lose nothing: a stage killed (SIGKILL) while it writes its outputs leaves either all the old
+outputs or, once its committed journal is rolled forward (io.recover, which every stage runs
+first), all the new ones; never a half-written file. A folder the outputs cannot go to (read-only,
+or a file in the way) is one line, exit 2, and nothing moved; an unreadable input is one line too.
+
+The stage here is purpose-built on attnrepro.config.run_stage: three metrics files, a plots folder
+and a text file, written slowly enough to be killed in the middle."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+
+STAGE = r'''
+import os, signal, sys, time
+from pathlib import Path
+
+from attnrepro.config import run_stage
+from attnrepro.io import atomic_dir, write_json, write_text
+
+tag, delay = sys.argv[1], float(sys.argv[2])
+kill_at = int(os.environ.get("KILL_AT_MOVE", "0"))  # SIGKILL at the k-th os.replace of the commit
+if kill_at:
+    real, calls = os.replace, [0]
+
+    def replace(src, dst, *a, **kw):
+        if Path(dst).name != "JOURNAL":  # the journal is the commit point; the moves follow it
+            calls[0] += 1
+            if calls[0] == kill_at:
+                os.kill(os.getpid(), signal.SIGKILL)
+        return real(src, dst, *a, **kw)
+
+    os.replace = replace
+
+
+def main():
+    if os.environ.get("READ_MISSING"):
+        Path("inputs/missing.txt").read_text()
+    if os.environ.get("BUG"):
+        raise OSError("a bug with no file name")
+    for i in range(3):
+        write_json(f"metrics/part{i}.json", {"tag": tag, "i": i, "pad": "x" * 4096})
+        Path("progress").write_text(str(i))  # for the test only: how far the stage got
+        time.sleep(delay)
+    with atomic_dir("plots/multi") as d:
+        for i in range(3):
+            (d / f"f{i}.csv").write_text(f"{tag},{i}\n" * 1000)
+    write_text("plots/multi.txt", tag)
+
+
+run_stage(main)
+'''
+
+OUTPUTS = ["metrics/part0.json", "metrics/part1.json", "metrics/part2.json", "plots/multi/f0.csv",
+           "plots/multi/f1.csv", "plots/multi/f2.csv", "plots/multi.txt"]
+
+
+def start(root: Path, tag: str, delay: float = 0.0, env=None, as_user: bool = False) -> subprocess.Popen:
+    """Run the stage; as_user: as an ordinary user when we are root (setpriv), since root may write
+    into read-only folders."""
+    e = dict(os.environ, PYTHONPATH=str(REPO / "src"), **(env or {}))
+    cmd = [sys.executable, str(root / "stage.py"), tag, str(delay)]
+    if as_user and os.geteuid() == 0:
+        cmd = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *cmd]
+    return subprocess.Popen(cmd, cwd=root, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def run(root: Path, tag: str, **kw) -> subprocess.CompletedProcess:
+    p = start(root, tag, **kw)
+    out, err = p.communicate(timeout=120)
+    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
+
+
+def tags(root: Path) -> dict[str, str | None]:
+    """Each output's tag (None: missing); every file must be whole (valid JSON / full CSV)."""
+    out = {}
+    for f in OUTPUTS:
+        p = root / f
+        if not p.exists():
+            out[f] = None
+        elif f.endswith(".json"):
+            out[f] = json.loads(p.read_text())["tag"]  # a half-written file would not parse
+        elif f.endswith(".csv"):
+            lines = p.read_text().splitlines()
+            assert len(lines) == 1000 and len({ln.split(",")[0] for ln in lines}) == 1, f"{f} half-written"
+            out[f] = lines[0].split(",")[0]
+        else:
+            out[f] = p.read_text()
+    return out
+
+
+@pytest.fixture
+def stage_root(tmp_path):
+    (tmp_path / "stage.py").write_text(STAGE, encoding="utf-8")
+    first = run(tmp_path, "old")
+    assert first.returncode == 0, first.stderr
+    assert set(tags(tmp_path).values()) == {"old"}
+    return tmp_path
+
+
+def test_killed_while_staging_leaves_all_old_outputs(stage_root):
+    p = start(stage_root, "new", delay=0.5)
+    deadline = time.monotonic() + 60
+    while (stage_root / "progress").read_text() != "1":  # in the middle of writing its outputs
+        assert time.monotonic() < deadline and p.poll() is None
+        time.sleep(0.02)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    assert set(tags(stage_root).values()) == {"old"}
+    again = run(stage_root, "new")  # the next run completes and cleans up what the dead one staged
+    assert again.returncode == 0, again.stderr
+    assert set(tags(stage_root).values()) == {"new"}
+    assert not (stage_root / ".attnrepro-staging").exists()
+
+
+def test_ctrl_c_says_interrupted_and_keeps_the_old_outputs(stage_root):
+    p = start(stage_root, "new", delay=0.5)
+    deadline = time.monotonic() + 60
+    while (stage_root / "progress").read_text() != "1":
+        assert time.monotonic() < deadline and p.poll() is None
+        time.sleep(0.02)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 130
+    assert err.strip() == "interrupted; nothing written (the previous outputs are unchanged)"
+    assert set(tags(stage_root).values()) == {"old"}
+    assert not (stage_root / ".attnrepro-staging").exists()
+
+
+@pytest.mark.parametrize("kill_at", [1, 2, 3])
+def test_killed_while_moving_outputs_in_is_rolled_forward(stage_root, kill_at):
+    """Killed after the commit point (the journal), between two moves: every file is whole, and the
+    next run first finishes the move (all new), then runs normally."""
+    killed = run(stage_root, "new", env={"KILL_AT_MOVE": str(kill_at)})
+    assert killed.returncode == -signal.SIGKILL
+    state = tags(stage_root)  # every file whole, old or new (until the roll-forward, a mix of both)
+    assert set(state.values()) <= {"old", "new"}
+    assert ("new" in state.values()) == (kill_at > 1)
+    journals = list((stage_root / ".attnrepro-staging").glob("*/JOURNAL"))
+    assert len(journals) == 1
+
+    from attnrepro import io
+
+    cwd = os.getcwd()
+    os.chdir(stage_root)
+    try:
+        io.recover()  # what every stage does first
+    finally:
+        os.chdir(cwd)
+    assert set(tags(stage_root).values()) == {"new"}
+    assert list((stage_root / ".attnrepro-staging").iterdir()) == []  # the journal's folder is gone
+    again = run(stage_root, "newer")
+    assert again.returncode == 0, again.stderr
+    assert set(tags(stage_root).values()) == {"newer"}
+    assert not (stage_root / ".attnrepro-staging").exists()
+
+
+def test_file_modes_follow_the_umask(stage_root):
+    mask = os.umask(0)
+    os.umask(mask)
+    for f in OUTPUTS:
+        assert (stage_root / f).stat().st_mode & 0o777 == 0o666 & ~mask, f
+    for d in ("metrics", "plots", "plots/multi"):
+        assert (stage_root / d).stat().st_mode & 0o777 == 0o777 & ~mask, d
+
+
+# ---------------------------------------------------------------- where outputs cannot go
+
+def _one_error_line(proc) -> str:
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    return lines[0]
+
+
+def test_read_only_metrics_folder_is_one_line_and_moves_nothing():
+    """A read-only metrics/ (issue 13: a PermissionError traceback): one line naming the output and
+    the folder, exit 2, the old outputs untouched, nothing staged left behind. Run as an ordinary
+    user (root writes into read-only folders)."""
+    if os.geteuid() == 0 and not shutil.which("setpriv"):
+        pytest.skip("root without setpriv: cannot run as an ordinary user")
+    root = Path(tempfile.mkdtemp(prefix="attnrepro-ro-", dir="/tmp"))
+    try:
+        root.chmod(0o777)
+        (root / "stage.py").write_text(STAGE, encoding="utf-8")
+        (root / "stage.py").chmod(0o644)
+        first = run(root, "old", as_user=True)
+        assert first.returncode == 0, first.stderr
+        (root / "metrics").chmod(0o555)
+        proc = run(root, "new", as_user=True)
+        line = _one_error_line(proc)
+        assert line.startswith("error: cannot write metrics/part") and "Permission denied" in line
+        assert "(metrics is read-only)" in line
+        (root / "metrics").chmod(0o755)
+        assert set(tags(root).values()) == {"old"}
+        assert not (root / ".attnrepro-staging").exists()
+    finally:
+        (root / "metrics").chmod(0o755) if (root / "metrics").exists() else None
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_file_where_a_folder_should_be(stage_root):
+    shutil.rmtree(stage_root / "plots")
+    (stage_root / "plots").write_text("not a folder")
+    line = _one_error_line(run(stage_root, "new"))
+    assert line == "error: cannot write plots/multi: plots is a file, not a folder"
+    assert (stage_root / "metrics/part0.json").exists() and json.loads(
+        (stage_root / "metrics/part0.json").read_text())["tag"] == "old"
+
+
+def test_unreadable_input_is_one_line_and_a_bug_keeps_its_traceback(stage_root):
+    line = _one_error_line(run(stage_root, "new", env={"READ_MISSING": "1"}))
+    assert line == "error: cannot read inputs/missing.txt: No such file or directory"
+    bug = run(stage_root, "new", env={"BUG": "1"})
+    assert bug.returncode == 1 and "Traceback" in bug.stderr and "a bug with no file name" in bug.stderr
+    assert set(tags(stage_root).values()) == {"old"}
+
+
+def test_os_error_line_classifies_paths(tmp_path, monkeypatch):
+    from attnrepro.config import os_error_line
+
+    monkeypatch.chdir(tmp_path)
+    final = (tmp_path / "metrics" / "x.json").resolve()
+    moves = [(tmp_path / ".attnrepro-staging" / "1-a" / "out0", final)]
+    e = PermissionError(13, "Permission denied", str(tmp_path / ".attnrepro-staging" / "1-a" / "out0"), None,
+                        str(final))
+    assert os_error_line(e, moves) == "cannot write metrics/x.json: Permission denied"
+    assert os_error_line(FileNotFoundError(2, "No such file or directory", "data/in.npy")) == \
+        "cannot read data/in.npy: No such file or directory"
+    assert os_error_line(OSError(5, "Input/output error")) is None

@@ -1,0 +1,104 @@
+"""The sweep stages end to end on a tiny configuration: `dvc repro` of seeds, failures, critical,
+qknorm and sensitivity in a copy of the repository (fake corpus, tiny models, a few steps)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import copy_repo, make_fake_corpus, tiny_train_section
+
+pytestmark = pytest.mark.slow
+BIN = Path(sys.executable).parent
+
+
+def dvc(*args, cwd):
+    env = dict(os.environ, DVC_NO_ANALYTICS="1", PYTHONHASHSEED="0",
+               PATH=str(BIN) + os.pathsep + os.environ.get("PATH", ""), PYTHONPATH=str(Path(cwd) / "src"))
+    proc = subprocess.run([str(BIN / "dvc"), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        pytest.fail(f"dvc {' '.join(args)} exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sweeps")
+    repo = copy_repo(root / "repo")
+    files = make_fake_corpus(root / "corpus")
+    p = yaml.safe_load((repo / "params.yaml").read_text(encoding="utf-8"))
+    p["corpus"].update(source="local", local_dir=str(root / "corpus"), files=files, vocab_size=40)
+    p["train"] = tiny_train_section(p["train"])
+    p["failures"].update(steps=4, batch_size=4, warmup=2, val_batches=2, loss_window=2, spread_seeds=[1, 2],
+                         model={"block_size": 16, "d_model": 16, "n_head": 2, "n_layer": 2})
+    p["seeds"]["seeds"] = [11, 12, 13]
+    p["critical"].update(d_heads=[8, 16, 32], min_d_model=16, seeds=[11, 12, 13], onset_rise=0.01)
+    p["qknorm"]["seeds"] = [11, 12, 13]
+    p["sensitivity"].update(seeds=[11, 12], choices={k: p["sensitivity"]["choices"][k]
+                                                    for k in ("decay_all_params", "block_32", "val_first_10pct")})
+    p["sensitivity"]["choices"]["block_32"] = {"model": {"block_size": 8}}
+    p["sensitivity"]["metrics"]["d256_scaled"] = ["loss_final", "entropy_final", "entropy_step3"]
+    (repo / "params.yaml").write_text(yaml.safe_dump(p, allow_unicode=True, sort_keys=False), encoding="utf-8")
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "tiny"]):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo, check=True)
+    dvc("init", "-q", cwd=repo)
+    dvc("repro", "sensitivity", "critical", "qknorm", cwd=repo)
+    return repo
+
+
+def load(repo, name):
+    return json.loads((repo / "metrics" / f"{name}.json").read_text(encoding="utf-8"))
+
+
+def test_seed_distribution(repo):
+    dist = load(repo, "dist/train")
+    assert dist["seeds"] == [11, 12, 13] and set(dist["runs"]) == {"11", "12", "13"}
+    s = dist["stats"]["d32_scaled.loss_final"]
+    assert s["n"] == 3 and s["min"] <= s["mean"] <= s["max"] and s["ci95_lo"] <= s["mean"] <= s["ci95_hi"]
+    assert "log_sd" in dist["stats"]["d256_unscaled.entropy_final"]  # attention statistics: log scale
+    head = load(repo, "seeds")
+    assert head["n_seeds"] == 3 and "ci95_lo" in head["gap_ratio_of_means_loss_final"]
+    for f in ("gaps.csv", "curves.csv", "bands.png", "gaps.png"):
+        assert (repo / "plots/seeds" / f).stat().st_size > 0
+
+
+def test_critical_curve(repo):
+    m = load(repo, "critical")
+    assert {"d8", "d16", "d32", "onset", "seeds"} <= set(m)
+    assert m["d8"]["d_model"] == 16 and m["d32"]["d_model"] == 32
+    o = m["onset"]
+    assert o["reached"] in (0, 1) and ("d_head" in o) == bool(o["reached"])
+    if "ci95_lo" in o and "ci95_hi" in o:
+        assert o["ci95_lo"] <= o["ci95_hi"]
+    assert m["exercise1"]["logit_std_ratio_step0"]["mean"] > 0  # d_head 16 vs 8 at d_model 16
+    rows = (repo / "plots/critical/curve.csv").read_text(encoding="utf-8").splitlines()
+    assert rows[0].startswith("d_head,") and len(rows) == 4
+
+
+def test_qknorm_forms(repo):
+    m = load(repo, "qknorm")
+    p = yaml.safe_load((repo / "params.yaml").read_text(encoding="utf-8"))["qknorm"]
+    assert set(m) == set(p["references"]) | set(p["forms"])
+    for form in m.values():
+        assert form["seeds"] == 3 and math.isfinite(form["loss_final"]["mean"])
+
+
+def test_sensitivity_effects(repo):
+    m = load(repo, "sensitivity")
+    assert set(m) == {"d256_scaled", "d32_unscaled", "failures_correct"}
+    for metrics in m.values():
+        for effects in metrics.values():
+            assert set(effects) == {"decay_all_params", "block_32", "val_first_10pct"}
+            assert all(math.isfinite(e["effect_sd"]) for e in effects.values())
+
+
+def test_a_second_repro_trains_nothing(repo):
+    out = dvc("repro", "-f", "-s", "critical", cwd=repo).stdout
+    assert "18 runs, 18 in the store" in out, out
