@@ -2,8 +2,9 @@
 # Create (or reuse) .venv and install attnrepro with everything it needs (torch, dvc, dask
 # and distributed for the sweeps, ...; pyproject.toml) and its test extras.
 #
-# torch==2.13.0 comes from the default package index: on Linux x86_64 that is a CUDA build
-# (it runs on CPU too, but downloads the CUDA libraries). For a CPU-only build set
+# torch==2.13.0 comes from the default package index: on an ordinary Linux x86_64 machine that
+# is a CUDA build (it runs on CPU too, but downloads the CUDA libraries; machines with a local
+# CPU wheel, like this project's reference machine, get that instead). For a CPU-only build set
 # ATTNREPRO_TORCH_INDEX to PyTorch's CPU wheel index (see the install selector on pytorch.org).
 # To keep a torch you installed into .venv yourself, set ATTNREPRO_KEEP_TORCH=1.
 set -euo pipefail
@@ -24,7 +25,7 @@ if [ "${ATTNREPRO_KEEP_TORCH:-0}" != "1" ]; then
         echo "==> installing torch==2.13.0 from $ATTNREPRO_TORCH_INDEX"
         "${PIP[@]}" torch==2.13.0 --index-url "$ATTNREPRO_TORCH_INDEX"
     else
-        echo "==> installing torch==2.13.0 from the default index (a CUDA build on Linux x86_64)"
+        echo "==> installing torch==2.13.0 from the default index (on an ordinary Linux x86_64 machine a CUDA build)"
         "${PIP[@]}" torch==2.13.0
     fi
 fi

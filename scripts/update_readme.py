@@ -113,6 +113,7 @@ def results(pub: Published) -> str:
             f"| {g(m['entropy'])} ({pub(f'failures.symptoms.{v}.entropy')}) | {g(e['min'])} – {g(e['max'])} "
             f"| {g(m['diag_weight'])} ({pub(f'failures.symptoms.{v}.diag_weight')}) "
             f"| {g(m['max_row_sum'])} ({pub(f'failures.symptoms.{v}.max_row_sum')}) | {fired} |")
+    lines += ["", *sweeps()]
     c, k, v = summary["conclusion"], summary["checksum"], summary["value"]
     lines += ["",
               f"Claims (`metrics/claims_summary.json`): **conclusions** (the chapter's experimental findings, gated; "
@@ -124,6 +125,23 @@ def results(pub: Published) -> str:
               + (f", {v['skipped']} need a GPU" if v["skipped"] else "")
               + ". Every number, its band and the evidence for each deviation: [report/REPORT.md](report/REPORT.md)."]
     return "\n".join(lines)
+
+
+def sweeps() -> list[str]:
+    """The critical-d_head curve and QK-norm, one line each (from the sweep stages' metrics)."""
+    crit, qk = metrics("critical"), metrics("qknorm")
+    rows = sorted((int(k[1:]), v) for k, v in crit.items() if k.startswith("d") and k[1:].isdigit())
+    o = crit["onset"]
+    out = [f"The critical d_head (exercise 2, {crit['seeds']} seeds; d_model = the smallest multiple of d_head "
+           "≥ 128): loss gap " + ", ".join(f"{d}: {g(v['gap_loss_final']['mean'])}" for d, v in rows)
+           + "; unscaled final entropy " + ", ".join(f"{d}: {g(v['unscaled_entropy_final']['mean'])}" for d, v in rows)
+           + (f". The gap has risen {o['rise_nats']} nat above its d_head-{rows[0][0]} value by d_head "
+              f"**{o['d_head']:.0f}** [95% {o.get('ci95_lo', float('nan')):.0f}, {o.get('ci95_hi', float('inf')):.0f}]."
+              if o.get("reached") else ".")]
+    forms = [(n, m) for n, m in qk.items()]
+    out += ["", "QK-norm at d_head 256 (mean over seeds: final loss, final layer-0 entropy): "
+            + "; ".join(f"{n} {g(m['loss_final']['mean'])}, {g(m['entropy_final']['mean'])}" for n, m in forms) + "."]
+    return out
 
 
 def main() -> int:

@@ -21,7 +21,7 @@ import torch
 from attnrepro.charlm import (CharLMConfig, CharVocab, continuations, exact_lines, join_text, read_sentences,
                               run_spec, split_stream, verbatim_fraction)
 from attnrepro.config import load_section, read_params, run_stage
-from attnrepro.envinfo import environment, setup_determinism
+from attnrepro.envinfo import setup_determinism, stage_environment
 from attnrepro.figures import attention_grid, cjk_font, loss_curves
 from attnrepro.io import atomic_dir, write_csv, write_json, write_text
 from attnrepro.model import load_checkpoint
@@ -97,7 +97,7 @@ def main() -> None:
                        f"char LM block {layer + 1} on {cfg.attn_text if font else 'attn_text'}",
                        [f"block {layer + 1}"], font=font)
     write_json("metrics/charlm.json", metrics)
-    write_json("metrics/env/charlm.json", environment("cpu"))  # this stage's machine (and the run's, unless a cluster)
+    write_json("metrics/env/charlm.json", stage_environment("cpu", [rec.read("env.json")]))
     print(f"charlm: {metrics['params']} params, vocab {metrics['vocab_size']}, loss "
           f"{metrics['initial_loss']:.4f}; train/val {first['train_loss']:.4f}/{first['val_loss']:.4f} -> "
           f"{last['train_loss']:.4f}/{last['val_loss']:.4f}; greedy verbatim "

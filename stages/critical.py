@@ -29,9 +29,10 @@ import pandas as pd
 from attnrepro.chapter import TrainConfig, corpus_inputs, family_model
 from attnrepro.config import from_dict, read_params, require, run_stage
 from attnrepro.figures import critical_figure
+from attnrepro.envinfo import setup_determinism, stage_environment
 from attnrepro.io import write_csv, write_json
 from attnrepro.runtime import resolve_device
-from attnrepro.stats import ALPHA, Band, describe, from_summary, log_scale, onset
+from attnrepro.stats import ALPHA, describe, log_scale, onset, paired_t_p
 from attnrepro.sweep import add_engine_args, engine_config, require_ok, run_sweep
 
 METRICS = ("loss_final", "val_loss_final", "entropy_final", "logit_std_step0", "trained_logit_std_l0")
@@ -64,12 +65,15 @@ def main() -> None:
     cfg = from_dict(CriticalConfig, params.get("critical"), prefix="critical")
     engine = engine_config(params, args.scheduler, args.workers)
     device = resolve_device(train.device, "train.device")
+    setup_determinism(train.threads, device)  # the environment record states the runs' thread count
     base = train.models[train.variants[next(iter(train.variants))]["model"]]
 
     keys = [(d, scaled, s) for s in cfg.seeds for d in cfg.d_heads for scaled in (True, False)]
     specs = [train.run(family_model(base, d, cfg.min_d_model, scaled=sc), s, device,
                        f"d_head {d} {'scaled' if sc else 'unscaled'} seed {s}") for d, sc, s in keys]
-    records = require_and_index(run_sweep("critical", specs, corpus_inputs(), engine), keys)
+    runs = run_sweep("critical", specs, corpus_inputs(), engine)
+    require_ok(runs, "critical")
+    records = dict(zip(keys, runs))
 
     rows = []
     for s in cfg.seeds:
@@ -96,10 +100,8 @@ def main() -> None:
     # inf: the gap does not rise that much within the grid; only finite bounds are written
     metrics["onset"] = {"rise_nats": cfg.onset_rise, "reached": int(math.isfinite(est)),
                         **{k: v for k, v in (("d_head", est), ("ci95_lo", lo), ("ci95_hi", hi)) if math.isfinite(v)}}
-    base_band = from_summary(describe(gaps[first]))
-    for d in cfg.d_heads[1:]:
-        metrics[f"d{d}"]["gap_vs_d{first}_welch_p"] = base_band.welch(Band(len(gaps), float(gaps[d].mean()),
-                                                                          float(gaps[d].std()), False))
+    for d in cfg.d_heads[1:]:  # the seeds are shared across d_head: a paired test
+        metrics[f"d{d}"][f"gap_vs_d{first}_paired_p"] = paired_t_p(gaps[first], gaps[d])
     if 2 * first in cfg.d_heads:  # exercise 1: halving the heads at the same d_model
         ratio = df[df.d_head == 2 * first].set_index("seed")["unscaled_logit_std_step0"] / \
             df[df.d_head == first].set_index("seed")["unscaled_logit_std_step0"]
@@ -107,6 +109,7 @@ def main() -> None:
         metrics["exercise1"] = {"logit_std_ratio_step0": {k: st[k] for k in ("mean", "min", "max")},
                                 "gap_loss_final": metrics[f"d{2 * first}"]["gap_loss_final"]}
     write_json("metrics/critical.json", metrics)
+    write_json("metrics/env/critical.json", stage_environment(device, [r.read("env.json") for r in runs]))
     write_csv("plots/critical/curve.csv", curve)
     write_csv("plots/critical/per_seed.csv", rows)
     critical_figure(curve, metrics["onset"], "plots/critical/curve.png", len(cfg.seeds))
@@ -116,11 +119,6 @@ def main() -> None:
               f"entropy unscaled {row['unscaled_entropy_final_mean']:.4f} scaled {row['scaled_entropy_final_mean']:.4f}")
     print(f"onset (gap +{cfg.onset_rise} nat over d_head {first}): d_head {est:.0f} "
           f"[95% {lo:.0f}, {hi:.0f}] (alpha {ALPHA}; inf: not within the grid)")
-
-
-def require_and_index(records, keys) -> dict:
-    require_ok(records, "critical")
-    return dict(zip(keys, records))
 
 
 if __name__ == "__main__":

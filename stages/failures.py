@@ -33,7 +33,7 @@ from pathlib import Path
 
 from attnrepro.chapter import CORPUS, FailuresConfig, corpus_inputs, vocab_size
 from attnrepro.config import from_dict, load_section, read_params, run_stage
-from attnrepro.envinfo import environment, setup_determinism
+from attnrepro.envinfo import setup_determinism, stage_environment
 from attnrepro.health import INTENDED, Probe, check_matrix
 from attnrepro.io import write_csv, write_json
 from attnrepro.model import ModelConfig, load_checkpoint
@@ -103,7 +103,7 @@ def main() -> None:
     write_json("metrics/failures.json", metrics)
     write_json("metrics/dist/failures.json", dist)
     write_csv("plots/failures/seeds.csv", seed_rows)
-    write_json("metrics/env/failures.json", environment(device))  # the stage's machine; each run keeps its own
+    write_json("metrics/env/failures.json", stage_environment(device, [r.read("env.json") for r in records]))
     write_csv("plots/failures/checks.csv", check_rows)
     failures_figure(histories, Path("plots/failures/training.png"))
 

@@ -25,6 +25,7 @@ import pandas as pd
 from attnrepro.chapter import TrainConfig, corpus_inputs, model_config, model_fields
 from attnrepro.config import from_dict, read_params, require, run_stage
 from attnrepro.figures import qknorm_figure
+from attnrepro.envinfo import setup_determinism, stage_environment
 from attnrepro.io import write_csv, write_json
 from attnrepro.runtime import resolve_device
 from attnrepro.stats import describe, log_scale
@@ -58,6 +59,7 @@ def main() -> None:
         require(name in train.variants, "qknorm.references", name, "names of train.variants")
     engine = engine_config(params, args.scheduler, args.workers)
     device = resolve_device(train.device, "train.device")
+    setup_determinism(train.threads, device)  # the environment record states the runs' thread count
 
     variants = {**{r: train.variants[r] for r in cfg.references}, **cfg.forms}
     models = {n: model_fields(model_config(train.models, v, f"qknorm.forms.{n}")) for n, v in variants.items()}
@@ -83,6 +85,7 @@ def main() -> None:
                                    for c in ("loss", "entropy_l0") for n in variants}}
             for step, row in curves.iterrows()]
     write_json("metrics/qknorm.json", metrics)
+    write_json("metrics/env/qknorm.json", stage_environment(device, [r.read("env.json") for r in records]))
     write_csv("plots/qknorm/per_seed.csv", rows)
     write_csv("plots/qknorm/curves.csv", wide)
     qknorm_figure(wide, list(variants), "plots/qknorm/forms.png", len(cfg.seeds))

@@ -36,7 +36,6 @@ def main() -> None:
     plots_href = Path(os.path.relpath(Path("plots").resolve(), Path(args.out).resolve())).as_posix()
     rep = build(Path(cfg.claims), Path("metrics"), Path("plots"), pairs, smooth=cfg.smooth, plots_href=plots_href)
     with atomic_dir(args.out) as tmp:
-        tmp.chmod(0o755)  # mkdtemp makes it private; the report is for reading
         (tmp / "figures").mkdir()
         for name, data in sorted(rep.figures.items()):
             (tmp / "figures" / name).write_bytes(data)

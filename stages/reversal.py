@@ -24,7 +24,7 @@ import torch
 
 from attnrepro.figures import attention_grid, loss_curves
 from attnrepro.config import load_section, read_params, run_stage
-from attnrepro.envinfo import environment, setup_determinism
+from attnrepro.envinfo import setup_determinism, stage_environment
 from attnrepro.io import atomic_dir, write_csv, write_json
 from attnrepro.model import load_checkpoint
 from attnrepro.reversal import (ALIGN_KEYS, ALIGN_QUERIES, BOS, EOS, PROMPT_LEN, SEP, ReversalConfig,
@@ -92,7 +92,7 @@ def main() -> None:
     config = {"n_train": cfg.n_train, "n_val": cfg.n_val, "n_test": cfg.n_test, "steps": cfg.steps,
               "batch_size": cfg.batch_size, "lr": cfg.lr}
     write_json("metrics/reversal.json", {"config": config, **metrics})
-    write_json("metrics/env/reversal.json", environment("cpu"))  # the stage's machine; each run keeps its own
+    write_json("metrics/env/reversal.json", stage_environment("cpu", [r.read("env.json") for r in records]))
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ import pandas as pd
 
 from attnrepro.chapter import FailuresConfig, TrainConfig, corpus_inputs, model_config, model_fields
 from attnrepro.config import ConfigError, from_dict, read_params, require, run_stage
+from attnrepro.envinfo import setup_determinism, stage_environment
 from attnrepro.io import read_json, write_csv, write_json
 from attnrepro.runtime import resolve_device
 from attnrepro.stats import from_summary
@@ -81,6 +82,7 @@ def main() -> None:
         require(v in train.variants or v == FAILURES, "sensitivity.metrics", v, f"train.variants or {FAILURES}")
     engine = engine_config(params, args.scheduler, args.workers)
     device = resolve_device(train.device, "train.device")
+    setup_determinism(train.threads, device)  # the environment record states the runs' thread count
     inputs = corpus_inputs()
     alt = first_split(inputs)
 
@@ -119,11 +121,13 @@ def main() -> None:
                 ours = [records[(v, c, s)].summary()[m] for s in cfg.seeds]
                 f = math.log if b.log else (lambda x: x)
                 diff = float(np.mean([f(o) - f(p) for o, p in zip(ours, base)]))
-                row = {"variant": v, "metric": m, "choice": c, "effect_sd": diff / b.sd if b.sd else 0.0,
+                row = {"variant": v, "metric": m, "choice": c,
+                       "effect_sd": diff / b.sd if b.sd else (0.0 if diff == 0 else math.copysign(math.inf, diff)),
                        "mean": float(np.mean(ours)), "baseline": float(np.mean(base)), "log_scale": int(b.log)}
                 rows.append(row)
                 metrics.setdefault(v, {}).setdefault(m, {})[c] = {k: row[k] for k in ("effect_sd", "mean", "baseline")}
     write_json("metrics/sensitivity.json", metrics)
+    write_json("metrics/env/sensitivity.json", stage_environment(device, [r.read("env.json") for r in records.values()]))
     write_csv("plots/sensitivity/effects.csv", rows)
     table = pd.DataFrame(rows).pivot_table(index=["variant", "metric"], columns="choice", values="effect_sd")
     print(table.round(1).to_string())

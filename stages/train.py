@@ -20,7 +20,7 @@ from pathlib import Path
 
 from attnrepro.chapter import TrainConfig, comparison, corpus_inputs, pairs_by_dhead
 from attnrepro.config import load_section, read_params, run_stage
-from attnrepro.envinfo import environment, setup_determinism
+from attnrepro.envinfo import setup_determinism, stage_environment
 from attnrepro.io import atomic_dir, write_csv, write_json, write_text
 from attnrepro.runtime import resolve_device
 from attnrepro.sweep import add_engine_args, engine_config, require_ok, run_sweep
@@ -59,7 +59,7 @@ def main() -> None:
         write_csv(PLOTS / f"{name}.csv", series(rec.read("history.json"), rec.read("evals.json")))
     metrics["comparison"] = comparison(metrics, pairs_by_dhead(cfg))
     write_json("metrics/train.json", metrics)
-    write_json("metrics/env/train.json", environment(device))  # the stage's machine; each run keeps its own
+    write_json("metrics/env/train.json", stage_environment(device, [r.read("env.json") for r in records]))
     write_text(PLOTS / "samples.md", "# Samples from the prompt, one per variant\n\n" + "\n".join(samples))
     for name in cfg.variants:
         s = metrics[name]

@@ -91,6 +91,15 @@ def fixture_rows(path: str) -> list[dict]:
         return [{"step": s, "train_loss": 4 - s / 100, "val_loss": 4 - s / 110} for s in STEPS]
     if path == "plots/charlm/steps.csv":
         return [{"step": s, "loss": 4 - s / 100} for s in range(5)]
+    if path == "plots/critical/curve.csv":
+        return [{"d_head": d, **{f"{c}_{q}": d / 200 for c in ("gap_loss_final", "scaled_entropy_final",
+                                                               "unscaled_entropy_final")
+                                 for q in ("mean", "min", "max")}}
+                for d in PARAMS["critical"]["d_heads"]]
+    if path == "plots/qknorm/curves.csv":
+        forms = [*PARAMS["qknorm"]["references"], *PARAMS["qknorm"]["forms"]]
+        return [{"step": s, **{f"{n}_{c}": 7 - s / 100 for c in ("loss", "entropy_l0") for n in forms}}
+                for s in STEPS]
     raise AssertionError(f"no fixture for {path}: add one here when you add a plot")
 
 

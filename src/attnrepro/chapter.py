@@ -165,8 +165,9 @@ class FailuresConfig(OptimConfig):
         for v in self.variants:
             require(v in BUGS, f"{prefix}.variants", v, "entries from " + ", ".join(BUGS))
         seeds = [self.seed, *self.spread_seeds]
-        require(len(set(seeds)) == len(seeds), f"{prefix}.spread_seeds", self.spread_seeds,
-                "seeds without repeats, other than failures.seed")
+        require(len(self.spread_seeds) > 0 and len(set(seeds)) == len(seeds), f"{prefix}.spread_seeds",
+                self.spread_seeds, "at least one seed, without repeats, other than failures.seed "
+                "(the symptoms' seed distribution needs two)")
         for key in ("bug", "vocab_size"):
             require(key not in self.model, f"{prefix}.model.{key}", self.model.get(key),
                     "not set here (bug comes from variants, vocab_size from the corpus)")

@@ -2,7 +2,8 @@
 expects of its own results, in one format with one tolerance grammar.
 
     gpu_only: [globs]          metrics that exist only on a CUDA run ("skipped" on a CPU run)
-    headline: [metric keys]    the rows `attnrepro check` shows first
+    timings: [globs]           metrics that depend on the machine's speed and load: never compared
+    headline: [metric keys]    the rows `attnrepro check` shows first (a family of their own)
     experiments:
       <file>:                  one per metrics/<file>.json, in the spec's order
         section: "§2 train"
@@ -131,6 +132,7 @@ class Claim:
     note: str = ""
     evidence: tuple[str, ...] = ()
     evidence_note: str = ""
+    interval: Optional[tuple[str, str]] = None  # expressions of our interval for this number (lo, hi)
 
     @property
     def gate(self) -> bool:
@@ -153,6 +155,7 @@ class Expectations:
     claims: list[Claim]
     drift: list[DriftRule]
     gpu_only: list[str]
+    timings: list[str]  # metrics that depend on the machine's speed and load: reported, never compared
     headline: list[str]
     sections: dict[str, str]  # experiment -> section title
 
@@ -162,14 +165,18 @@ class Expectations:
     def is_gpu_only(self, key: str) -> bool:
         return any(fnmatch.fnmatchcase(key, g) for g in self.gpu_only)
 
+    def is_timing(self, key: str) -> bool:
+        return any(fnmatch.fnmatchcase(key, g) for g in self.timings)
+
 
 def load(path: str | Path = "claims.yaml") -> Expectations:
     """Read and validate the expectations file; every problem is one line naming the place."""
     path = Path(path)
     data = read_yaml_mapping(path, "claims file not found", ClaimError)
-    unknown = sorted(set(data) - {"gpu_only", "headline", "experiments"})
+    unknown = sorted(set(data) - {"gpu_only", "timings", "headline", "experiments"})
     if unknown:
-        raise ClaimError(f"{path}: unknown top-level key {unknown[0]!r} (known: experiments, gpu_only, headline)")
+        raise ClaimError(f"{path}: unknown top-level key {unknown[0]!r} (known: experiments, gpu_only, timings, "
+                         "headline)")
     exps = data.get("experiments")
     if not isinstance(exps, dict) or not exps:
         raise ClaimError(f"{path}: expected `experiments:`, a mapping of metrics file -> expectations")
@@ -195,12 +202,11 @@ def load(path: str | Path = "claims.yaml") -> Expectations:
         if c.id in seen:
             raise ClaimError(f"{path}: claim {c.id} appears twice")
         seen.add(c.id)
-    gpu = data.get("gpu_only") or []
-    head = data.get("headline") or []
-    for what, val in (("gpu_only", gpu), ("headline", head)):
+    lists = {k: data.get(k) or [] for k in ("gpu_only", "timings", "headline")}
+    for what, val in lists.items():
         if not isinstance(val, list) or not all(isinstance(v, str) for v in val):
-            raise ClaimError(f"{path}: {what}: expected a list of metric keys")
-    return Expectations(claims, drift, gpu, head, sections)
+            raise ClaimError(f"{path}: {what}: expected a list of metric keys (globs)")
+    return Expectations(claims, drift, lists["gpu_only"], lists["timings"], lists["headline"], sections)
 
 
 def _text(v, where: str) -> str:
@@ -223,7 +229,8 @@ def _number(x, where: str) -> Optional[float]:
 
 
 _EXPR_KEYS = {"id", "text", "expr", "note", "requires"}
-_TABLE_KEYS = {"id", "text", "metric", "columns", "rows", "published", "tol", "requires", "note", "explain"}
+_TABLE_KEYS = {"id", "text", "metric", "columns", "rows", "published", "tol", "interval", "requires", "note",
+               "explain"}
 
 
 def _check_expr(text, where: str, boolean: bool):
@@ -284,6 +291,10 @@ def _entry(raw, cls: str, exp: str, section: str, where: str) -> list[Claim]:
                     cells.append((f"{row}.{col}", template.replace("{row}", str(row)).replace("{col}", str(col)),
                                   _number(pub, f"{where}.rows.{row}")))
     tol = Tol.parse(raw["tol"], f"{where}.tol") if "tol" in raw else None
+    interval = raw.get("interval")
+    if interval is not None and not (isinstance(interval, list) and len(interval) == 2
+                                      and all(isinstance(x, str) and "{col}" in x for x in interval)):
+        raise ClaimError(f"{where}.interval: expected [lo, hi], two metric templates with {{col}}")
     if cls == "checksum" and tol is None:
         raise ClaimError(f"{where}: a checksum table needs `tol:` (usually exact)")
     explain = raw.get("explain") or {}
@@ -295,9 +306,12 @@ def _entry(raw, cls: str, exp: str, section: str, where: str) -> list[Claim]:
         ex = explain.get(cell) or explain.get("*") or {}
         if not isinstance(ex, dict) or not isinstance(ex.get("by", []), list):
             raise ClaimError(f"{where}.explain.{cell}: expected {{by: [metric keys], note: text}}")
+        col = cell.rsplit(".", 1)[-1] if "published" not in raw else cell
+        bounds = tuple(t.replace("{col}", col) for t in interval) if interval else None
         out.append(Claim(f"{exp}.{cid}.{cell}", exp, section, cls, text, expr, published=pub, tol=tol,
                          requires=requires, note=" ".join(str(raw.get("note", "")).split()),
-                         evidence=tuple(ex.get("by", [])), evidence_note=" ".join(str(ex.get("note", "")).split())))
+                         evidence=tuple(ex.get("by", [])), evidence_note=" ".join(str(ex.get("note", "")).split()),
+                         interval=bounds))
     if not out:
         raise ClaimError(f"{where}: the table has no published number")
     return out
@@ -376,12 +390,18 @@ class Result:
     def gated_failure(self) -> bool:
         return self.claim.gate and self.status in ("fail", "missing")
 
+    missing_evidence: tuple[str, ...] = ()  # cited metrics that this run does not have
+
     @property
     def explanation(self) -> str:
-        """For a value outside its band: the evidence cited, or 'unexplained'."""
+        """For a value outside its band: the evidence cited (which must exist), or 'unexplained'."""
         if self.claim.cls != "value" or self.status != "fail":
             return ""
-        return self.claim.evidence_note if self.claim.evidence else "unexplained"
+        if not self.claim.evidence:
+            return "unexplained"
+        if self.missing_evidence:
+            return f"unexplained (the cited {', '.join(self.missing_evidence)} is missing)"
+        return self.claim.evidence_note
 
 
 def _variants(metrics: Mapping[str, float], dists: Mapping[str, dict], files: set[str]) -> list[tuple[str, dict]]:
@@ -426,6 +446,10 @@ def evaluate_claim(claim: Claim, metrics: Mapping[str, float], dists: Mapping[st
         if claim.is_cell:
             lookup, expand = lookups(metrics)
             value = float(evaluate(node, lookup, expand))
+            if claim.interval:  # our interval for this number, e.g. a bootstrap interval over seeds
+                lo, hi = (float(evaluate(parse(x), lookup, expand)) for x in claim.interval)
+                return Result(claim, "pass" if lo <= claim.published <= hi else "fail", value=value,
+                              bound=None, detail=f"our 95% interval {fmt_number(lo)} – {fmt_number(hi)}")
             b = band(dists, refs[0]) if node[0] == "ref" and claim.cls == "value" else None
             if b is not None:
                 return Result(claim, "pass" if b.contains(claim.published) else "fail", value=value, band=b,
@@ -450,7 +474,10 @@ def evaluate_claim(claim: Claim, metrics: Mapping[str, float], dists: Mapping[st
 
 
 def evaluate_all(exp: Expectations, metrics, dists, envs) -> list[Result]:
-    return [evaluate_claim(c, metrics, dists, envs) for c in exp.claims]
+    results = [evaluate_claim(c, metrics, dists, envs) for c in exp.claims]
+    for r in results:
+        r.missing_evidence = tuple(k for k in r.claim.evidence if k not in metrics)
+    return results
 
 
 def counts(results: list[Result]) -> dict:
@@ -461,7 +488,7 @@ def counts(results: list[Result]) -> dict:
         out[cls] = {"n": len(rs), "passed": sum(r.passed for r in rs),
                     "failed": sum(r.status in ("fail", "missing") for r in rs),
                     "skipped": sum(r.status == "skipped" for r in rs)}
-    out["value"]["unexplained"] = sum(r.explanation == "unexplained" for r in results)
+    out["value"]["unexplained"] = sum(r.explanation.startswith("unexplained") for r in results)
     return out
 
 
@@ -480,6 +507,6 @@ def claims_json(results: list[Result]) -> dict:
         if r.band is not None:
             e["band_lo"], e["band_hi"] = r.band.prediction_interval()
         if r.explanation:
-            e["unexplained"] = int(r.explanation == "unexplained")
+            e["unexplained"] = int(r.explanation.startswith("unexplained"))
         out[c.id] = e
     return out

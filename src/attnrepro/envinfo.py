@@ -178,6 +178,20 @@ def environment(device: str = "cpu") -> dict:
     return env
 
 
+RUN_MACHINE_KEYS = ("cpu", "torch", "python", "device", "torch_threads")
+
+
+def stage_environment(device: str, run_envs: Sequence[dict]) -> dict:
+    """This machine's record, for a stage whose runs may come from the run store or a cluster:
+    `runs_on` says "this machine" when every run's own record agrees with it on the machine and
+    software (a store or a cluster can hold runs trained elsewhere, in another float order)."""
+    env = environment(device)
+    others = sorted({f"{e.get('cpu')}, torch {e.get('torch')}, {e.get('torch_threads')} thread(s)"
+                     for e in run_envs if any(k in e and e[k] != env.get(k) for k in RUN_MACHINE_KEYS)})
+    env["runs_on"] = "; ".join(others) if others else "this machine"
+    return env
+
+
 def setup_determinism(threads: int, device: str = "cpu") -> None:
     """Pin the thread count and turn on deterministic algorithms.
 

@@ -304,11 +304,11 @@ def critical_markdown(m: dict) -> str:
            f"The chapter's protocol at every d_head, {m['seeds']} seeds each (mean [min, max]); the model family "
            "keeps the chapter's two models at its ends (`stages/critical.py`).\n",
            "| d_head | d_model | gap (unscaled − scaled) | unscaled entropy | scaled entropy | unscaled logit std, trained "
-           f"| Welch p, gap vs d_head {first} |", "| --- | --- | --- | --- | --- | --- | --- |"]
+           f"| p, gap vs d_head {first} (paired t) |", "| --- | --- | --- | --- | --- | --- | --- |"]
     for d, v in rows:
         g, ue, se, ul = v["gap_loss_final"], v["unscaled_entropy_final"], v["scaled_entropy_final"], \
             v["unscaled_trained_logit_std_l0"]
-        p = v.get(f"gap_vs_d{first}_welch_p")
+        p = v.get(f"gap_vs_d{first}_paired_p")
         out.append(f"| {d} | {v['d_model']} | {g['mean']:.3f} [{g['min']:.3f}, {g['max']:.3f}] | "
                    f"{fmt_number(round(ue['mean'], 5))} | {se['mean']:.3f} | {ul['mean']:.4g} | "
                    f"{'' if p is None else f'{p:.2g}'} |")

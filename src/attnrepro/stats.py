@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterable, Optional, Sequence
+from typing import Iterable, Sequence
 
 ALPHA = 0.05  # two-sided, per metric
 
@@ -86,82 +86,31 @@ def t_quantile(p: float, df: float) -> float:
 
 
 @dataclass
-class Dist:
-    """A metric over seeds (on the log scale when `log`)."""
-    values: list[float]
-    log: bool = False
-
-    @property
-    def n(self) -> int:
-        return len(self.values)
-
-    def _x(self) -> list[float]:
-        return [math.log(v) for v in self.values] if self.log else list(self.values)
-
-    @property
-    def mean(self) -> float:
-        x = self._x()
-        return sum(x) / len(x)
-
-    @property
-    def sd(self) -> float:
-        x, m = self._x(), self.mean
-        return math.sqrt(sum((v - m) ** 2 for v in x) / (len(x) - 1)) if len(x) > 1 else 0.0
-
-    def _back(self, x: float) -> float:
-        return math.exp(x) if self.log else x
-
-    def prediction_interval(self, alpha: float = ALPHA) -> tuple[float, float]:
-        half = t_quantile(1 - alpha / 2, self.n - 1) * self.sd * math.sqrt(1 + 1 / self.n)
-        return self._back(self.mean - half), self._back(self.mean + half)
-
-    def confidence_interval(self, alpha: float = ALPHA) -> tuple[float, float]:
-        half = t_quantile(1 - alpha / 2, self.n - 1) * self.sd / math.sqrt(self.n)
-        return self._back(self.mean - half), self._back(self.mean + half)
-
-    def z(self, value: float) -> float:
-        """How many seed standard deviations `value` lies from the mean (on the metric's scale)."""
-        if self.log and value <= 0:
-            return -math.inf
-        x = math.log(value) if self.log else value
-        if self.sd == 0:
-            return 0.0 if x == self.mean else math.copysign(math.inf, x - self.mean)
-        return (x - self.mean) / self.sd
-
-    def summary(self) -> dict:
-        """n, mean, sd, min, max and both 95% intervals, on the linear scale (plus the log-scale
-        mean and sd that the verdicts use, for log metrics)."""
-        lin = Dist(self.values)
-        out = {"n": self.n, "mean": lin.mean, "sd": lin.sd, "min": min(self.values), "max": max(self.values)}
-        out["ci95_lo"], out["ci95_hi"] = (self if self.log else lin).confidence_interval()
-        out["pi95_lo"], out["pi95_hi"] = self.prediction_interval()
-        if self.log:
-            out["log_mean"], out["log_sd"] = self.mean, self.sd
-        return out
-
-
-def from_summary(s: dict) -> "Band":
-    return Band(n=int(s["n"]), mean=s["log_mean"] if "log_mean" in s else s["mean"],
-                sd=s["log_sd"] if "log_sd" in s else s["sd"], log="log_mean" in s)
-
-
-@dataclass
 class Band:
-    """A reference distribution as stored (n, mean, sd; on the log scale when `log`)."""
+    """A metric's distribution over seeds: n, mean and sd (on the log scale when `log`)."""
     n: int
     mean: float
     sd: float
-    log: bool
+    log: bool = False
 
-    def _x(self, value: float) -> Optional[float]:
-        if self.log:
-            return math.log(value) if value > 0 else None
-        return value
+    @classmethod
+    def of(cls, values: Sequence[float], log: bool = False) -> "Band":
+        x = [math.log(v) for v in values] if log else [float(v) for v in values]
+        m = sum(x) / len(x)
+        sd = math.sqrt(sum((v - m) ** 2 for v in x) / (len(x) - 1)) if len(x) > 1 else 0.0
+        return cls(len(x), m, sd, log)
 
-    def prediction_interval(self, alpha: float = ALPHA) -> tuple[float, float]:
-        half = t_quantile(1 - alpha / 2, self.n - 1) * self.sd * math.sqrt(1 + 1 / self.n)
+    def _interval(self, half: float) -> tuple[float, float]:
         lo, hi = self.mean - half, self.mean + half
         return (math.exp(lo), math.exp(hi)) if self.log else (lo, hi)
+
+    def prediction_interval(self, alpha: float = ALPHA) -> tuple[float, float]:
+        """Where one new run falls with probability 1 - alpha."""
+        return self._interval(t_quantile(1 - alpha / 2, self.n - 1) * self.sd * math.sqrt(1 + 1 / self.n))
+
+    def confidence_interval(self, alpha: float = ALPHA) -> tuple[float, float]:
+        """Where the mean lies with confidence 1 - alpha."""
+        return self._interval(t_quantile(1 - alpha / 2, self.n - 1) * self.sd / math.sqrt(self.n))
 
     def contains(self, value: float, alpha: float = ALPHA) -> bool:
         """Is one new run's `value` inside the prediction interval?"""
@@ -171,9 +120,10 @@ class Band:
         return lo <= value <= hi
 
     def z(self, value: float) -> float:
-        x = self._x(value)
-        if x is None:
+        """How many seed standard deviations `value` lies from the mean (on the band's scale)."""
+        if self.log and value <= 0:
             return -math.inf
+        x = math.log(value) if self.log else value
         if self.sd == 0:
             return 0.0 if x == self.mean else math.copysign(math.inf, x - self.mean)
         return (x - self.mean) / self.sd
@@ -187,6 +137,20 @@ class Band:
         denom = (va ** 2 / (self.n - 1) if self.n > 1 else 0.0) + (vb ** 2 / (other.n - 1) if other.n > 1 else 0.0)
         df = (va + vb) ** 2 / denom if denom > 0 else 1.0
         return 2 * (1 - t_cdf(abs(t), df))
+
+
+def from_summary(s: dict) -> Band:
+    """The Band a describe() summary stores (its log-scale mean and sd where it has them)."""
+    return Band(n=int(s["n"]), mean=s["log_mean"] if "log_mean" in s else s["mean"],
+                sd=s["log_sd"] if "log_sd" in s else s["sd"], log="log_mean" in s)
+
+
+def paired_t_p(a: Sequence[float], b: Sequence[float]) -> float:
+    """Two-sided p-value of the paired t-test of mean(b - a) = 0 (a[i], b[i] share seed i)."""
+    d = Band.of([y - x for x, y in zip(a, b)])
+    if d.sd == 0:
+        return 1.0 if d.mean == 0 else 0.0
+    return 2 * (1 - t_cdf(abs(d.mean) / (d.sd / math.sqrt(d.n)), d.n - 1))
 
 
 def bootstrap_ratio(num: Sequence[float], den: Sequence[float], alpha: float = ALPHA, reps: int = 10000,
@@ -204,7 +168,19 @@ def bootstrap_ratio(num: Sequence[float], den: Sequence[float], alpha: float = A
 
 
 def describe(values: Iterable[float], log: bool = False) -> dict:
-    return Dist([float(v) for v in values], log=log).summary()
+    """n, mean, sd, min, max and 95% intervals (of the mean: ci95; of one new run: pi95) on the
+    linear scale; on the log scale, where asked and every value is positive, the intervals come
+    from log_mean and log_sd, which are stored too (the verdicts use them)."""
+    vals = [float(v) for v in values]
+    if len(vals) < 2:
+        raise ValueError(f"a distribution needs at least 2 values, got {len(vals)}")
+    lin, b = Band.of(vals), Band.of(vals, log=log and all(v > 0 for v in vals))
+    out = {"n": lin.n, "mean": lin.mean, "sd": lin.sd, "min": min(vals), "max": max(vals)}
+    out["ci95_lo"], out["ci95_hi"] = b.confidence_interval()
+    out["pi95_lo"], out["pi95_hi"] = b.prediction_interval()
+    if b.log:
+        out["log_mean"], out["log_sd"] = b.mean, b.sd
+    return out
 
 
 def flatten(obj, prefix: str = "") -> dict[str, float]:
@@ -218,21 +194,22 @@ def flatten(obj, prefix: str = "") -> dict[str, float]:
     return out
 
 
-def distribution(runs: dict[int, dict]) -> dict:
+def distribution(runs: dict[int, dict], exclude: Sequence[str] = ()) -> dict:
     """The reference distribution of a stage's metrics over seeds.
 
     runs: {seed: the metrics the stage writes for that seed (nested as in its metrics file)}.
     Returns {"seeds": [...], "stats": {key: describe(...)}, "runs": runs}: one entry per
-    metric key present in every run, on the log scale where log_scale(key) and every value > 0.
+    metric key present in every run (but those containing a string of `exclude`), on the log
+    scale where log_scale(key) and every value > 0.
     """
     flat = {seed: flatten(r) for seed, r in runs.items()}
-    keys = [k for k in next(iter(flat.values())) if all(k in f for f in flat.values())]
+    keys = [k for k in next(iter(flat.values()))
+            if all(k in f for f in flat.values()) and not any(x in k for x in exclude)]
     stats = {}
     for k in keys:
         vals = [flat[s][k] for s in runs]
-        if not all(math.isfinite(v) for v in vals):
-            continue
-        stats[k] = describe(vals, log=log_scale(k) and all(v > 0 for v in vals))
+        if all(math.isfinite(v) for v in vals):
+            stats[k] = describe(vals, log=log_scale(k))
     return {"seeds": list(runs), "stats": stats, "runs": {str(s): r for s, r in runs.items()}}
 
 

@@ -52,7 +52,10 @@ class EngineConfig:
 
     @property
     def n_workers(self) -> int:
-        return self.workers or os.cpu_count() or 1
+        if self.workers:
+            return self.workers
+        cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
+        return max(1, len(cores))  # the cores this process may use (a container or taskset may allow fewer)
 
 
 def engine_config(params: Mapping, scheduler: Optional[str] = None, workers: Optional[int] = None) -> EngineConfig:
