@@ -29,7 +29,7 @@ from pathlib import Path
 import yaml
 
 from attnrepro.chapter import TrainConfig, corpus_inputs
-from attnrepro.config import from_dict
+from attnrepro.config import UserError, from_dict
 from attnrepro.sweep import EngineConfig, require_ok, run_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,7 +53,12 @@ def start_cluster(workers: int, folder: Path) -> tuple[str, list[subprocess.Pope
     quiet = dict(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     procs = [subprocess.Popen([str(bin_dir / "dask"), "scheduler", "--host", "127.0.0.1", "--port", "0",
                                "--no-dashboard", "--scheduler-file", str(sched_file)], **quiet)]
+    deadline = time.monotonic() + 60
     while not sched_file.exists():
+        if procs[0].poll() is not None or time.monotonic() > deadline:
+            for p in procs:
+                p.kill()
+            raise UserError("benchmark: `dask scheduler` did not start (run it by hand to see why)")
         time.sleep(0.1)
     address = json.loads(sched_file.read_text())["address"]
     procs += [subprocess.Popen([str(bin_dir / "dask"), "worker", address, "--nthreads", "1", "--no-dashboard"],
@@ -108,4 +113,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except UserError as e:  # no corpus yet, a failed run, a cluster that did not start: one line
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)

@@ -20,7 +20,7 @@ stages=("${DEFAULT[@]}")
 case "${1:-}" in
     "") ;;
     --sweeps) stages+=("${SWEEPS[@]}") ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
     *) echo "error: unknown option ${1} (see bash scripts/reproduce.sh --help)" >&2; exit 2 ;;
 esac
 

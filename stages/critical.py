@@ -22,12 +22,11 @@ from __future__ import annotations
 
 import argparse
 import math
-from dataclasses import dataclass
 
 import pandas as pd
 
-from attnrepro.chapter import TrainConfig, corpus_inputs, family_model
-from attnrepro.config import from_dict, read_params, require, run_stage
+from attnrepro.chapter import CriticalConfig, TrainConfig, corpus_inputs, family_model
+from attnrepro.config import from_dict, read_params, run_stage
 from attnrepro.figures import critical_figure
 from attnrepro.envinfo import setup_determinism, stage_environment
 from attnrepro.io import write_csv, write_json
@@ -36,23 +35,6 @@ from attnrepro.stats import ALPHA, describe, log_scale, onset, paired_t_p
 from attnrepro.sweep import add_engine_args, engine_config, require_ok, run_sweep
 
 METRICS = ("loss_final", "val_loss_final", "entropy_final", "logit_std_step0", "trained_logit_std_l0")
-
-
-@dataclass
-class CriticalConfig:
-    d_heads: list[int]  # increasing; the first is the baseline of the onset
-    min_d_model: int  # d_model = the smallest multiple of d_head >= min_d_model
-    seeds: list[int]
-    onset_rise: float  # nats above the first d_head's gap: where "the gap starts to rise clearly"
-
-    def validate(self, prefix: str = "critical") -> None:
-        require(len(self.d_heads) >= 3 and self.d_heads == sorted(set(self.d_heads)) and self.d_heads[0] > 0,
-                f"{prefix}.d_heads", self.d_heads, "at least 3 increasing positive integers")
-        require(self.min_d_model > 0, f"{prefix}.min_d_model", self.min_d_model, "a positive integer")
-        require(len(self.seeds) >= 3 and len(set(self.seeds)) == len(self.seeds), f"{prefix}.seeds", self.seeds,
-                "at least 3 different seeds")
-        require(math.isfinite(self.onset_rise) and self.onset_rise > 0, f"{prefix}.onset_rise", self.onset_rise,
-                "a positive number of nats")
 
 
 def main() -> None:

@@ -31,7 +31,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from attnrepro.chapter import CORPUS, FailuresConfig, corpus_inputs, vocab_size
+from attnrepro.chapter import CORPUS, SYMPTOMS, FailuresConfig, corpus_inputs, vocab_size
 from attnrepro.config import from_dict, load_section, read_params, run_stage
 from attnrepro.envinfo import setup_determinism, stage_environment
 from attnrepro.health import INTENDED, Probe, check_matrix
@@ -43,9 +43,6 @@ from attnrepro.runtime import resolve_device
 from attnrepro.stats import distribution
 from attnrepro.sweep import add_engine_args, engine_config, require_ok, run_sweep
 from attnrepro.training import fixed_batches, load_tokens
-
-# the symptoms listed per seed in plots/failures/seeds.csv
-SPREAD = ("loss_final", "grad_norm_final", "entropy", "diag_weight")
 
 
 def main() -> None:
@@ -92,7 +89,7 @@ def main() -> None:
               f"entropy {m['entropy']:.4f}  diag {m['diag_weight']:.3f}  max row sum {m['max_row_sum']:.4f}  "
               f"checks fired: {', '.join(fired) or 'none'}")
 
-    seed_rows = [{"variant": bug, "seed": seed, **{k: symptoms[(bug, seed)][k] for k in SPREAD}}
+    seed_rows = [{"variant": bug, "seed": seed, **{k: symptoms[(bug, seed)][k] for k in SYMPTOMS}}
                  for seed in seeds for bug in cfg.variants]
     dist = distribution({seed: {bug: symptoms[(bug, seed)] for bug in cfg.variants} for seed in seeds})
     for bug in cfg.variants:

@@ -18,11 +18,10 @@ curves per form) and plots/qknorm/forms.png.
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
 
 import pandas as pd
 
-from attnrepro.chapter import TrainConfig, corpus_inputs, model_config, model_fields
+from attnrepro.chapter import QKNormConfig, TrainConfig, corpus_inputs, model_config, model_fields
 from attnrepro.config import from_dict, read_params, require, run_stage
 from attnrepro.figures import qknorm_figure
 from attnrepro.envinfo import setup_determinism, stage_environment
@@ -33,18 +32,6 @@ from attnrepro.sweep import add_engine_args, engine_config, require_ok, run_swee
 
 METRICS = ("loss_final", "val_loss_final", "entropy_final", "jacobian_fro_final", "logit_std_step0",
            "trained_logit_std_l0")  # and the layer-0 entropy at every train.diag_steps
-
-
-@dataclass
-class QKNormConfig:
-    references: list[str]  # train.variants to compare with (the plain scaled and unscaled models)
-    forms: dict[str, dict]  # name -> a variant: {model: <preset>, qk_norm: ..., scaled: ...}
-    seeds: list[int]
-
-    def validate(self, prefix: str = "qknorm") -> None:
-        require(len(self.forms) > 0, f"{prefix}.forms", self.forms, "at least one form")
-        require(len(self.seeds) >= 3 and len(set(self.seeds)) == len(self.seeds), f"{prefix}.seeds", self.seeds,
-                "at least 3 different seeds")
 
 
 def main() -> None:

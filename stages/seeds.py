@@ -18,12 +18,11 @@ curves, bands.png, gaps.png).
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
 
 import pandas as pd
 
-from attnrepro.chapter import TrainConfig, comparison, corpus_inputs, pairs_by_dhead
-from attnrepro.config import from_dict, read_params, require, run_stage
+from attnrepro.chapter import SeedsConfig, TrainConfig, comparison, corpus_inputs, pairs_by_dhead
+from attnrepro.config import from_dict, read_params, run_stage
 from attnrepro.figures import seed_bands_figure, seed_gaps_figure
 from attnrepro.envinfo import setup_determinism, stage_environment
 from attnrepro.io import write_csv, write_json
@@ -32,15 +31,6 @@ from attnrepro.stats import bootstrap_ratio, describe, distribution
 from attnrepro.sweep import add_engine_args, engine_config, require_ok, run_sweep
 
 CURVES = ("loss", "entropy_l0", "jacobian_fro_l0", "logit_std_l0")
-
-
-@dataclass
-class SeedsConfig:
-    seeds: list[int]  # paired seeds; include train.seed to share the train stage's runs
-
-    def validate(self, prefix: str = "seeds") -> None:
-        require(len(self.seeds) >= 3 and len(set(self.seeds)) == len(self.seeds), f"{prefix}.seeds", self.seeds,
-                "at least 3 different seeds (a spread needs them)")
 
 
 def curves(histories: dict[tuple[str, int], list[dict]], variants) -> list[dict]:

@@ -13,8 +13,9 @@ failures stages; the log scale for attention statistics and scales).
 
 Choice kinds: {optim: {OptimConfig fields}}, {model: {ModelConfig fields}} or
 {split: first} (the first 10% of the token stream is the validation set instead of the
-last). The measurement protocol of the failures symptoms is the failures stage's second
-diagonal-weight protocol (no retraining needed).
+last). The failures symptoms are measured as in the failures stage (its summary's
+`diag_weight`, rows 1-63 of 64); its second protocol, over rows 0-31 as the source likely
+measured, needs no retraining and is a metric of the failures stage itself.
 
 Writes metrics/sensitivity.json (<variant>.<metric>.<choice>: effect_sd, mean, baseline)
 and plots/sensitivity/effects.csv (one row per variant, metric and choice).
@@ -25,36 +26,39 @@ from __future__ import annotations
 import argparse
 import io
 import math
-from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from attnrepro.chapter import FailuresConfig, TrainConfig, corpus_inputs, model_config, model_fields
+from attnrepro.chapter import (SYMPTOMS, FailuresConfig, SensitivityConfig, TrainConfig, corpus_inputs, model_config,
+                               model_fields, optim_fields)
+from attnrepro.claims import read_json as read_metrics
 from attnrepro.config import ConfigError, from_dict, read_params, require, run_stage
 from attnrepro.envinfo import setup_determinism, stage_environment
-from attnrepro.io import read_json, write_csv, write_json
+from attnrepro.io import write_csv, write_json
 from attnrepro.runtime import resolve_device
 from attnrepro.stats import from_summary
 from attnrepro.sweep import add_engine_args, engine_config, require_ok, run_sweep
+from attnrepro.training import OptimConfig
 
 FAILURES = "failures_correct"  # the failures table's correct model, a pseudo-variant here
 
 
-@dataclass
-class SensitivityConfig:
-    seeds: list[int]
-    choices: dict[str, dict]  # name -> {optim: {...}} | {model: {...}} | {split: first}
-    metrics: dict[str, list[str]]  # train variant (or failures_correct) -> the deviating metrics
-
-    def validate(self, prefix: str = "sensitivity") -> None:
-        require(len(self.seeds) >= 2 and len(set(self.seeds)) == len(self.seeds), f"{prefix}.seeds", self.seeds,
-                "at least 2 different seeds")
-        for name, c in self.choices.items():
-            require(isinstance(c, dict) and len(c) == 1 and next(iter(c)) in ("optim", "model", "split"),
-                    f"{prefix}.choices.{name}", c, "one of {optim: {...}}, {model: {...}}, {split: first}")
-            if "split" in c:
-                require(c["split"] == "first", f"{prefix}.choices.{name}.split", c["split"], "first")
+def seed_bands(cfg: SensitivityConfig) -> dict:
+    """(variant, metric) -> the plain protocol's seed distribution, read before any run starts."""
+    files = {"train": "metrics/dist/train.json", "failures": "metrics/dist/failures.json"}
+    stats = {k: read_metrics(Path(path))["stats"] for k, path in files.items()}
+    bands = {}
+    for v, names in cfg.metrics.items():
+        for m in names:
+            key = f"correct.{m}" if v == FAILURES else f"{v}.{m}"
+            band = stats["failures" if v == FAILURES else "train"].get(key)
+            if band is None or (v == FAILURES and m not in SYMPTOMS):
+                raise ConfigError(f"sensitivity.metrics.{v}: {m} has no seed distribution in metrics/dist/ that a "
+                                  "run records; run the seeds and failures stages first, or name a metric they record")
+            bands[(v, m)] = from_summary(band)
+    return bands
 
 
 def first_split(inputs: dict[str, bytes]) -> dict[str, bytes]:
@@ -80,6 +84,10 @@ def main() -> None:
     cfg = from_dict(SensitivityConfig, params.get("sensitivity"), prefix="sensitivity")
     for v in cfg.metrics:
         require(v in train.variants or v == FAILURES, "sensitivity.metrics", v, f"train.variants or {FAILURES}")
+    for name, c in cfg.choices.items():
+        if "optim" in c:
+            from_dict(OptimConfig, {**optim_fields(train), **c["optim"]}, prefix=f"sensitivity.choices.{name}.optim")
+    bands = seed_bands(cfg)
     engine = engine_config(params, args.scheduler, args.workers)
     device = resolve_device(train.device, "train.device")
     setup_determinism(train.threads, device)  # the environment record states the runs' thread count
@@ -89,33 +97,27 @@ def main() -> None:
     def spec(variant: str, choice: dict, seed: int, label: str):
         model, optim = choice.get("model", {}), choice.get("optim", {})
         if variant == FAILURES:
-            return failures.spec("correct", seed, device, model=model, **optim)
+            return failures.spec("correct", seed, device, model=model, label=label, **optim)
         v = {**train.variants[variant], **model}
         return train.run(model_fields(model_config(train.models, v, f"sensitivity.{variant}")), seed, device,
                          label, **optim)
 
     plan = {"plain": {}, **cfg.choices}
     keys = [(v, c, s) for c in plan for v in cfg.metrics for s in cfg.seeds]
+    specs = {k: spec(k[0], plan[k[1]], k[2], f"{k[0]} {k[1]} seed {k[2]}") for k in keys}  # all checked first
     records = {}
     for split in (False, True):  # the runs of each input set are one sweep
         sub = [k for k in keys if ("split" in plan[k[1]]) == split]
         if sub:
-            recs = run_sweep(f"sensitivity{' (first split)' if split else ''}",
-                             [spec(v, plan[c], s, f"{v} {c} seed {s}") for v, c, s in sub], alt if split else inputs,
-                             engine)
+            recs = run_sweep(f"sensitivity{' (first split)' if split else ''}", [specs[k] for k in sub],
+                             alt if split else inputs, engine)
             require_ok(recs, "sensitivity")
             records.update(zip(sub, recs))
 
-    bands = {"train": read_json("metrics/dist/train.json")["stats"],
-             "failures": read_json("metrics/dist/failures.json")["stats"]}
     rows, metrics = [], {}
     for v, names in cfg.metrics.items():
         for m in names:
-            stats = bands["failures"].get(f"correct.{m}") if v == FAILURES else bands["train"].get(f"{v}.{m}")
-            if stats is None:
-                raise ConfigError(f"sensitivity.metrics.{v}: {m} has no seed distribution (metrics/dist/); "
-                                  "run the seeds and failures stages first, or name a metric they record")
-            b = from_summary(stats)
+            b = bands[(v, m)]
             for c in cfg.choices:
                 base = [records[(v, "plain", s)].summary()[m] for s in cfg.seeds]
                 ours = [records[(v, c, s)].summary()[m] for s in cfg.seeds]

@@ -13,7 +13,7 @@ from attnrepro.cli import PLUGINS, build_parser
 REPO = Path(__file__).resolve().parents[1]
 WF = REPO / ".github" / "workflows"
 DVC_COMMANDS = {"repro", "metrics", "plots", "pull", "push", "status", "exp"}
-SHELL = {"set", "cat", "tee", "echo", "if", "then", "else", "fi", "command", "nvidia-smi", "mkdir", "cp"}
+SHELL = {"set", "true", "cat", "tee", "echo", "if", "then", "else", "fi", "command", "nvidia-smi", "mkdir", "cp"}
 CREATED = {".venv/bin/python", ".venv/bin/dvc", ".venv/bin/attnrepro", ".venv/bin/pip"}
 
 

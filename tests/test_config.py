@@ -262,3 +262,6 @@ def test_config_classes_live_in_the_library():
     """Stage scripts import their config classes from attnrepro; none is defined in stages/."""
     for _, _, cls in _section_classes():
         assert cls.__module__.startswith("attnrepro."), f"{cls.__name__} is defined in {cls.__module__}"
+    for path in sorted((REPO / "stages").glob("*.py")):  # the sweep stages' configs too
+        classes = [n.name for n in ast.walk(ast.parse(path.read_text(encoding="utf-8"))) if isinstance(n, ast.ClassDef)]
+        assert not classes, f"{path.name} defines {classes}"

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from attnrepro.config import UserError
 from attnrepro.runs import RunSpec, execute_to_bytes, run_key
 from attnrepro.store import RunStore
 from attnrepro.sweep import EngineConfig, RunsFailed, require_ok, run_sweep
@@ -119,6 +120,15 @@ def test_serial_local_and_external_cluster_are_byte_identical(tmp_path, external
     assert all(r.status == "ok" and not r.cached for r in serial + local + cluster)
     assert result_bytes(serial) == result_bytes(local) == result_bytes(cluster)
     assert [r.key for r in serial] == [r.key for r in cluster]
+
+
+def test_an_unreachable_scheduler_is_one_clear_error(tmp_path):
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with pytest.raises(UserError, match=f"engine.scheduler: cannot connect to 'tcp://127.0.0.1:{port}'"):
+        run_sweep("t", [tiny_spec()], tiny_inputs(), engine(tmp_path, scheduler=f"tcp://127.0.0.1:{port}"))
+    assert not (tmp_path / "store").exists() or not any((tmp_path / "store").rglob("summary.json"))
 
 
 def test_failing_and_diverging_runs_are_data_and_the_others_finish(tmp_path):

@@ -102,3 +102,22 @@ def test_sensitivity_effects(repo):
 def test_a_second_repro_trains_nothing(repo):
     out = dvc("repro", "-f", "-s", "critical", cwd=repo).stdout
     assert "18 runs, 18 in the store" in out, out
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"choices": {"typo": {"optim": {"wd": 0.0}}}}, "sensitivity.choices.typo.optim"),
+    ({"choices": {"plain": {"optim": {"weight_decay": 0.0}}}}, "none named 'plain'"),
+    ({"metrics": {"d256_scaled": ["loss_finale"]}}, "sensitivity.metrics.d256_scaled: loss_finale"),
+    ({"metrics": {"failures_correct": ["diag_weight_all_rows_half_block"]}}, "diag_weight_all_rows_half_block"),
+])
+def test_a_bad_sensitivity_param_stops_it_before_any_run(repo, tmp_path, change, message):
+    p = yaml.safe_load((repo / "params.yaml").read_text(encoding="utf-8"))
+    p["sensitivity"].update(change)
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(p, allow_unicode=True, sort_keys=False), encoding="utf-8")
+    runs = sorted((repo / "runs").rglob("summary.json"))
+    env = dict(os.environ, PYTHONPATH=str(repo / "src"))
+    proc = subprocess.run([sys.executable, "stages/sensitivity.py", "--params", str(params)], cwd=repo, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert sorted((repo / "runs").rglob("summary.json")) == runs  # nothing trained

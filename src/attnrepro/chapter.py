@@ -11,6 +11,7 @@ the exercises run many through the same builder, so the store shares their runs.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -145,6 +146,8 @@ def comparison(metrics: dict, pairs: dict[int, dict[bool, str]]) -> dict:
     return out
 
 
+SYMPTOMS = ("loss_final", "grad_norm_final", "entropy", "diag_weight")  # what a failures run records
+
 @dataclass
 class FailuresConfig(OptimConfig):
     seed: int  # model init and batch order, as in train
@@ -173,7 +176,8 @@ class FailuresConfig(OptimConfig):
                     "not set here (bug comes from variants, vocab_size from the corpus)")
         from_dict(ModelConfig, {**self.model, "vocab_size": 2}, prefix=f"{prefix}.model")
 
-    def spec(self, bug: str, seed: int, device: str, model: dict | None = None, **optim) -> RunSpec:
+    def spec(self, bug: str, seed: int, device: str, model: dict | None = None, label: str = "",
+             **optim) -> RunSpec:
         """The run of `bug` at `seed`; `model` and `optim` override ModelConfig / OptimConfig fields
         (the sensitivity sweep's one-factor changes)."""
         fields = {**self.model, **(model or {}), "bug": bug, "vocab_size": 2}
@@ -182,4 +186,68 @@ class FailuresConfig(OptimConfig):
             optim={**optim_fields(self), **optim}, seed=seed, batch_seed=seed,
             data={"val_batches": self.val_batches, "val_seed": self.val_seed},
             measure={"loss_window": self.loss_window, "symptoms": True},
-            threads=self.threads, device=device, label=f"{bug} seed {seed}")
+            threads=self.threads, device=device, label=label or f"{bug} seed {seed}")
+
+
+# ---------------------------------------------------------------- the sweep stages' params
+
+@dataclass
+class SeedsConfig:
+    seeds: list[int]  # paired seeds; include train.seed to share the train stage's runs
+
+    def validate(self, prefix: str = "seeds") -> None:
+        require(len(self.seeds) >= 3 and len(set(self.seeds)) == len(self.seeds), f"{prefix}.seeds", self.seeds,
+                "at least 3 different seeds (a spread needs them)")
+
+
+@dataclass
+class CriticalConfig:
+    d_heads: list[int]  # increasing; the first is the baseline of the onset
+    min_d_model: int  # d_model = the smallest multiple of d_head >= min_d_model
+    seeds: list[int]
+    onset_rise: float  # nats above the first d_head's gap: where "the gap starts to rise clearly"
+
+    def validate(self, prefix: str = "critical") -> None:
+        require(len(self.d_heads) >= 3 and self.d_heads == sorted(set(self.d_heads)) and self.d_heads[0] > 0,
+                f"{prefix}.d_heads", self.d_heads, "at least 3 increasing positive integers")
+        require(self.min_d_model > 0, f"{prefix}.min_d_model", self.min_d_model, "a positive integer")
+        require(len(self.seeds) >= 3 and len(set(self.seeds)) == len(self.seeds), f"{prefix}.seeds", self.seeds,
+                "at least 3 different seeds")
+        require(math.isfinite(self.onset_rise) and self.onset_rise > 0, f"{prefix}.onset_rise", self.onset_rise,
+                "a positive number of nats")
+
+
+@dataclass
+class QKNormConfig:
+    references: list[str]  # train.variants to compare with (the plain scaled and unscaled models)
+    forms: dict[str, dict]  # name -> a variant: {model: <preset>, qk_norm: ..., scaled: ...}
+    seeds: list[int]
+
+    def validate(self, prefix: str = "qknorm") -> None:
+        require(len(self.forms) > 0, f"{prefix}.forms", self.forms, "at least one form")
+        require(len(self.seeds) >= 3 and len(set(self.seeds)) == len(self.seeds), f"{prefix}.seeds", self.seeds,
+                "at least 3 different seeds")
+
+
+@dataclass
+class SensitivityConfig:
+    seeds: list[int]
+    choices: dict[str, dict]  # name -> {optim: {...}} | {model: {...}} | {split: first}
+    metrics: dict[str, list[str]]  # train variant (or failures_correct) -> the deviating metrics
+
+    def validate(self, prefix: str = "sensitivity") -> None:
+        require(len(self.seeds) >= 2 and len(set(self.seeds)) == len(self.seeds), f"{prefix}.seeds", self.seeds,
+                "at least 2 different seeds")
+        require(bool(self.choices) and "plain" not in self.choices, f"{prefix}.choices", sorted(self.choices),
+                "at least one choice, none named 'plain' (the unchanged protocol's name)")
+        require(bool(self.metrics) and all(self.metrics.values()), f"{prefix}.metrics", self.metrics,
+                "at least one variant, each with at least one metric")
+        for name, c in self.choices.items():
+            require(isinstance(c, dict) and len(c) == 1 and next(iter(c)) in ("optim", "model", "split"),
+                    f"{prefix}.choices.{name}", c, "one of {optim: {...}}, {model: {...}}, {split: first}")
+            if "split" in c:
+                require(c["split"] == "first", f"{prefix}.choices.{name}.split", c["split"], "first")
+            else:
+                kind = next(iter(c))
+                require(isinstance(c[kind], dict) and bool(c[kind]), f"{prefix}.choices.{name}.{kind}", c[kind],
+                        f"a mapping of {'OptimConfig' if kind == 'optim' else 'ModelConfig'} fields")

@@ -325,9 +325,10 @@ def render(o: Outcome, rev: str, show_all: bool = False) -> str:
                  + (f", {c['conclusion']['skipped']} skipped (need a GPU)" if c['conclusion']['skipped'] else ""))
     lines.append(f"  checksums   {c['checksum']['passed']} of {c['checksum']['n'] - c['checksum']['skipped']} hold")
     lines.append(f"  metrics     {sum(not r.failure for r in gated)} of {len(gated)} within their reference "
-                 f"({sum(r.how == 'band' for r in gated)} against a seed band, "
+                 f"({sum(r.how.startswith('band') for r in gated)} against a seed band, "
                  f"{sum(r.how == 'exact' for r in gated)} exact); "
-                 f"{sum(r.verdict == 'info' for r in o.rows)} timings not gated")
+                 f"{sum(r.how == 'timing, not gated' for r in o.rows)} timings and "
+                 f"{sum(r.how == 'not gated' for r in o.rows)} informational metrics not gated")
     lines.append(f"  published   {c['value']['passed']} of {c['value']['n'] - c['value']['skipped']} published values "
                  f"inside our band or tolerance; of the others {c['value']['unexplained']} unexplained (informational)")
     if exact:

@@ -28,8 +28,9 @@ listed); 2 bad usage or input (one line on stderr).
 
 How it judges: on the reference's kind of machine with the same params every metric
 must be identical (reruns are byte-identical). Otherwise each metric with a seed
-distribution (metrics/dist/) must fall in the 95% prediction interval of one new run
-over the reference seeds, and the others within their drift tolerance (claims.yaml).
+distribution (metrics/dist/) must fall in the prediction interval of one new run over
+the reference seeds (alpha = 0.05 family-wise: Bonferroni over the headline metrics, and
+again over the others), and the others within their drift tolerance (claims.yaml).
 Conclusions are recomputed from the raw metrics. Published values are reported, not
 gated. GPU-only metrics and claims are "skipped" on a run without CUDA, never "passed".
 """

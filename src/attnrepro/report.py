@@ -164,7 +164,11 @@ def _where(r: Result) -> str:
         parts.append(f"{fmt_number(r.value)} vs {fmt_number(r.bound)}")
     if r.seeds_n:
         parts.append(f"{r.seeds_held}/{r.seeds_n} seeds" + ("" if r.mean_holds else ", not the mean"))
-    return _cell(r.detail if r.status == "missing" else "; ".join(parts) or "holds" if r.passed else r.detail)
+    if r.status == "missing":
+        return _cell(r.detail)
+    if r.passed:
+        return _cell("; ".join(parts) or "holds")
+    return _cell("; ".join(p for p in (*parts, r.detail) if p) or "fails")
 
 
 def _value_verdict(r: Result) -> str:

@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-ALPHA = 0.05  # two-sided, per metric
+ALPHA = 0.05  # two-sided; the check spends it family-wise (Bonferroni, attnrepro.check.families)
 
 # metrics judged on the log scale: attention statistics and scales that move by factors and,
 # collapsed, live near zero (a rule on the key, so every stage and the check agree)

@@ -22,6 +22,8 @@ import uuid
 from pathlib import Path
 from typing import Mapping, Optional
 
+from .io import _alive  # is a process of this host alive? (io's staging uses it the same way)
+
 
 class RunStore:
     def __init__(self, root: str | os.PathLike):
@@ -80,13 +82,3 @@ class RunStore:
                 shutil.rmtree(p, ignore_errors=True)
                 removed += 1
         return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -9,7 +9,7 @@ RunRecord per spec. Where the runs execute:
               torch thread each: the default
   cluster     an existing Dask scheduler (engine.scheduler, $ATTNREPRO_SCHEDULER or a
               stage's --scheduler): `dask scheduler` + `dask worker` on any machines,
-              or dask-jobqueue on Slurm (README, "Sweeps on a cluster")
+              or dask-jobqueue on Slurm (README, "Sweeps, the run store, and a cluster"; docs/sweeps.md)
 
 Every run pins its own seeds and thread count, so its result is byte-identical
 whichever way it ran. Results travel back to this process as bytes and are written
@@ -277,7 +277,10 @@ def _run_dask(todo, inputs, engine: EngineConfig, store: RunStore, records: dict
     # a run whose worker dies is rescheduled once, then reported as failed
     with dask.config.set({"distributed.scheduler.allowed-failures": 1}):
         if engine.scheduler:
-            client = Client(engine.scheduler, timeout="20s")
+            try:
+                client = Client(engine.scheduler, timeout="20s")
+            except (OSError, ValueError) as e:  # unreachable (a timeout is an OSError) or not an address
+                raise UserError(f"engine.scheduler: cannot connect to {engine.scheduler!r} ({e})") from None
         else:
             cluster = LocalCluster(n_workers=min(engine.n_workers, len(todo)), threads_per_worker=1, processes=True,
                                    dashboard_address=":0",
