@@ -8,9 +8,10 @@ import json
 import numpy as np
 import pytest
 import yaml
-from conftest import REPO, call_stage, load_stage_module
+from conftest import REPO, call_stage
 
 from attnrepro.attention import BUGS
+from attnrepro.chapter import SYMPTOMS
 
 VOCAB = 40
 
@@ -54,7 +55,7 @@ def test_symptom_table_with_seed_spread_and_deterministic(workdir):
     assert dist["seeds"] == [REF_SEED, 1] and set(dist["runs"]) == {str(REF_SEED), "1"}
     for v in BUGS:
         assert 0 < m[v]["diag_weight_all_rows_half_block"] <= 1
-        for k in load_stage_module("failures").SPREAD:
+        for k in SYMPTOMS:
             st = dist["stats"][f"{v}.{k}"]
             assert st["n"] == 2 and st["min"] <= m[v][k] <= st["max"]
             assert dist["runs"][str(REF_SEED)][v][k] == m[v][k]  # the table's run is the reference seed's
