@@ -61,7 +61,7 @@ def headline(pub: Published) -> str:
         f"**{g(d32['mean'])}** [{g(d32['ci95_lo'])}, {g(d32['ci95_hi'])}] ({pub('train.gaps.gap_d32_loss_final')}), "
         f"at `d_head = 256` by **{g(d256['mean'])}** [{g(d256['ci95_lo'])}, {g(d256['ci95_hi'])}] "
         f"({pub('train.gaps.gap_d256_loss_final')}): a ratio of **{r['value']:.1f}×** "
-        f"[{r['ci95_lo']:.1f}, {r['ci95_hi']:.1f}] ({pub('train.gaps.gap_ratio_loss_final')}×). "
+        f"[{r['ci95_lo']:.1f}, {r['ci95_hi']:.1f}] ({pub('train.gap_ratio.gap_ratio_of_means_loss_final')}×). "
         f"The unscaled `d_head = 256` attention collapses: layer-0 entropy {g(e222['mean'])} at step 222 "
         f"(range {g(e222['min'])}–{g(e222['max'])}; {pub('train.d256_diagnostics.d256_unscaled.entropy_step222')}), "
         f"and its softmax Jacobian ends at {g(jf['mean'])}, "
