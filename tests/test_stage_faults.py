@@ -73,7 +73,9 @@ def start(root: Path, tag: str, delay: float = 0.0, env=None, as_user: bool = Fa
     cmd = [sys.executable, str(root / "stage.py"), tag, str(delay)]
     if as_user and os.geteuid() == 0:
         cmd = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *cmd]
-    return subprocess.Popen(cmd, cwd=root, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # a shell's background job inherits SIGINT ignored, and Python then never raises KeyboardInterrupt
+    return subprocess.Popen(cmd, cwd=root, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def run(root: Path, tag: str, **kw) -> subprocess.CompletedProcess:
