@@ -138,9 +138,9 @@ def sweeps() -> list[str]:
            + (f". The gap has risen {o['rise_nats']} nat above its d_head-{rows[0][0]} value by d_head "
               f"**{o['d_head']:.0f}** [95% {o.get('ci95_lo', float('nan')):.0f}, {o.get('ci95_hi', float('inf')):.0f}]."
               if o.get("reached") else ".")]
-    forms = [(n, m) for n, m in qk.items()]
     out += ["", "QK-norm at d_head 256 (mean over seeds: final loss, final layer-0 entropy): "
-            + "; ".join(f"{n} {g(m['loss_final']['mean'])}, {g(m['entropy_final']['mean'])}" for n, m in forms) + "."]
+            + "; ".join(f"{n} {g(m['loss_final']['mean'])}, {g(m['entropy_final']['mean'])}" for n, m in qk.items())
+            + "."]
     return out
 
 

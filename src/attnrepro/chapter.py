@@ -148,6 +148,7 @@ def comparison(metrics: dict, pairs: dict[int, dict[bool, str]]) -> dict:
 
 SYMPTOMS = ("loss_final", "grad_norm_final", "entropy", "diag_weight")  # what a failures run records
 
+
 @dataclass
 class FailuresConfig(OptimConfig):
     seed: int  # model init and batch order, as in train
