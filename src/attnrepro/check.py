@@ -213,7 +213,7 @@ def compare(cur: dict, ref: Reference, cur_dists: dict, exp: Expectations, modes
             continue
         rule = exp.drift_rule(key)
         if b is not None and b.sd == 0:  # the same on every seed (a count, a row sum): its drift rule, or exact,
-            b = None  # against the full-precision value (the stored summary keeps 6 digits: 1376256 -> 1.37626e6)
+            b = None  # against the full-precision value (the stored summary keeps 6 significant digits, too few for a 7-digit count)
         if b is not None:
             ok = b.contains(c, alpha)
             mine = band(cur_dists, key)
