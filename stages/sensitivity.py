@@ -5,8 +5,9 @@ The source leaves open its weight-decay value and grouping (its snippet is
 failures table, its validation split and its init scheme. Each choice of
 `sensitivity.choices` changes ONE of them on top of the train protocol (params `train`)
 and is trained at `sensitivity.seeds` for the variants whose numbers deviate from the
-published ones (`sensitivity.metrics`), and for the failures table's correct model (the
-failures protocol, 300 steps). The effect of a choice on a metric is the mean over seeds
+published ones (`sensitivity.metrics`): train variants, and the failures table's models
+as `failures_<variant>` (`failures_correct`, `failures_mask_zero`, ...; the failures
+protocol, 300 steps). The effect of a choice on a metric is the mean over seeds
 of its paired difference from the plain protocol at the same seed, in units of the
 plain protocol's seed standard deviation (the reference distribution of the seeds and
 failures stages; the log scale for attention statistics and scales).
@@ -42,7 +43,12 @@ from attnrepro.stats import from_summary
 from attnrepro.sweep import add_engine_args, engine_config, require_ok, run_sweep
 from attnrepro.training import OptimConfig
 
-FAILURES = "failures_correct"  # the failures table's correct model, a pseudo-variant here
+FAILURES = "failures_"  # failures_<variant>: a model of the failures table, a pseudo-variant here
+
+
+def failures_variant(v: str) -> str | None:
+    """The failures variant that a sensitivity variant names, or None for a train variant."""
+    return v[len(FAILURES):] if v.startswith(FAILURES) else None
 
 
 def seed_bands(cfg: SensitivityConfig) -> dict:
@@ -52,9 +58,9 @@ def seed_bands(cfg: SensitivityConfig) -> dict:
     bands = {}
     for v, names in cfg.metrics.items():
         for m in names:
-            key = f"correct.{m}" if v == FAILURES else f"{v}.{m}"
-            band = stats["failures" if v == FAILURES else "train"].get(key)
-            if band is None or (v == FAILURES and m not in SYMPTOMS):
+            bug = failures_variant(v)
+            band = stats["train" if bug is None else "failures"].get(f"{v if bug is None else bug}.{m}")
+            if band is None or (bug is not None and m not in SYMPTOMS):
                 raise ConfigError(f"sensitivity.metrics.{v}: {m} has no seed distribution in metrics/dist/ that a "
                                   "run records; run the seeds and failures stages first, or name a metric they record")
             bands[(v, m)] = from_summary(band)
@@ -83,7 +89,8 @@ def main() -> None:
     failures = from_dict(FailuresConfig, params.get("failures"), prefix="failures")
     cfg = from_dict(SensitivityConfig, params.get("sensitivity"), prefix="sensitivity")
     for v in cfg.metrics:
-        require(v in train.variants or v == FAILURES, "sensitivity.metrics", v, f"train.variants or {FAILURES}")
+        require(v in train.variants or failures_variant(v) in failures.variants, "sensitivity.metrics", v,
+                f"a train variant or {FAILURES}<a failures variant>")
     for name, c in cfg.choices.items():
         if "optim" in c:
             from_dict(OptimConfig, {**optim_fields(train), **c["optim"]}, prefix=f"sensitivity.choices.{name}.optim")
@@ -96,8 +103,9 @@ def main() -> None:
 
     def spec(variant: str, choice: dict, seed: int, label: str):
         model, optim = choice.get("model", {}), choice.get("optim", {})
-        if variant == FAILURES:
-            return failures.spec("correct", seed, device, model=model, label=label, **optim)
+        bug = failures_variant(variant)
+        if bug is not None:
+            return failures.spec(bug, seed, device, model=model, label=label, **optim)
         v = {**train.variants[variant], **model}
         return train.run(model_fields(model_config(train.models, v, f"sensitivity.{variant}")), seed, device,
                          label, **optim)

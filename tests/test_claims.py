@@ -156,6 +156,42 @@ def test_published_values_are_placed_in_the_seed_band(tmp_path):
     assert out["train.t.v1.loss"]["band_lo"] < 4.05 < out["train.t.v1.loss"]["band_hi"]
 
 
+def test_an_explanation_by_a_choice_lapses_when_the_choice_stops_moving_it(tmp_path):
+    exp = C.load(write(tmp_path, {"train": {"section": "§2", "values": [
+        {"id": "t", "text": "t", "metric": "train.{row}.{col}", "columns": ["loss"], "rows": {"v": [5.0]},
+         "explain": {"v.loss": {"moved_by": ["sens.v.loss.block"], "note": "blocks move it"}}}]}}))
+    dist = seeds_dist({s: {"v": {"loss": 4.0 + 0.01 * s}} for s in range(5)})
+
+    def explanation(effect_sd, mean):
+        row = {"sens.v.loss.block.effect_sd": effect_sd, "sens.v.loss.block.mean": mean,
+               "sens.v.loss.block.baseline": 4.0}
+        return C.evaluate_all(exp, {"train.v.loss": 4.02, **row}, dist, {})[0].explanation
+
+    lapsed = "unexplained (the cited sens.v.loss.block no longer moves it more than 2 sd and half-way"
+    assert explanation(9.0, 4.6) == "blocks move it"  # past half-way (4.5)
+    assert explanation(9.0, 5.8) == "blocks move it"  # past the published figure
+    assert explanation(9.0, 4.4).startswith(lapsed)  # beyond 2 sd, but not half-way
+    assert explanation(1.5, 4.6).startswith(lapsed)  # half-way, but within seed noise
+    assert explanation(-9.0, 3.0).startswith(lapsed)  # away from it
+    assert C.evaluate_all(exp, {"train.v.loss": 4.02}, dist, {})[0].explanation == (
+        "unexplained (the cited sens.v.loss.block.effect_sd, sens.v.loss.block.mean, sens.v.loss.block.baseline is "
+        "missing)")
+
+
+def test_half_way_is_the_geometric_mean_on_the_log_scale():
+    assert C.moves_half_way(3.0, 0.09, 0.05, 0.15, log=False) is False  # linear mid-point 0.10
+    assert C.moves_half_way(3.0, 0.09, 0.05, 0.15, log=True) is True  # geometric mid-point 0.0866
+    assert C.moves_half_way(-3.0, 0.85, 0.93, 0.83, log=True) is True  # downward
+
+
+@pytest.mark.parametrize("explain", [{"because": "x"}, {"moved_by": "sens.v.loss.block"}, {"by": [1.0]}])
+def test_a_bad_explanation_is_a_load_error(tmp_path, explain):
+    path = write(tmp_path, {"train": {"section": "§2", "values": [
+        {"id": "t", "text": "t", "metric": "train.{col}", "published": {"loss": 5.0}, "explain": {"loss": explain}}]}})
+    with pytest.raises(C.ClaimError, match=re.escape("explain.loss: expected {by: [metric keys], moved_by")):
+        C.load(path)
+
+
 def test_gpu_claims_are_skipped_on_a_cpu_run(tmp_path):
     exp = C.load(write(tmp_path, {"latency": {"section": "§7", "conclusions": [
         {"id": "fast", "text": "t", "expr": "latency.gpu_ms < 1", "requires": "cuda"}]}}))

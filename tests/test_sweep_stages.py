@@ -92,7 +92,9 @@ def test_qknorm_forms(repo):
 
 def test_sensitivity_effects(repo):
     m = load(repo, "sensitivity")
-    assert set(m) == {"d256_scaled", "d32_unscaled", "failures_correct"}
+    p = yaml.safe_load((repo / "params.yaml").read_text(encoding="utf-8"))["sensitivity"]
+    assert {v: sorted(ms) for v, ms in m.items()} == {v: sorted(ms) for v, ms in p["metrics"].items()}
+    assert "failures_mask_zero" in m  # a failures variant other than the correct model
     for metrics in m.values():
         for effects in metrics.values():
             assert set(effects) == {"decay_all_params", "block_32", "val_first_10pct"}
@@ -109,6 +111,7 @@ def test_a_second_repro_trains_nothing(repo):
     ({"choices": {"plain": {"optim": {"weight_decay": 0.0}}}}, "none named 'plain'"),
     ({"metrics": {"d256_scaled": ["loss_finale"]}}, "sensitivity.metrics.d256_scaled: loss_finale"),
     ({"metrics": {"failures_correct": ["diag_weight_all_rows_half_block"]}}, "diag_weight_all_rows_half_block"),
+    ({"metrics": {"failures_typo": ["entropy"]}}, "sensitivity.metrics: got 'failures_typo'"),
 ])
 def test_a_bad_sensitivity_param_stops_it_before_any_run(repo, tmp_path, change, message):
     p = yaml.safe_load((repo / "params.yaml").read_text(encoding="utf-8"))

@@ -234,7 +234,7 @@ class QKNormConfig:
 class SensitivityConfig:
     seeds: list[int]
     choices: dict[str, dict]  # name -> {optim: {...}} | {model: {...}} | {split: first}
-    metrics: dict[str, list[str]]  # train variant (or failures_correct) -> the deviating metrics
+    metrics: dict[str, list[str]]  # train variant or failures_<variant> -> the deviating metrics
 
     def validate(self, prefix: str = "sensitivity") -> None:
         require(len(self.seeds) >= 2 and len(set(self.seeds)) == len(self.seeds), f"{prefix}.seeds", self.seeds,

@@ -20,8 +20,12 @@ An entry is an expression `{id, text, expr, note?}` (a comparison, e.g. a < b) o
 (null: nothing published); a one-row table gives `published: {col: number}` instead. Its
 cells are claims `<id>.<row>.<col>`. A table may carry `tol` (how close a cell must come
 when no seed distribution exists), `requires: cuda`, `note`, and `explain: {cell or "*":
-{by: [metric keys], note: ...}}` (the measurement in this repository that explains a
-deviation; a value outside its band with no explanation is reported "unexplained").
+{by: [metric keys], moved_by: [sensitivity rows], note: ...}}` (the measurement in this
+repository that explains a deviation; a value outside its band with no explanation is
+reported "unexplained"). `moved_by` cites rows <variant>.<metric>.<choice> of the
+sensitivity stage: the explanation stands only while each row moves the number toward the
+published figure by more than MOVE_SD seed sd and at least half-way there (on the log scale
+where the seed band is on it); on a run where one does not, the cell is "unexplained".
 
 Tolerance grammar (Tol): exact | ±x | ±x% | ×x (within x times either way) |
 <= N eps32 / <= N eps64 (float noise: N machine epsilons, whatever the reference) | info
@@ -132,6 +136,7 @@ class Claim:
     note: str = ""
     evidence: tuple[str, ...] = ()
     evidence_note: str = ""
+    moved_by: tuple[str, ...] = ()  # sensitivity rows that must move it half-way to the published figure
     interval: Optional[tuple[str, str]] = None  # expressions of our interval for this number (lo, hi)
 
     @property
@@ -300,17 +305,21 @@ def _entry(raw, cls: str, exp: str, section: str, where: str) -> list[Claim]:
     explain = raw.get("explain") or {}
     if not isinstance(explain, dict):
         raise ClaimError(f"{where}.explain: expected {{cell or '*': {{by: [metric keys], note: text}}}}")
+    shape = "expected {by: [metric keys], moved_by: [sensitivity rows], note: text}"
     out = []
     for cell, expr, pub in cells:
         _check_expr(expr, f"{where} cell {cell}", boolean=False)
         ex = explain.get(cell) or explain.get("*") or {}
-        if not isinstance(ex, dict) or not isinstance(ex.get("by", []), list):
-            raise ClaimError(f"{where}.explain.{cell}: expected {{by: [metric keys], note: text}}")
+        if not isinstance(ex, dict) or set(ex) - {"by", "moved_by", "note"} or not all(
+                isinstance(ex.get(k, []), list) and all(isinstance(x, str) for x in ex.get(k, []))
+                for k in ("by", "moved_by")):
+            raise ClaimError(f"{where}.explain.{cell}: {shape}")
         col = cell.rsplit(".", 1)[-1] if "published" not in raw else cell
         bounds = tuple(t.replace("{col}", col) for t in interval) if interval else None
         out.append(Claim(f"{exp}.{cid}.{cell}", exp, section, cls, text, expr, published=pub, tol=tol,
                          requires=requires, note=" ".join(str(raw.get("note", "")).split()),
                          evidence=tuple(ex.get("by", [])), evidence_note=" ".join(str(ex.get("note", "")).split()),
+                         moved_by=tuple(ex.get("moved_by", [])),
                          interval=bounds))
     if not out:
         raise ClaimError(f"{where}: the table has no published number")
@@ -391,16 +400,20 @@ class Result:
         return self.claim.gate and self.status in ("fail", "missing")
 
     missing_evidence: tuple[str, ...] = ()  # cited metrics that this run does not have
+    not_moved: tuple[str, ...] = ()  # cited sensitivity rows that no longer move it half-way
 
     @property
     def explanation(self) -> str:
         """For a value outside its band: the evidence cited (which must exist), or 'unexplained'."""
         if self.claim.cls != "value" or self.status != "fail":
             return ""
-        if not self.claim.evidence:
+        if not self.claim.evidence and not self.claim.moved_by:
             return "unexplained"
         if self.missing_evidence:
             return f"unexplained (the cited {', '.join(self.missing_evidence)} is missing)"
+        if self.not_moved:
+            return (f"unexplained (the cited {', '.join(self.not_moved)} no longer moves it more than {MOVE_SD} sd "
+                    "and half-way to the published figure)")
         return self.claim.evidence_note
 
 
@@ -476,8 +489,25 @@ def evaluate_claim(claim: Claim, metrics: Mapping[str, float], dists: Mapping[st
 def evaluate_all(exp: Expectations, metrics, dists, envs) -> list[Result]:
     results = [evaluate_claim(c, metrics, dists, envs) for c in exp.claims]
     for r in results:
-        r.missing_evidence = tuple(k for k in r.claim.evidence if k not in metrics)
+        cited = list(r.claim.evidence) + [f"{row}.{k}" for row in r.claim.moved_by for k in MOVE_KEYS]
+        r.missing_evidence = tuple(k for k in cited if k not in metrics)
+        if r.claim.moved_by and not r.missing_evidence and r.claim.published is not None:
+            log = r.band is not None and r.band.log
+            r.not_moved = tuple(row for row in r.claim.moved_by
+                                if not moves_half_way(*(metrics[f"{row}.{k}"] for k in MOVE_KEYS), r.claim.published, log))
     return results
+
+
+MOVE_SD = 2  # an explaining choice moves the number by more than this many seed sd ...
+MOVE_KEYS = ("effect_sd", "mean", "baseline")  # ... read from a sensitivity row
+
+
+def moves_half_way(effect_sd: float, mean: float, baseline: float, published: float, log: bool) -> bool:
+    """Does a choice move our baseline toward `published` by more than MOVE_SD seed sd, and at least
+    half-way there (past it counts)? Half-way is the geometric mean on the log scale."""
+    up = published > baseline
+    mid = math.sqrt(baseline * published) if log else (baseline + published) / 2
+    return (effect_sd > MOVE_SD and mean >= mid) if up else (effect_sd < -MOVE_SD and mean <= mid)
 
 
 def counts(results: list[Result]) -> dict:

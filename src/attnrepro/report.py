@@ -360,11 +360,13 @@ def sensitivity_markdown(m: dict, exp) -> str:
     out = ["## Sensitivity to the source's unstated choices\n",
            "Effect of changing one choice, in units of the seed standard deviation of the plain protocol "
            "(mean paired difference over seeds; log scale for attention statistics). ▲/▼: the published figure lies "
-           "above/below our baseline; **bold**: the choice moves the metric more than 2 sd toward it.\n",
+           "above/below our baseline; **bold**: the choice moves the metric more than 2 sd toward it. A choice explains a "
+           "deviation in the tables above (claims.yaml `moved_by`) only if it also moves it at least half-way there.\n",
            "| metric | ours (baseline) | published | " + " | ".join(choices) + " |", "| --- " * (3 + len(choices)) + "|"]
     for variant, metrics in m.items():
         for metric, effects in metrics.items():
-            key = f"failures.correct.{metric}" if variant == "failures_correct" else f"train.{variant}.{metric}"
+            bug = variant.removeprefix("failures_")
+            key = f"failures.{bug}.{metric}" if bug != variant else f"train.{variant}.{metric}"
             pub = published.get(key)
             base = next(iter(effects.values()))["baseline"]
             arrow = "" if pub is None else ("▲" if pub > base else "▼")
