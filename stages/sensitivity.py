@@ -32,8 +32,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from attnrepro.chapter import (SYMPTOMS, FailuresConfig, SensitivityConfig, TrainConfig, corpus_inputs, model_config,
-                               model_fields, optim_fields)
+from attnrepro.chapter import (SENSITIVITY_FAILURES, SYMPTOMS, FailuresConfig, SensitivityConfig, TrainConfig,
+                               corpus_inputs, model_config, model_fields, optim_fields, sensitivity_target)
 from attnrepro.claims import read_json as read_metrics
 from attnrepro.config import ConfigError, from_dict, read_params, require, run_stage
 from attnrepro.envinfo import setup_determinism, stage_environment
@@ -43,14 +43,6 @@ from attnrepro.stats import from_summary
 from attnrepro.sweep import add_engine_args, engine_config, require_ok, run_sweep
 from attnrepro.training import OptimConfig
 
-FAILURES = "failures_"  # failures_<variant>: a model of the failures table, a pseudo-variant here
-
-
-def failures_variant(v: str) -> str | None:
-    """The failures variant that a sensitivity variant names, or None for a train variant."""
-    return v[len(FAILURES):] if v.startswith(FAILURES) else None
-
-
 def seed_bands(cfg: SensitivityConfig) -> dict:
     """(variant, metric) -> the plain protocol's seed distribution, read before any run starts."""
     files = {"train": "metrics/dist/train.json", "failures": "metrics/dist/failures.json"}
@@ -58,9 +50,9 @@ def seed_bands(cfg: SensitivityConfig) -> dict:
     bands = {}
     for v, names in cfg.metrics.items():
         for m in names:
-            bug = failures_variant(v)
-            band = stats["train" if bug is None else "failures"].get(f"{v if bug is None else bug}.{m}")
-            if band is None or (bug is not None and m not in SYMPTOMS):
+            file, name = sensitivity_target(v)
+            band = stats[file].get(f"{name}.{m}")
+            if band is None or (file == "failures" and m not in SYMPTOMS):
                 raise ConfigError(f"sensitivity.metrics.{v}: {m} has no seed distribution in metrics/dist/ that a "
                                   "run records; run the seeds and failures stages first, or name a metric they record")
             bands[(v, m)] = from_summary(band)
@@ -89,8 +81,9 @@ def main() -> None:
     failures = from_dict(FailuresConfig, params.get("failures"), prefix="failures")
     cfg = from_dict(SensitivityConfig, params.get("sensitivity"), prefix="sensitivity")
     for v in cfg.metrics:
-        require(v in train.variants or failures_variant(v) in failures.variants, "sensitivity.metrics", v,
-                f"a train variant or {FAILURES}<a failures variant>")
+        file, name = sensitivity_target(v)
+        require(name in (failures.variants if file == "failures" else train.variants), "sensitivity.metrics", v,
+                f"a train variant or {SENSITIVITY_FAILURES}<a failures variant>")
     for name, c in cfg.choices.items():
         if "optim" in c:
             from_dict(OptimConfig, {**optim_fields(train), **c["optim"]}, prefix=f"sensitivity.choices.{name}.optim")
@@ -103,10 +96,10 @@ def main() -> None:
 
     def spec(variant: str, choice: dict, seed: int, label: str):
         model, optim = choice.get("model", {}), choice.get("optim", {})
-        bug = failures_variant(variant)
-        if bug is not None:
-            return failures.spec(bug, seed, device, model=model, label=label, **optim)
-        v = {**train.variants[variant], **model}
+        file, name = sensitivity_target(variant)
+        if file == "failures":
+            return failures.spec(name, seed, device, model=model, label=label, **optim)
+        v = {**train.variants[name], **model}
         return train.run(model_fields(model_config(train.models, v, f"sensitivity.{variant}")), seed, device,
                          label, **optim)
 

@@ -230,6 +230,17 @@ class QKNormConfig:
                 "at least 3 different seeds")
 
 
+SENSITIVITY_FAILURES = "failures_"  # a sensitivity variant failures_<bug> names a model of the failures table
+
+
+def sensitivity_target(variant: str) -> tuple[str, str]:
+    """(metrics file, variant there) that a sensitivity variant names: ("failures", bug) for
+    failures_<bug>, else ("train", variant)."""
+    if variant.startswith(SENSITIVITY_FAILURES):
+        return "failures", variant[len(SENSITIVITY_FAILURES):]
+    return "train", variant
+
+
 @dataclass
 class SensitivityConfig:
     seeds: list[int]

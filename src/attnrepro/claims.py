@@ -390,6 +390,8 @@ class Result:
     mean_holds: Optional[bool] = None
     band: Optional[Band] = None  # cells: our seed distribution of the metric
     z: Optional[float] = None  # cells: (published - our mean) / our seed sd
+    missing_evidence: tuple[str, ...] = ()  # cited metrics that this run does not have
+    not_moved: tuple[str, ...] = ()  # cited sensitivity rows that no longer move it half-way
 
     @property
     def passed(self) -> bool:
@@ -398,9 +400,6 @@ class Result:
     @property
     def gated_failure(self) -> bool:
         return self.claim.gate and self.status in ("fail", "missing")
-
-    missing_evidence: tuple[str, ...] = ()  # cited metrics that this run does not have
-    not_moved: tuple[str, ...] = ()  # cited sensitivity rows that no longer move it half-way
 
     @property
     def explanation(self) -> str:

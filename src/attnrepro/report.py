@@ -17,7 +17,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from .claims import (CLASSES, Result, claims_json, counts, evaluate_all, load, load_dists, load_envs,
+from .chapter import sensitivity_target
+from .claims import (CLASSES, MOVE_SD, Result, claims_json, counts, evaluate_all, load, load_dists, load_envs,
                      load_metrics_dir)
 from .config import require
 from .expr import fmt_number
@@ -360,20 +361,20 @@ def sensitivity_markdown(m: dict, exp) -> str:
     out = ["## Sensitivity to the source's unstated choices\n",
            "Effect of changing one choice, in units of the seed standard deviation of the plain protocol "
            "(mean paired difference over seeds; log scale for attention statistics). ▲/▼: the published figure lies "
-           "above/below our baseline; **bold**: the choice moves the metric more than 2 sd toward it. A choice explains a "
-           "deviation in the tables above (claims.yaml `moved_by`) only if it also moves it at least half-way there.\n",
+           f"above/below our baseline; **bold**: the choice moves the metric more than {MOVE_SD} sd toward it. A choice "
+           "explains a deviation in the tables above (claims.yaml `moved_by`) only if it also moves it at least half-way "
+           "there.\n",
            "| metric | ours (baseline) | published | " + " | ".join(choices) + " |", "| --- " * (3 + len(choices)) + "|"]
     for variant, metrics in m.items():
         for metric, effects in metrics.items():
-            bug = variant.removeprefix("failures_")
-            key = f"failures.{bug}.{metric}" if bug != variant else f"train.{variant}.{metric}"
+            key = ".".join((*sensitivity_target(variant), metric))
             pub = published.get(key)
             base = next(iter(effects.values()))["baseline"]
             arrow = "" if pub is None else ("▲" if pub > base else "▼")
             cells = []
             for c in choices:
                 e = effects[c]["effect_sd"]
-                toward = pub is not None and abs(e) > 2 and (e > 0) == (pub > base)
+                toward = pub is not None and abs(e) > MOVE_SD and (e > 0) == (pub > base)
                 cells.append(f"**{e:+.1f}**" if toward else f"{e:+.1f}")
             out.append(f"| {variant}.{metric} | {base:.4g} | {'' if pub is None else f'{pub:.4g} {arrow}'} | "
                        + " | ".join(cells) + " |")
