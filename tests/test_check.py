@@ -257,3 +257,13 @@ def test_bad_revision_and_bad_files_are_one_line_errors(repo, capsys):
     (repo / "metrics/train.json").write_text("{", encoding="utf-8")
     rc, out = check(repo, capsys)
     assert rc == 2 and "not valid JSON" in out and out.count("\n") == 1
+
+
+@pytest.mark.parametrize("damage", ["missing", "broken"])
+def test_a_missing_or_broken_params_file_is_one_line(repo, capsys, damage):
+    """Once read as {} (31 problems instead of one line)."""
+    p = repo / "params.yaml"
+    p.unlink() if damage == "missing" else p.write_text("train: [unclosed\n", encoding="utf-8")
+    rc, out = check(repo, capsys)
+    expected = "params file not found" if damage == "missing" else "not valid YAML at line"
+    assert rc == 2 and out.count("\n") == 1 and out.startswith(f"error: {p}") and expected in out, out

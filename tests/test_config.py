@@ -14,7 +14,7 @@ from attnrepro.corpus import CorpusConfig
 from attnrepro.model import ModelConfig
 from attnrepro.training import OptimConfig
 
-from attnrepro.chapter import model_config
+from attnrepro.chapter import SeedsConfig, model_config
 
 from conftest import CHAPTER_OPTIM, REPO, call_stage, load_stage_module, output_files, run_script
 
@@ -34,8 +34,42 @@ def test_real_params_train_section():
     assert isinstance(cfg.lr, float) and cfg.betas == [0.9, 0.95]
     for name in cfg.variants:
         assert model_config(cfg.models, cfg.variants[name], f"train.variants.{name}").d_head in (32, 256)
-    sched = cfg.diag_schedule()
-    assert set(cfg.diag_steps) <= sched and 10 in sched and cfg.steps not in sched
+    from attnrepro.runs import DiagSchedule
+
+    spec = cfg.spec("d32_scaled", cfg.seed, "cpu")
+    sched = DiagSchedule(spec.diag_every, frozenset(spec.diag_steps), spec.steps)
+    assert all(s in sched for s in cfg.diag_steps if s < cfg.steps) and 10 in sched and cfg.steps not in sched
+    assert [s for s in range(cfg.steps + 5) if s in sched] == \
+        sorted(set(range(0, cfg.steps, cfg.diag_every)) | {s for s in cfg.diag_steps if s < cfg.steps})
+
+
+def test_a_huge_step_count_is_refused_and_the_schedule_stays_a_rule(tmp_path):
+    """train.steps 1e9 once ate 6 GB before any output: a diagnostics schedule materialised into the spec."""
+    from attnrepro.config import ConfigError
+    from attnrepro.runs import RunSpec
+
+    train = load_stage_module("train")
+    data = yaml.safe_load((REPO / "params.yaml").read_text(encoding="utf-8"))["train"]
+    with pytest.raises(ConfigError, match=r"train.steps: got 1000000000, expected at most 10,000,000 steps"):
+        from_dict(train.TrainConfig, {**data, "steps": 10**9}, prefix="train")
+    cfg = from_dict(train.TrainConfig, {**data, "steps": 10**7}, prefix="train")
+    spec = cfg.spec("d32_scaled", 0, "cpu")
+    assert isinstance(spec, RunSpec) and len(spec.diag_steps) <= len(cfg.diag_steps)
+
+
+@pytest.mark.parametrize("seed,ok", [(0, True), (2**63 - 1, True), (2**63, False), (-1, False)])
+def test_seeds_are_bounded(seed, ok):
+    from attnrepro.config import ConfigError
+
+    train = load_stage_module("train")
+    data = yaml.safe_load((REPO / "params.yaml").read_text(encoding="utf-8"))
+    if ok:
+        from_dict(train.TrainConfig, {**data["train"], "seed": seed}, prefix="train")
+        return
+    with pytest.raises(ConfigError, match=r"train.seed: .*no negative seeds"):
+        from_dict(train.TrainConfig, {**data["train"], "seed": seed}, prefix="train")
+    with pytest.raises(ConfigError, match=r"seeds.seeds\[1\]: .*no negative seeds"):
+        from_dict(SeedsConfig, {**data["seeds"], "seeds": [1, seed, 3]}, prefix="seeds")
 
 
 def _registered_sections():

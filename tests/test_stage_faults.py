@@ -45,12 +45,17 @@ if kill_at:
 
 
 def main():
+    if os.environ.get("FULL_DISK"):  # as a write to a full disk fails: an OSError naming no file
+        import errno
+        from attnrepro.io import atomic_path
+        with atomic_path("metrics/part0.json"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
     if os.environ.get("READ_MISSING"):
         Path("inputs/missing.txt").read_text()
     if os.environ.get("BUG"):
         raise OSError("a bug with no file name")
     for i in range(3):
-        write_json(f"metrics/part{i}.json", {"tag": tag, "i": i, "pad": "x" * 4096})
+        write_json(f"metrics/part{i}.json", {"tag": tag, "i": i, "pad": "x" * int(os.environ.get("PAD", "4096"))})
         Path("progress").write_text(str(i))  # for the test only: how far the stage got
         time.sleep(delay)
     with atomic_dir("plots/multi") as d:
@@ -124,6 +129,7 @@ def test_killed_while_staging_leaves_all_old_outputs(stage_root):
     assert again.returncode == 0, again.stderr
     assert set(tags(stage_root).values()) == {"new"}
     assert not (stage_root / ".attnrepro-staging").exists()
+    assert not list(stage_root.rglob("*.staged-*"))
 
 
 def test_ctrl_c_says_interrupted_and_keeps_the_old_outputs(stage_root):
@@ -138,6 +144,20 @@ def test_ctrl_c_says_interrupted_and_keeps_the_old_outputs(stage_root):
     assert err.strip() == "interrupted; nothing written (the previous outputs are unchanged)"
     assert set(tags(stage_root).values()) == {"old"}
     assert not (stage_root / ".attnrepro-staging").exists()
+
+
+def test_sigterm_says_terminated_and_keeps_the_old_outputs(stage_root):
+    p = start(stage_root, "new", delay=0.5)
+    deadline = time.monotonic() + 60
+    while (stage_root / "progress").read_text() != "1":
+        assert time.monotonic() < deadline and p.poll() is None
+        time.sleep(0.02)
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 143
+    assert err.strip() == "terminated; nothing written (the previous outputs are unchanged)"
+    assert set(tags(stage_root).values()) == {"old"}
+    assert not (stage_root / ".attnrepro-staging").exists() and not list(stage_root.rglob("*.staged-*"))
 
 
 @pytest.mark.parametrize("kill_at", [1, 2, 3])
@@ -230,7 +250,7 @@ def test_unreadable_input_is_one_line_and_a_bug_keeps_its_traceback(stage_root):
 
 
 def test_os_error_line_classifies_paths(tmp_path, monkeypatch):
-    from attnrepro.config import os_error_line
+    from attnrepro.io import os_error_line
 
     monkeypatch.chdir(tmp_path)
     final = (tmp_path / "metrics" / "x.json").resolve()
@@ -241,3 +261,98 @@ def test_os_error_line_classifies_paths(tmp_path, monkeypatch):
     assert os_error_line(FileNotFoundError(2, "No such file or directory", "data/in.npy")) == \
         "cannot read data/in.npy: No such file or directory"
     assert os_error_line(OSError(5, "Input/output error")) is None
+
+
+# ---------------------------------------------------------------- outputs on other file systems, journals, full disks
+
+def _other_device_dir(near: Path) -> Path | None:
+    """A folder on another file system than `near` (/dev/shm is a tmpfs on Linux), or None."""
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or os.stat(shm).st_dev == os.stat(near).st_dev or not os.access(shm, os.W_OK):
+        return None
+    return Path(tempfile.mkdtemp(prefix="attnrepro-xdev-", dir=shm))
+
+
+def test_outputs_on_another_file_system_move_in_together(stage_root):
+    """plots/ a symlink to a tmpfs (or data/ to another disk): once new metrics beside old plots and a
+    journal that stopped every later stage; now each output is staged beside its destination."""
+    other = _other_device_dir(stage_root)
+    if other is None:
+        pytest.skip("no second file system to put an output folder on")
+    try:
+        shutil.copytree(stage_root / "plots", other / "plots")
+        shutil.rmtree(stage_root / "plots")
+        (stage_root / "plots").symlink_to(other / "plots")
+        killed = run(stage_root, "new", env={"KILL_AT_MOVE": "5"})  # killed after the metrics moved in
+        assert killed.returncode == -signal.SIGKILL
+        again = run(stage_root, "newer")  # finishes the killed commit (all "new"), then runs
+        assert again.returncode == 0, again.stderr
+        assert "finished moving in the outputs of a stage killed" in again.stderr
+        assert set(tags(stage_root).values()) == {"newer"}
+        assert not list(other.rglob("*.staged-*")) and not list(other.rglob("*.old-*"))
+        assert not (stage_root / ".attnrepro-staging").exists()
+    finally:
+        shutil.rmtree(other, ignore_errors=True)
+
+
+@pytest.mark.parametrize("resolution", ["--finish", "--discard"])
+def test_a_journal_whose_files_changed_stops_and_names_the_way_out(stage_root, resolution):
+    """Killed inside the commit window, then the user restores the moved file (git checkout): the
+    next stage, related or not, must not roll the rest forward over the restore. It stops with one
+    line naming the journal and the command; the command resolves it."""
+    old = (stage_root / "metrics/part0.json").read_bytes()
+    killed = run(stage_root, "new", env={"KILL_AT_MOVE": "2"})  # part0.json moved in, the rest not
+    assert killed.returncode == -signal.SIGKILL
+    assert tags(stage_root)["metrics/part0.json"] == "new"
+    (stage_root / "metrics/part0.json").write_bytes(old)  # the user's restore
+    line = _one_error_line(run(stage_root, "newer"))
+    assert "JOURNAL: a stage was killed while moving its outputs in" in line
+    assert "metrics/part0.json is no longer what the stage moved in" in line
+    assert "attnrepro staging --finish" in line and "attnrepro staging --discard" in line
+    assert set(tags(stage_root).values()) == {"old"}  # nothing rolled forward over the restore
+    cli = subprocess.run([sys.executable, "-m", "attnrepro.cli", "staging", resolution], cwd=stage_root,
+                         env=dict(os.environ, PYTHONPATH=str(REPO / "src")), capture_output=True, text=True)
+    assert cli.returncode == 0 and "1 interrupted commit" in cli.stdout, cli.stderr
+    state = tags(stage_root)
+    if resolution == "--finish":  # what had not moved yet moves in; the file the user restored stays
+        assert state.pop("metrics/part0.json") == "old" and set(state.values()) == {"new"}
+    else:
+        assert set(state.values()) == {"old"}
+    assert not list(stage_root.rglob("*.staged-*")) and not list(stage_root.rglob("*.old-*"))
+    assert run(stage_root, "newer").returncode == 0 and set(tags(stage_root).values()) == {"newer"}
+
+
+def test_a_folder_at_an_output_files_path_is_never_deleted(stage_root):
+    (stage_root / "metrics/part1.json").unlink()
+    (stage_root / "metrics/part1.json").mkdir()
+    (stage_root / "metrics/part1.json/precious.txt").write_text("keep me")
+    line = _one_error_line(run(stage_root, "new"))
+    assert line.startswith("error: cannot write metrics/part1.json: a folder is in its place")
+    assert (stage_root / "metrics/part1.json/precious.txt").read_text() == "keep me"
+    assert json.loads((stage_root / "metrics/part0.json").read_text())["tag"] == "old"  # nothing moved
+    assert not list(stage_root.rglob("*.staged-*")) and not (stage_root / ".attnrepro-staging").exists()
+
+
+def test_a_full_disk_names_the_file(stage_root):
+    line = _one_error_line(run(stage_root, "new", env={"FULL_DISK": "1"}))
+    assert line == "error: cannot write metrics/part0.json: No space left on device"
+    assert set(tags(stage_root).values()) == {"old"}
+
+
+def test_a_full_tmpfs_names_the_file(stage_root):
+    """The same on a real full file system: a 32 KiB tmpfs for metrics/, where it can be mounted."""
+    mnt = stage_root / "metrics"
+    saved = {p.name: p.read_bytes() for p in mnt.iterdir()}
+    shutil.rmtree(mnt)
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32k", "tmpfs", str(mnt)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (not root, or no mount permission)")
+    try:
+        for name, data in saved.items():
+            (mnt / name).write_bytes(data)
+        line = _one_error_line(run(stage_root, "new", env={"PAD": "12000"}))
+        assert line.startswith("error: cannot write metrics/part") and line.endswith("No space left on device")
+        assert set(tags(stage_root).values()) == {"old"}
+        assert not list(stage_root.rglob("*.staged-*"))
+    finally:
+        subprocess.run(["umount", str(mnt)], check=False)

@@ -59,8 +59,9 @@ def engine(tmp_path, workers=2, scheduler="") -> EngineConfig:
 
 
 def result_bytes(records) -> list[dict[str, bytes]]:
-    """Each run's files, timing.json aside (wall-clock seconds)."""
-    return [{p.name: p.read_bytes() for p in sorted(r.path.iterdir()) if p.name != "timing.json"} for r in records]
+    """Each run's files, timing.json (wall-clock seconds) and the manifest (which hashes it) aside."""
+    return [{p.name: p.read_bytes() for p in sorted(r.path.iterdir()) if p.name not in ("timing.json", "MANIFEST.json")}
+            for r in records]
 
 
 def test_run_function_writes_one_result_folder(tmp_path):
@@ -126,7 +127,7 @@ def test_an_unreachable_scheduler_is_one_clear_error(tmp_path):
     with socket.socket() as sock:  # a port nobody listens on
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    with pytest.raises(UserError, match=f"engine.scheduler: cannot connect to 'tcp://127.0.0.1:{port}'"):
+    with pytest.raises(UserError, match=f"engine.scheduler: 'tcp://127.0.0.1:{port}': cannot connect"):
         run_sweep("t", [tiny_spec()], tiny_inputs(), engine(tmp_path, scheduler=f"tcp://127.0.0.1:{port}"))
     assert not (tmp_path / "store").exists() or not any((tmp_path / "store").rglob("summary.json"))
 
@@ -219,6 +220,30 @@ def test_a_killed_worker_is_retried_once(tmp_path, external_scheduler):
         busy = [w for w, tasks in client.processing().items() if tasks]
         pid = client.run(os.getpid, workers=busy[:1])[busy[0]]
         os.kill(pid, signal.SIGKILL)  # the worker's nanny starts a new one; the scheduler retries the run
+        t.join(timeout=300)
+        client.wait_for_workers(2, timeout=60)
+    assert [r.status for r in out["recs"]] == ["ok", "ok"], [r.reason for r in out["recs"]]
+    fresh = run_sweep("t", specs, tiny_inputs(), engine(tmp_path / "fresh", workers=1))
+    assert result_bytes(out["recs"]) == result_bytes(fresh)
+
+
+def test_losing_every_worker_at_once_retries_each_run(tmp_path, external_scheduler):
+    """Every worker killed mid-run (the inputs they held die with them): once "already forgotten"
+    and the whole sweep cancelled; now the inputs are recomputed and each run retried once."""
+    import threading
+
+    from distributed import Client
+
+    specs = [tiny_spec(seed=s, steps=3000) for s in (20, 21)]
+    out: dict = {}
+    t = threading.Thread(target=lambda: out.update(recs=run_sweep("t", specs, tiny_inputs(),
+                                                                  engine(tmp_path, scheduler=external_scheduler))))
+    with Client(external_scheduler, timeout="30s") as client:
+        t.start()
+        keys = {run_key(s, tiny_inputs()) for s in specs}
+        assert wait_for(lambda: {e[1]["key"] for e in client.get_events("attnrepro-progress")} >= keys)
+        for pid in client.run(os.getpid).values():
+            os.kill(pid, signal.SIGKILL)  # every worker at once; their nannies start new ones
         t.join(timeout=300)
         client.wait_for_workers(2, timeout=60)
     assert [r.status for r in out["recs"]] == ["ok", "ok"], [r.reason for r in out["recs"]]

@@ -88,9 +88,6 @@ class TrainConfig(OptimConfig):
         for name, v in self.variants.items():
             model_config(self.models, v, f"{prefix}.variants.{name}")
 
-    def diag_schedule(self) -> set[int]:
-        return set(range(0, self.steps, self.diag_every)) | {s for s in self.diag_steps if s < self.steps}
-
     def spec(self, variant: str, seed: int, device: str) -> RunSpec:
         """The RunSpec of train.variants[variant] at `seed`."""
         mcfg = model_config(self.models, self.variants[variant], f"train.variants.{variant}")
@@ -102,7 +99,8 @@ class TrainConfig(OptimConfig):
         return RunSpec(
             task="corpus_lm", model=model, optim={**optim_fields(self), **optim}, seed=seed, batch_seed=seed,
             data={"val_batches": self.val_batches, "val_seed": self.val_seed},
-            diag_steps=tuple(sorted(self.diag_schedule())), eval_every=self.val_every,
+            diag_every=self.diag_every, diag_steps=tuple(sorted({s for s in self.diag_steps if s < self.steps})),
+            eval_every=self.val_every,
             measure={"loss_window": self.loss_window, "summary_steps": sorted(self.diag_steps), "diagnostics": True,
                      "qk_scale": True, "sample": {"prompt": self.sample_prompt, "tokens": self.sample_tokens,
                                                   "temperature": self.sample_temperature, "seed": self.sample_seed}},

@@ -35,7 +35,7 @@ import yaml
 
 from .claims import (Expectations, Result, Tol, band, counts, evaluate_all, load, load_dists, load_envs,
                      load_metrics_dir, METRIC_FILES_EXCLUDED, cuda_run)
-from .config import UserError
+from .config import UserError, read_params
 from .expr import fmt_number
 from .stats import ALPHA, Band, flatten
 
@@ -257,7 +257,7 @@ def run_check(rev: str = "HEAD", root: str | Path = ".", metrics_dir: str = "met
     cur_dists = load_dists(root / metrics_dir / "dist")
     envs = load_envs(root / metrics_dir / "env")
     ref = reference(rev, root, metrics_dir)
-    params = _read_params(root / "params.yaml")
+    params = read_params(root / "params.yaml")
     sections = stage_params(root, params)
 
     modes, why = {}, {}
@@ -300,15 +300,6 @@ def run_check(rev: str = "HEAD", root: str | Path = ".", metrics_dir: str = "met
             out.problems.append(f"{c.cls} {c.id} fails: {c.text} — {detail}")
     return out
 
-
-def _read_params(path: Path) -> dict:
-    try:
-        return yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError, UnicodeDecodeError):
-        return {}
-
-
-# ---------------------------------------------------------------- output
 
 def _cell(x) -> str:
     return "—" if x is None else fmt_number(x)

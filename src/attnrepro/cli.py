@@ -4,6 +4,8 @@
                                          else against the seed distributions; conclusions and checksums
   attnrepro claims [--all]               evaluate claims.yaml on the workspace metrics only
   attnrepro kv ...                       KV-cache memory calculator (attnrepro.memory), when installed
+  attnrepro store verify | gc            check the run store against its manifests, or clean it
+  attnrepro staging --finish | --discard resolve the journal of a stage killed while moving its outputs in
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ from .config import ArgumentParser, UserError
 # when the subcommand runs. Adding one is one line here.
 PLUGINS: dict[str, tuple[str, str, str]] = {
     "kv": ("attnrepro.memory", "main", "KV-cache / attention-matrix memory calculator (eq. 1.20-1.21)"),
+    "store": ("attnrepro.housekeeping", "store_main", "verify the run store (sizes, SHA-256) or clean it (gc)"),
+    "staging": ("attnrepro.housekeeping", "staging_main",
+                "finish or discard the move of a stage killed while putting its outputs in place"),
 }
 
 EPILOG = """\

@@ -133,6 +133,7 @@ def from_dict(cls: type[T], data: dict, prefix: str) -> T:
         key = f"{prefix}.{name}"
         if name in data:
             kwargs[name] = _coerce(data[name], hints[name], key)
+            _check_bounds(name, kwargs[name], key)
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise ConfigError(f"{key}: missing (expected {_type_name(hints[name])})")
     obj = cls(**kwargs)
@@ -140,6 +141,23 @@ def from_dict(cls: type[T], data: dict, prefix: str) -> T:
     if check is not None:
         check(prefix)
     return obj
+
+
+# Bounds every section shares, by field name. Seeds: torch.manual_seed takes [-2^63, 2^64) and
+# numpy's default_rng any integer >= 0; negative seeds are refused (torch would wrap -1 to 2^64 - 1:
+# two keys for one run) and the top is 2^63 - 1, so seeds derived by adding a small offset stay valid.
+SEED_MAX = 2**63 - 1
+MAX_STEPS = 10_000_000  # over a day at 10 ms a step; a typo of a few zeros stops here, not after hours
+
+
+def _check_bounds(name: str, value, key: str) -> None:
+    if name == "steps" and isinstance(value, int):
+        require(value <= MAX_STEPS, key, value, f"at most {MAX_STEPS:,} steps")
+    seeds = [value] if name.endswith("seed") else value if name.endswith("seeds") else []
+    for i, s in enumerate(seeds if isinstance(seeds, (list, tuple)) else []):
+        if isinstance(s, int):
+            require(0 <= s <= SEED_MAX, key if name.endswith("seed") else f"{key}[{i}]", s,
+                    "a seed in [0, 2^63 - 1] (no negative seeds)")
 
 
 def require(cond: bool, key: str, value, expected: str) -> None:
@@ -184,79 +202,43 @@ def load_section(cls: type[T], section: str, path: str | Path = "params.yaml") -
     return from_dict(cls, data[section], prefix=section)
 
 
+class Terminated(BaseException):
+    """SIGTERM, raised in the main thread so that a stage ends as on Ctrl-C (nothing written)."""
+
+
+def _terminate(signum, frame):
+    raise Terminated()
+
+
 def run_stage(main) -> None:
     """Run a stage entry point: its outputs replace the old ones all together or not at all
-    (io.stage_outputs); user errors become one line on stderr and exit 2; Ctrl-C exits 130.
+    (io.stage_outputs); user errors become one line on stderr and exit 2; Ctrl-C exits 130 and
+    SIGTERM 143, each with one line and the previous outputs unchanged.
 
     Before the outputs move in, every folder they go to is checked (check_writable), so a
     read-only metrics/ stops the stage with nothing moved. An OSError naming a file (a folder
-    that cannot be written, an input that cannot be read) is one line too:
+    that cannot be written, a full disk, an input that cannot be read) is one line too:
     "error: cannot write <path>: <reason>" (or "cannot read"), exit 2."""
-    from .io import stage_outputs
+    import signal
 
+    from .io import OutputError, check_writable, os_error_line, stage_outputs
+
+    signal.signal(signal.SIGTERM, _terminate)
     tx = None
     try:
         with stage_outputs() as tx:
             main()
             check_writable(tx.moves)
-    except UserError as e:
+    except (UserError, OutputError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    except KeyboardInterrupt:
-        print("interrupted; nothing written (the previous outputs are unchanged)", file=sys.stderr)
-        sys.exit(130)
+    except (KeyboardInterrupt, Terminated) as e:
+        print(f"{'interrupted' if isinstance(e, KeyboardInterrupt) else 'terminated'}; nothing written "
+              "(the previous outputs are unchanged)", file=sys.stderr)
+        sys.exit(130 if isinstance(e, KeyboardInterrupt) else 143)
     except OSError as e:
         line = os_error_line(e, tx.moves if tx is not None else [])
         if line is None:
             raise
         print(f"error: {line}", file=sys.stderr)
         sys.exit(2)
-
-
-def _shown(path: Path) -> str:
-    """`path` relative to the working directory when it lies below it."""
-    try:
-        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(path)
-
-
-def check_writable(moves) -> None:
-    """Raise a one-line UserError unless every final path of `moves` ((staged, final) pairs)
-    can be put in place: its nearest existing folder is a folder we may write into (and an
-    existing output folder, which is moved aside, is writable itself)."""
-    import errno
-    import os
-
-    for _, final in moves:
-        final = Path(final)
-        folder = final.parent
-        while not folder.exists() and folder != folder.parent:
-            folder = folder.parent
-        if not folder.is_dir():
-            raise UserError(f"cannot write {_shown(final)}: {_shown(folder)} is a file, not a folder")
-        blocked = [d for d in (folder, final if final.is_dir() and not final.is_symlink() else None)
-                   if d is not None and not os.access(d, os.W_OK | os.X_OK)]
-        if blocked:
-            raise UserError(f"cannot write {_shown(final)}: {os.strerror(errno.EACCES)} "
-                            f"({_shown(blocked[0])} is read-only)")
-
-
-def os_error_line(e: OSError, moves=()) -> str | None:
-    """One line for an OSError that names a file: "cannot write <path>: <reason>" when the path is
-    an output, lies under one, or is the staging area, else "cannot read <path>: <reason>"; None
-    when the error names no file (then it is a bug, and its traceback is the report)."""
-    import os
-
-    from .io import STAGING
-
-    name = e.filename2 if e.filename2 is not None else e.filename
-    if name is None:
-        return None
-    path = Path(os.fsdecode(name)).resolve()
-    finals = [Path(f).resolve() for _, f in moves]
-    stage_area = Path(STAGING).resolve()
-    writing = (e.filename2 is not None or path == stage_area or stage_area in path.parents
-               or any(path == f or f in path.parents or path in f.parents for f in finals))
-    reason = e.strerror or type(e).__name__
-    return f"cannot {'write' if writing else 'read'} {_shown(path)}: {reason}"

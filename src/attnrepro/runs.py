@@ -55,7 +55,8 @@ class RunSpec:
     seed: int  # torch.manual_seed before the model is built: the init draw (and dropout)
     batch_seed: int  # the batch order's own generator
     data: dict = field(default_factory=dict)  # task settings: fixed evaluation batches, splits, ...
-    diag_steps: tuple[int, ...] = ()  # steps whose own forward records attention diagnostics
+    diag_every: int = 0  # steps whose own forward records attention diagnostics: every N from 0 (0: none) ...
+    diag_steps: tuple[int, ...] = ()  # ... and these (a rule, not a list of every step: see DiagSchedule)
     eval_every: int = 0  # evaluate the task's fixed batches every N steps (0: never)
     eval_final: bool = False  # ... and after the last step
     measure: dict = field(default_factory=dict)  # post-training measurements (task-specific)
@@ -72,6 +73,17 @@ class RunSpec:
     @property
     def steps(self) -> int:
         return int(self.optim["steps"])
+
+
+@dataclass(frozen=True)
+class DiagSchedule:
+    """The diagnostics steps of a run as a rule: step in schedule, for any number of steps."""
+    every: int
+    extra: frozenset[int]
+    steps: int
+
+    def __contains__(self, step: int) -> bool:
+        return 0 <= step < self.steps and ((self.every > 0 and step % self.every == 0) or step in self.extra)
 
 
 def code_digest(task: str) -> str:
@@ -156,7 +168,7 @@ def execute(spec: RunSpec, inputs: Mapping[str, bytes], out: Path,
         model = TinyGPT(prep.model_config).to(spec.device)
         before = prep.before(model)
         try:
-            run = train_loop(model, prep.batches, cfg, diag_steps=set(spec.diag_steps), evaluate_fn=prep.evaluate,
+            run = train_loop(model, prep.batches, cfg, diag_steps=DiagSchedule(spec.diag_every, frozenset(spec.diag_steps), spec.steps), evaluate_fn=prep.evaluate,
                              eval_every=spec.eval_every, eval_final=spec.eval_final,
                              progress=(lambda step, loss: progress(step + 1)) if progress else None)
         except Diverged as e:

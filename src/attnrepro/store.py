@@ -5,40 +5,144 @@ trains one new run, and a sweep killed half-way resumes with what is missing. Th
 store is a plain folder outside every DVC output (default `runs/`, git- and
 dvc-ignored), so DVC's removal of a stage's outputs before a rerun never touches it.
 
-Layout: <root>/<key[:2]>/<key>/ holds one result folder (see attnrepro.runs). A
-result is written to <root>/.tmp/ first and renamed into place in one step, so a
-reader sees a whole run or none; when two writers finish the same run, the first
-rename wins and the second copy is dropped (both are the same run). Failed runs
-(an exception, a lost worker) are not stored and are tried again next time; a
-diverged run is a result (status "diverged") and is stored.
+Layout: <root>/<key[:2]>/<key>/ holds one result folder (see attnrepro.runs) and its
+MANIFEST.json: the size and SHA-256 of every file, written last. A result is written
+to <root>/.tmp/ first and renamed into place in one step, so a reader sees a whole run
+or none; when two writers finish the same run, the first rename wins and the second
+copy is dropped (both are the same run). Failed runs (an exception, a lost worker) are
+not stored and are tried again next time; a diverged run is a result (status
+"diverged") and is stored.
+
+The store never serves bad data. `get` checks an entry against its manifest (sizes
+always; the content hashes too with full=True, which sweeps use before a result is
+copied out) and treats a missing or resized file, a hash mismatch, unreadable JSON or
+an entry without a manifest as absent: the entry moves to <root>/.quarantine/ with a
+REASON file, one line says which run and why, and the run is trained again.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
 import socket
+import sys
+import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Optional
+from typing import Callable, Mapping, Optional
 
 from .io import _alive  # is a process of this host alive? (io's staging uses it the same way)
 
+MANIFEST = "MANIFEST.json"
+STATUSES = ("ok", "diverged")
+
+
+class Damaged(Exception):
+    """A store entry that does not match its manifest (the message says how)."""
+
+
+def file_digest(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def manifest_of(files: Mapping[str, bytes]) -> dict:
+    return {name: {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()} for name, data in sorted(files.items())}
+
+
+def verify_entry(path: Path, full: bool) -> None:
+    """Raise Damaged unless the entry at `path` matches its manifest: every listed file present
+    with its size (and, when `full`, its SHA-256), no file unlisted, JSON files readable, and a
+    status the store keeps."""
+    if not path.is_dir():
+        raise Damaged("not a folder")
+    try:
+        manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise Damaged(f"no {MANIFEST} (an unfinished or foreign entry)") from None
+    except (OSError, ValueError) as e:
+        raise Damaged(f"{MANIFEST} unreadable ({type(e).__name__})") from None
+    if not isinstance(manifest, dict) or "status.json" not in manifest:
+        raise Damaged(f"{MANIFEST} lists no status.json")
+    present = {p.name for p in path.iterdir()} - {MANIFEST}
+    for name in sorted(set(manifest) - present):
+        raise Damaged(f"{name} is missing")
+    for name in sorted(present - set(manifest)):
+        raise Damaged(f"{name} is not in the manifest")
+    for name, want in manifest.items():
+        size = (path / name).stat().st_size
+        if size != want.get("size"):
+            raise Damaged(f"{name} has {size} bytes, the manifest says {want.get('size')}")
+    for name in manifest:
+        if name.endswith(".json"):
+            try:
+                json.loads((path / name).read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                raise Damaged(f"{name} is not valid JSON") from None
+    for name, want in manifest.items():
+        if full and file_digest(path / name) != want.get("sha256"):
+            raise Damaged(f"{name} does not match its SHA-256")
+    status = json.loads((path / "status.json").read_text(encoding="utf-8"))
+    if not isinstance(status, dict) or status.get("status") not in STATUSES:
+        raise Damaged(f"status.json says {status!r}, expected a status of {' or '.join(STATUSES)}")
+
+
+@dataclass
+class VerifyReport:
+    intact: int
+    damaged: list[tuple[str, str]]  # (key, reason)
+    seconds: float
+
+    def line(self) -> str:
+        n = self.intact + len(self.damaged)
+        return (f"store verify: {n} entries, {self.intact} intact, {len(self.damaged)} damaged "
+                f"({self.seconds:.1f} s)")
+
 
 class RunStore:
-    def __init__(self, root: str | os.PathLike):
+    def __init__(self, root: str | os.PathLike, say: Callable[[str], None] = lambda s: print(s, file=sys.stderr)):
         self.root = Path(root)
+        self.say = say  # where the one-line notices (a damaged entry quarantined) go
 
     def path(self, key: str) -> Path:
         return self.root / key[:2] / key
 
-    def get(self, key: str) -> Optional[Path]:
-        """The result folder of `key`, or None when the store does not hold it."""
+    @property
+    def quarantine_dir(self) -> Path:
+        return self.root / ".quarantine"
+
+    def get(self, key: str, full: bool = False, label: str = "") -> Optional[Path]:
+        """The result folder of `key`, or None when the store does not hold it intact. A damaged
+        entry is quarantined (one line names the run and the reason) and reads as absent."""
         p = self.path(key)
-        return p if (p / "status.json").is_file() else None
+        if not p.exists() and not p.is_symlink():
+            return None
+        try:
+            verify_entry(p, full)
+        except (Damaged, OSError) as e:
+            reason = str(e) if isinstance(e, Damaged) else f"unreadable ({e.strerror or type(e).__name__})"
+            moved = self.quarantine(key, reason)
+            self.say(f"store: run {label or key[:12]} is damaged ({reason}); moved to {moved}, it will be trained again")
+            return None
+        return p
+
+    def quarantine(self, key: str, reason: str) -> Path:
+        """Move the entry of `key` (a folder, or whatever lies at its place) aside, with a REASON file."""
+        self.quarantine_dir.mkdir(parents=True, exist_ok=True)
+        dest = self.quarantine_dir / f"{key}--{time.strftime('%Y%m%dT%H%M%S')}--{uuid.uuid4().hex[:6]}"
+        os.rename(self.path(key), dest)
+        (dest.parent / f"{dest.name}.REASON").write_text(reason + "\n", encoding="utf-8")
+        return dest
 
     def put(self, key: str, files: Mapping[str, bytes]) -> Path:
-        """Store a result folder given as {file name: bytes}; returns its place in the store."""
+        """Store a result folder given as {file name: bytes}; returns its place in the store. An
+        intact entry already there wins (the same run); a damaged one is quarantined and replaced."""
+        for name in files:
+            if "/" in name or name.startswith(".") or name == MANIFEST:
+                raise ValueError(f"bad file name in a run result: {name!r}")
         final = self.path(key)
         if self.get(key) is not None:
             return final
@@ -48,9 +152,8 @@ class RunStore:
         tmp.mkdir()
         try:
             for name, data in files.items():
-                if "/" in name or name.startswith("."):
-                    raise ValueError(f"bad file name in a run result: {name!r}")
                 (tmp / name).write_bytes(data)
+            (tmp / MANIFEST).write_text(json.dumps(manifest_of(files), indent=1, sort_keys=True), encoding="utf-8")
             final.parent.mkdir(parents=True, exist_ok=True)
             try:
                 os.rename(tmp, final)
@@ -62,10 +165,49 @@ class RunStore:
                 shutil.rmtree(tmp, ignore_errors=True)
         return final
 
-    def keys(self) -> list[str]:
+    def entries(self) -> list[Path]:
+        """Every entry place of the layout (<root>/<2 chars>/<name>), intact or not."""
         if not self.root.is_dir():
             return []
-        return sorted(p.name for p in self.root.glob("??/*") if (p / "status.json").is_file())
+        return sorted(p for p in self.root.glob("??/*") if not p.parent.name.startswith("."))
+
+    def keys(self) -> list[str]:
+        """The keys of the intact entries (sizes checked)."""
+        return [p.name for p in self.entries() if self.get(p.name) is not None]
+
+    def verify(self, progress: Callable[[int, int], None] = lambda i, n: None) -> VerifyReport:
+        """Check every entry fully (hashes included); damaged entries are reported, not moved."""
+        t0 = time.perf_counter()
+        entries = self.entries()
+        intact, damaged = 0, []
+        for i, p in enumerate(entries):
+            try:
+                if p.parent.name != p.name[:2]:
+                    raise Damaged(f"misplaced (belongs under {p.name[:2]}/)")
+                verify_entry(p, full=True)
+                intact += 1
+            except (Damaged, OSError) as e:
+                damaged.append((p.name, str(e) if isinstance(e, Damaged) else f"unreadable ({e})"))
+            progress(i + 1, len(entries))
+        return VerifyReport(intact, damaged, time.perf_counter() - t0)
+
+    def gc(self) -> dict[str, int]:
+        """Remove quarantined entries, half-written results of dead writers, and damaged or
+        misplaced entries (after moving them to quarantine); intact entries stay."""
+        counts = {"damaged": 0, "quarantined": 0, "tmp": self.clean_tmp()}
+        for key, reason in self.verify().damaged:
+            for p in self.root.glob(f"??/{key}"):
+                if p.parent.name == key[:2]:
+                    self.quarantine(key, reason)
+                else:
+                    shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+                counts["damaged"] += 1
+        if self.quarantine_dir.is_dir():
+            for p in self.quarantine_dir.iterdir():
+                counts["quarantined"] += not p.name.endswith(".REASON")
+                shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+            self.quarantine_dir.rmdir()
+        return counts
 
     def clean_tmp(self) -> int:
         """Remove half-written results left by writers of this host that no longer run."""

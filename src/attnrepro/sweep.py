@@ -19,14 +19,21 @@ to the store here: workers need the same attnrepro installed, not a shared disk
 Faults are data: a run that raises or loses its worker twice is a failed record
 with its reason (not stored: it is tried again next time); a diverged run is a
 stored result with status "diverged". The sweep always finishes the other runs.
+The inputs reach the workers as the result of a task, not as scattered data, so
+when every worker dies at once the scheduler recomputes them and retries each
+unfinished run once. A scheduler address gets a bounded connect-and-handshake
+(SCHEDULER_TIMEOUT); a damaged store entry is quarantined and trained again
+(attnrepro.store).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
 import os
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +45,7 @@ from .runtime import progress
 from .store import RunStore
 
 PROGRESS_TOPIC = "attnrepro-progress"
+SCHEDULER_TIMEOUT = 20.0  # seconds to connect to a scheduler and hear it answer
 
 
 @dataclass
@@ -212,7 +220,7 @@ def run_sweep(name: str, specs: Sequence[RunSpec], inputs: Mapping[str, bytes], 
     for spec, key in zip(specs, keys):
         if key in records or any(k == key for _, k in todo):
             continue
-        path = store.get(key)
+        path = store.get(key, full=True, label=spec.label)
         if path is not None:
             status = json.loads((path / "status.json").read_text(encoding="utf-8"))
             records[key] = RunRecord(spec, key, status["status"], status.get("reason", ""), path, True)
@@ -269,44 +277,139 @@ def _run_serial(todo, inputs, store: RunStore, records: dict, bar: _Progress) ->
         bar.finished(rec)
 
 
+def _inputs(inputs: dict) -> dict:
+    return inputs
+
+
+def connect(address: str, timeout: float = SCHEDULER_TIMEOUT):
+    """A Client of the Dask scheduler at `address`, or one UserError line within about `timeout`
+    seconds: the address must accept a connection and answer Dask's identity call (a server that
+    is not a Dask scheduler may never answer, or answer garbage)."""
+    import asyncio
+
+    from distributed import Client
+    from distributed.core import rpc
+
+    async def identity() -> dict:
+        r = rpc(address, timeout=timeout)
+        try:
+            return await asyncio.wait_for(r.identity(), timeout)
+        finally:
+            await r.close_rpc()
+
+    where = f"engine.scheduler: {address!r}"
+    logger = logging.getLogger("distributed")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)  # a failed handshake is our one line, not Dask's log
+    try:
+        ident = asyncio.run(asyncio.wait_for(identity(), timeout + 1))
+    except (asyncio.TimeoutError, TimeoutError):
+        raise UserError(f"{where}: no Dask scheduler answered within {timeout:.0f} s") from None
+    except OSError as e:
+        raise UserError(f"{where}: cannot connect ({_one_line(e)})") from None
+    except Exception as e:  # not an address, or a server speaking another protocol
+        raise UserError(f"{where}: not a Dask scheduler ({_one_line(e)})") from None
+    finally:
+        logger.setLevel(level)
+    if not isinstance(ident, dict) or ident.get("type") != "Scheduler":
+        raise UserError(f"{where}: answered, but is not a Dask scheduler")
+    return Client(address, timeout=f"{timeout:.0f}s")
+
+
 def _run_dask(todo, inputs, engine: EngineConfig, store: RunStore, records: dict, bar: _Progress) -> None:
     import dask
     from distributed import Client, KilledWorker, LocalCluster, as_completed
 
-    cluster = None
-    # a run whose worker dies is rescheduled once, then reported as failed
-    with dask.config.set({"distributed.scheduler.allowed-failures": 1}):
-        if engine.scheduler:
-            try:
-                client = Client(engine.scheduler, timeout="20s")
-            except (OSError, ValueError) as e:  # unreachable (a timeout is an OSError) or not an address
-                raise UserError(f"engine.scheduler: cannot connect to {engine.scheduler!r} ({e})") from None
-        else:
-            cluster = LocalCluster(n_workers=min(engine.n_workers, len(todo)), threads_per_worker=1, processes=True,
-                                   dashboard_address=":0",
-                                   silence_logs=logging.ERROR)
-            client = Client(cluster)
+    cluster = client = None
     futures: dict = {}
     try:
+        # A run whose worker dies is resubmitted once by the loop below, then reported as failed. The local
+        # scheduler gives up at the first death (allowed-failures 0): when every worker dies at once, its
+        # own count would charge a run for each worker it was moved to while they were dying.
+        with dask.config.set({"distributed.scheduler.allowed-failures": 0}):
+            if engine.scheduler:
+                client = connect(engine.scheduler)
+            else:
+                cluster = LocalCluster(n_workers=min(engine.n_workers, len(todo)), threads_per_worker=1,
+                                       processes=True, dashboard_address=":0", silence_logs=logging.ERROR,
+                                       preload=["attnrepro.sweep"])  # dask_setup below
+                client = Client(cluster)
         client.subscribe_topic(PROGRESS_TOPIC, lambda event: bar.steps_done(event[1]["key"], event[1]["steps"]))
-        data = client.scatter([dict(inputs)], broadcast=True)[0]
+        # a task's result, not scattered data: if every worker holding it dies, the scheduler recomputes it
+        data = client.submit(_inputs, dict(inputs), pure=False)
         for spec, key in sorted(todo, key=lambda t: _cost(t[0]), reverse=True):
             fut = client.submit(_remote, spec, data, key, pure=False)
             futures[fut.key] = (fut, spec, key)
-        for fut in as_completed([f for f, *_ in futures.values()]):
+        retried: set[str] = set()
+        pending = as_completed([f for f, *_ in futures.values()])
+        for fut in pending:
             _, spec, key = futures[fut.key]
             try:
                 rec = _store_result(spec, key, fut.result(), store)
             except KilledWorker:
+                if key not in retried:
+                    retried.add(key)
+                    again = client.submit(_remote, spec, data, key, pure=False)
+                    futures[again.key] = (again, spec, key)
+                    pending.add(again)
+                    continue
                 rec = RunRecord(spec, key, "failed", "lost its worker twice (killed, or out of memory)", None, False)
             except Exception as e:
                 rec = RunRecord(spec, key, "failed", _one_line(e), None, False)
             records[key] = rec
             bar.finished(rec)
-    except BaseException:
-        client.cancel([f for f, *_ in futures.values()])
+    except BaseException as e:
+        if isinstance(e, Exception):  # an error: close as usual, the error is the report
+            for c in (client, cluster):
+                with contextlib.suppress(Exception):
+                    c is not None and c.close()
+        else:  # Ctrl-C, SIGTERM: possibly while the cluster was still starting
+            shutdown_quietly(client, cluster, [f for f, *_ in futures.values()])
         raise
-    finally:
-        client.close()
-        if cluster is not None:
-            cluster.close()
+    client.close()
+    if cluster is not None:
+        cluster.close()
+
+
+def dask_setup(worker) -> None:
+    """Run in each local worker process as it starts (Dask's preload): ignore SIGINT. A terminal's
+    Ctrl-C reaches every process of the job; the stage stops its workers itself, so they print no
+    tracebacks."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def shutdown_quietly(client, cluster, futures) -> None:
+    """Stop the runs and the local cluster after an interruption, without Dask's shutdown noise (its
+    loggers have levels of their own, and its exit handlers log too: the process is ending). A cluster
+    interrupted while starting cannot close itself: its worker processes are ended here, and Dask's
+    exit handler is told not to try again."""
+    import psutil
+    from distributed.deploy.spec import SpecCluster
+
+    logging.disable(logging.CRITICAL)
+    with contextlib.suppress(BaseException):
+        client is not None and client.cancel(futures)
+    with contextlib.suppress(BaseException):
+        client is not None and client.close(timeout=10)
+    with contextlib.suppress(BaseException):
+        cluster is not None and cluster.close(timeout=10)
+    for c in list(SpecCluster._instances):
+        SpecCluster._instances.discard(c)
+    kids = [k for k in psutil.Process().children(recursive=True) if not _is_resource_tracker(k)]
+    for k in kids:
+        with contextlib.suppress(psutil.Error):
+            k.terminate()
+    _, alive = psutil.wait_procs(kids, timeout=5)
+    for k in alive:
+        with contextlib.suppress(psutil.Error):
+            k.kill()
+
+
+def _is_resource_tracker(proc) -> bool:
+    """multiprocessing's resource tracker: it outlives the workers and cleans up after them."""
+    import psutil
+
+    try:
+        return any("resource_tracker" in part for part in proc.cmdline())
+    except psutil.Error:
+        return True

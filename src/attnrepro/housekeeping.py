@@ -1,0 +1,72 @@
+"""`attnrepro store` and `attnrepro staging`: look after the run store and the stages' output journals.
+
+  attnrepro store verify [--store DIR]   check every entry against its manifest (sizes and SHA-256)
+  attnrepro store gc [--store DIR]       remove quarantined, damaged and half-written entries
+  attnrepro staging --finish | --discard   resolve a journal left by a stage killed while moving its outputs in
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from .config import ArgumentParser, UserError, read_params
+
+
+def _store_root(arg: str | None, params: str) -> Path:
+    if arg:
+        return Path(arg)
+    from .sweep import engine_config
+
+    return Path(engine_config(read_params(params) if Path(params).exists() else {}).store)
+
+
+def store_main(argv: list[str]) -> int:
+    from .runtime import progress
+    from .store import RunStore
+
+    ap = ArgumentParser(prog="attnrepro store",
+                        description="Check every run store entry against its manifest (verify: sizes and "
+                                    "SHA-256), or remove quarantined, damaged and half-written entries (gc).",
+                        formatter_class=argparse.RawDescriptionHelpFormatter,
+                        epilog="verify: exit 0 when every entry is intact, 1 when any is damaged (each is listed; "
+                               "the next sweep that needs one quarantines it and trains it again). gc: exit 0.")
+    ap.add_argument("action", choices=("verify", "gc"))
+    ap.add_argument("--store", default=None, help="the run store folder (default: engine.store in params.yaml)")
+    ap.add_argument("--params", default="params.yaml", help="params file naming the store (default params.yaml)")
+    args = ap.parse_args(argv)
+    root = _store_root(args.store, args.params)
+    if not root.is_dir():
+        raise UserError(f"{root}: no run store here (a sweep creates it; or pass --store)")
+    store = RunStore(root)
+    if args.action == "gc":
+        c = store.gc()
+        print(f"store gc: removed {c['damaged']} damaged entries, {c['quarantined']} quarantined, "
+              f"{c['tmp']} half-written; {len(store.entries())} entries remain in {root}")
+        return 0
+    bar = progress(len(store.entries()), "verify", unit="run")
+    report = store.verify(lambda i, n: bar.update(1))
+    bar.close()
+    for key, reason in report.damaged:
+        print(f"damaged: {key}: {reason}")
+    print(report.line())
+    return 1 if report.damaged else 0
+
+
+def staging_main(argv: list[str]) -> int:
+    from .io import STAGING, resolve
+
+    ap = ArgumentParser(prog="attnrepro staging",
+                        description="A stage killed while moving its outputs into place leaves a journal in "
+                                    f"{STAGING}/. The next stage finishes that move by itself when the files it "
+                                    "would replace are unchanged; when they changed (restored with git checkout, "
+                                    "say), it stops and asks: decide here.")
+    what = ap.add_mutually_exclusive_group(required=True)
+    what.add_argument("--finish", action="store_true", help="move in what the killed stage had not moved yet (files changed since it was killed "
+                           "stay as they are; rerun the stage for a consistent set)")
+    what.add_argument("--discard", action="store_true",
+                      help="drop what it staged and keep every file as it is now (then rerun that stage)")
+    args = ap.parse_args(argv)
+    n = resolve(finish=args.finish)
+    print(f"staging: {'finished' if args.finish else 'discarded'} {n} interrupted commit{'s' * (n != 1)}")
+    return 0

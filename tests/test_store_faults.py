@@ -1,0 +1,265 @@
+"""The run store never serves bad data, and the engine survives its faults.
+
+Each kind of damage to a stored run (a truncated or deleted checkpoint, a hand-edited summary or
+history that is still valid JSON, truncated JSON, an empty or odd status, no status, no manifest,
+a file where the entry's folder should be) makes the next sweep quarantine the entry with one line
+naming the run and the reason, train it again, and return the same bytes as an undisturbed run.
+`attnrepro store verify` finds the damage and `attnrepro store gc` clears it. A server that is not
+a Dask scheduler is one line in bounded time; Ctrl-C and SIGTERM stop a sweep on local workers with
+one line, exit 130 / 143, no leaked semaphores, and the old outputs unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from attnrepro.cli import main as cli_main
+from attnrepro.config import UserError
+from attnrepro.store import MANIFEST, RunStore
+from attnrepro.sweep import connect, run_sweep
+from test_sweep import engine, result_bytes, tiny_inputs, tiny_spec, wait_for
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory):
+    """A store holding one finished tiny run, and that run's record."""
+    root = tmp_path_factory.mktemp("pristine")
+    (rec,) = run_sweep("t", [tiny_spec()], tiny_inputs(), engine(root, workers=1))
+    assert rec.status == "ok" and not rec.cached
+    return root / "store", rec
+
+
+def _rewrite(name: str, edit):
+    def damage(entry: Path) -> None:
+        p = entry / name
+        p.write_bytes(edit(p.read_bytes()))
+    return damage
+
+
+def _same_size_edit(data: bytes) -> bytes:
+    """Change one digit: still valid JSON, same size, different numbers."""
+    i = next(i for i, b in enumerate(data) if chr(b) in "123456789")
+    return data[:i] + (b"2" if data[i:i + 1] != b"2" else b"3") + data[i + 1:]
+
+
+def _replace_with_file(entry: Path) -> None:
+    shutil.rmtree(entry)
+    entry.write_text("not a run")
+
+
+DAMAGE = {
+    "truncated checkpoint": (_rewrite("model.pt", lambda b: b[: len(b) // 2]), "model.pt has"),
+    "deleted checkpoint": (lambda e: (e / "model.pt").unlink(), "model.pt is missing"),
+    "edited summary, valid JSON": (_rewrite("summary.json", _same_size_edit), "summary.json does not match"),
+    "edited history, valid JSON": (_rewrite("history.json", lambda b: b.replace(b"[", b"[\n", 1)), "history.json has"),
+    "truncated JSON": (_rewrite("evals.json", lambda b: b[:-5] + b" " * 5), "evals.json is not valid JSON"),
+    "empty status": (_rewrite("status.json", lambda b: b""), "status.json has 0 bytes"),
+    "odd status": (lambda e: _fake_status(e, {"status": "weird"}), "status.json says"),
+    "no status.json": (lambda e: (e / "status.json").unlink(), "status.json is missing"),
+    "no manifest": (lambda e: (e / MANIFEST).unlink(), "no MANIFEST.json"),
+    "a file in the entry's place": (_replace_with_file, "not a folder"),
+}
+
+
+def _fake_status(entry: Path, status: dict) -> None:
+    """An odd status with a manifest that agrees, as a careless hand-edit of both would leave."""
+    data = json.dumps(status).encode()
+    (entry / "status.json").write_bytes(data)
+    manifest = json.loads((entry / MANIFEST).read_text())
+    manifest["status.json"]["size"] = len(data)
+    import hashlib
+    manifest["status.json"]["sha256"] = hashlib.sha256(data).hexdigest()
+    (entry / MANIFEST).write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("kind", list(DAMAGE))
+def test_a_damaged_entry_is_quarantined_and_trained_again(kind, pristine, tmp_path, capsys):
+    src, first = pristine
+    shutil.copytree(src, tmp_path / "store")
+    store = RunStore(tmp_path / "store")
+    damage, reason = DAMAGE[kind]
+    damage(store.path(first.key))
+    capsys.readouterr()
+
+    (again,) = run_sweep("t", [tiny_spec()], tiny_inputs(), engine(tmp_path, workers=1))
+
+    err = capsys.readouterr().err
+    notices = [ln for ln in err.splitlines() if ln.startswith("store: ")]
+    assert len(notices) == 1 and "tiny seed 0" in notices[0] and reason in notices[0], err
+    assert "trained again" in notices[0] and "Traceback" not in err
+    assert again.status == "ok" and not again.cached
+    assert result_bytes([again]) == result_bytes([first])
+    quarantined = list((tmp_path / "store" / ".quarantine").glob(f"{first.key}--*"))
+    assert len([q for q in quarantined if not q.name.endswith(".REASON")]) == 1
+    assert store.verify().damaged == []
+
+
+def test_verify_finds_damage_and_gc_clears_it(pristine, tmp_path, capsys):
+    src, first = pristine
+    shutil.copytree(src, tmp_path / "store")
+    store = tmp_path / "store"
+    assert cli_main(["store", "verify", "--store", str(store)]) == 0
+    assert "1 entries, 1 intact, 0 damaged" in capsys.readouterr().out
+    _same = DAMAGE["edited summary, valid JSON"][0]
+    _same(RunStore(store).path(first.key))
+    (RunStore(store).path(first.key).parent / "not-a-key").write_text("x")  # a stray file in the layout
+    assert cli_main(["store", "verify", "--store", str(store)]) == 1
+    out = capsys.readouterr().out
+    assert f"damaged: {first.key}: summary.json does not match its SHA-256" in out
+    assert "2 entries, 0 intact, 2 damaged" in out
+    assert cli_main(["store", "gc", "--store", str(store)]) == 0
+    assert "removed 2 damaged entries" in capsys.readouterr().out
+    assert cli_main(["store", "verify", "--store", str(store)]) == 0
+    assert "0 entries" in capsys.readouterr().out and not (store / ".quarantine").exists()
+
+
+def test_store_verify_without_a_store_is_one_line(tmp_path, capsys):
+    assert cli_main(["store", "verify", "--store", str(tmp_path / "nowhere")]) == 2
+    assert capsys.readouterr().err.strip().endswith("no run store here (a sweep creates it; or pass --store)")
+
+
+def test_put_replaces_a_damaged_entry(tmp_path):
+    store = RunStore(tmp_path, say=lambda s: None)
+    key = "ab" + "0" * 62
+    store.path(key).mkdir(parents=True)
+    (store.path(key) / "leftover").write_text("x")  # no status, no manifest: once "Directory not empty"
+    path = store.put(key, {"status.json": b'{"status": "ok"}', "summary.json": b"{}"})
+    assert store.get(key, full=True) == path and not (path / "leftover").exists()
+
+
+# ---------------------------------------------------------------- a scheduler address that is no scheduler
+
+def _server(reply: bytes):
+    """A TCP server on localhost that accepts, sends `reply` and then says nothing."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    held = []
+
+    def serve():
+        while True:
+            try:
+                conn, _ = sock.accept()
+            except OSError:
+                return
+            held.append(conn)
+            if reply:
+                conn.sendall(reply)
+
+    threading.Thread(target=serve, daemon=True).start()
+    return sock, f"tcp://127.0.0.1:{sock.getsockname()[1]}"
+
+
+@pytest.mark.parametrize("reply", [b"", b"\xff" * 64, b"HTTP/1.1 400 Bad Request\r\n\r\n"],
+                         ids=["silent", "garbage", "http"])
+def test_a_server_that_is_not_a_scheduler_is_one_line_in_bounded_time(reply):
+    sock, address = _server(reply)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(UserError) as e:
+            connect(address, timeout=3)
+        took = time.monotonic() - t0
+    finally:
+        sock.close()
+    msg = str(e.value)
+    assert msg.startswith(f"engine.scheduler: '{address}': ") and "\n" not in msg and len(msg) < 400, msg
+    assert took < 15, took
+
+
+# ---------------------------------------------------------------- Ctrl-C and SIGTERM with local workers
+
+STAGE = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, {tests!r})
+    from test_sweep import tiny_inputs, tiny_spec
+    from attnrepro.config import run_stage
+    from attnrepro.io import write_json
+    from attnrepro.sweep import EngineConfig, run_sweep
+
+    def main():
+        specs = [tiny_spec(seed=s, steps={steps}) for s in range(2)]
+        recs = run_sweep("t", specs, tiny_inputs(), EngineConfig(workers=2, scheduler="", store="store"))
+        write_json("metrics/out.json", {{"tag": sys.argv[1], "n": len(recs)}})
+
+    if __name__ == "__main__":  # worker processes are spawned: they import this file
+        run_stage(main)
+""")
+
+
+def _start(root: Path, tag: str, steps: int) -> subprocess.Popen:
+    (root / "stage.py").write_text(STAGE.format(tests=str(Path(__file__).parent), steps=steps))
+    return subprocess.Popen([sys.executable, str(root / "stage.py"), tag], cwd=root, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=None)
+
+
+def _children(pid: int) -> list[int]:
+    import psutil
+
+    try:
+        return [c.pid for c in psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _workers_ignore_sigint(pid: int) -> bool:
+    """Both worker processes are up and ignore SIGINT (their preload ran)."""
+    ignoring = 0
+    for kid in _children(pid):
+        try:
+            status = Path(f"/proc/{kid}/status").read_text()
+            cmd = Path(f"/proc/{kid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        sig_ign = int(next(ln.split()[1] for ln in status.splitlines() if ln.startswith("SigIgn")), 16)
+        ignoring += b"resource_tracker" not in cmd and bool(sig_ign & (1 << (signal.SIGINT - 1)))
+    return ignoring >= 2
+
+
+@pytest.mark.parametrize("how,code,word", [("SIGINT to the group", 130, "interrupted"),
+                                           ("SIGINT while the workers start", 130, "interrupted"),
+                                           ("SIGTERM to the stage", 143, "terminated")])
+def test_interrupting_a_sweep_is_one_line_and_keeps_the_outputs(tmp_path, how, code, word):
+    import psutil
+
+    first = _start(tmp_path, "old", steps=3)
+    assert first.wait(timeout=180) == 0, first.stderr.read()
+    p = _start(tmp_path, "new", steps=5000)
+    store = RunStore(tmp_path / "store")
+    if how == "SIGINT while the workers start":  # once lost: the stage ignored Ctrl-C while its cluster started
+        ready = lambda: len(_children(p.pid)) >= 1 and p.poll() is None  # noqa: E731
+    else:
+        ready = lambda: _workers_ignore_sigint(p.pid) and p.poll() is None  # noqa: E731
+    assert wait_for(ready, timeout=120), p.stderr.read() if p.poll() is not None else "no workers"
+    kids = _children(p.pid)
+    if how.startswith("SIGINT"):
+        os.killpg(p.pid, signal.SIGINT)  # a terminal's Ctrl-C reaches the whole foreground group
+    else:
+        p.send_signal(signal.SIGTERM)  # `kill PID`, as a job scheduler would
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == code, err
+    said = f"{word}; nothing written (the previous outputs are unchanged)"
+    if how == "SIGINT while the workers start":  # a worker hit before its preload may still print
+        assert said in err.splitlines(), err
+    else:
+        assert err.strip().splitlines()[-1] == said, err
+        assert "Traceback" not in err and "leaked semaphore" not in err, err
+    assert json.loads((tmp_path / "metrics/out.json").read_text())["tag"] == "old"
+    assert wait_for(lambda: not any(psutil.pid_exists(k) and psutil.Process(k).status() != "zombie" for k in kids),
+                    timeout=30), "worker processes outlived the stage"
+    assert not list(tmp_path.rglob("*.staged-*")) and not (tmp_path / ".attnrepro-staging").exists()
+    assert len(store.keys()) <= 2
