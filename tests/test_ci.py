@@ -114,3 +114,11 @@ def test_reproduce_script_covers_every_stage_once():
     named = lists["DEFAULT"] + lists["SWEEPS"] + ["report"]
     assert sorted(named) == sorted(stages) and len(set(named)) == len(named)
     assert "dvc repro --force --single-item" in text
+
+
+def test_ci_entry_point_changes_no_global_state():
+    """.ci/run once ran `git config --global --add safe.directory` on every CI run."""
+    text = (REPO / ".ci" / "run").read_text(encoding="utf-8")
+    code = [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    assert not any("--global" in ln or "--system" in ln for ln in code), code
+    assert any(ln.startswith("exec bash scripts/test.sh") for ln in code)
