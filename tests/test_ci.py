@@ -122,3 +122,14 @@ def test_ci_entry_point_changes_no_global_state():
     code = [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
     assert not any("--global" in ln or "--system" in ln for ln in code), code
     assert any(ln.startswith("exec bash scripts/test.sh") for ln in code)
+
+
+def test_version_flag_prints_the_package_version(capsys):
+    import pytest
+
+    from attnrepro.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    version = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]["version"]
+    assert e.value.code == 0 and capsys.readouterr().out.strip() == f"attnrepro {version}"

@@ -67,7 +67,10 @@ def _claims_parser(sub) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
     ap = ArgumentParser(prog="attnrepro", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--version", action="version", version=f"attnrepro {__version__}")
     sub = ap.add_subparsers(dest="command", metavar="COMMAND")
     _check_parser(sub)
     _claims_parser(sub)

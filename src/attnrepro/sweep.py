@@ -361,8 +361,9 @@ def _run_dask(todo, inputs, engine: EngineConfig, store: RunStore, records: dict
     except BaseException as e:
         if isinstance(e, Exception):  # an error: close as usual, the error is the report
             for c in (client, cluster):
-                with contextlib.suppress(Exception):
-                    c is not None and c.close()
+                if c is not None:
+                    with contextlib.suppress(Exception):
+                        c.close()
         else:  # Ctrl-C, SIGTERM: possibly while the cluster was still starting
             shutdown_quietly(client, cluster, [f for f, *_ in futures.values()])
         raise
@@ -387,12 +388,11 @@ def shutdown_quietly(client, cluster, futures) -> None:
     from distributed.deploy.spec import SpecCluster
 
     logging.disable(logging.CRITICAL)
-    with contextlib.suppress(BaseException):
-        client is not None and client.cancel(futures)
-    with contextlib.suppress(BaseException):
-        client is not None and client.close(timeout=10)
-    with contextlib.suppress(BaseException):
-        cluster is not None and cluster.close(timeout=10)
+    steps = [lambda: client.cancel(futures), lambda: client.close(timeout=10)] if client is not None else []
+    steps += [lambda: cluster.close(timeout=10)] if cluster is not None else []
+    for step in steps:
+        with contextlib.suppress(BaseException):
+            step()
     for c in list(SpecCluster._instances):
         SpecCluster._instances.discard(c)
     kids = [k for k in psutil.Process().children(recursive=True) if not _is_resource_tracker(k)]
