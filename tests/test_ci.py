@@ -133,3 +133,17 @@ def test_version_flag_prints_the_package_version(capsys):
         main(["--version"])
     version = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]["version"]
     assert e.value.code == 0 and capsys.readouterr().out.strip() == f"attnrepro {version}"
+
+
+def test_a_closed_pipe_is_no_traceback():
+    """`attnrepro kv ... | head -1` once ended in a BrokenPipeError traceback: the reader here
+    closes its end before the command writes anything."""
+    import subprocess
+    import sys
+
+    exe = Path(sys.executable).parent / "attnrepro"
+    p = subprocess.Popen([str(exe), "kv", "--preset", "llama2-70b-gqa"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    p.stdout.close()
+    err = p.stderr.read()
+    assert p.wait(timeout=60) == 0 and err == "", err
