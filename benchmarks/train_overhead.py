@@ -29,6 +29,12 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--dvc", action="store_true", help="also time a no-op `dvc repro` (3 runs)")
     args = ap.parse_args()
+    if args.dvc:
+        # a no-op only when nothing is stale: otherwise `dvc repro` would run stages (or hours of sweeps)
+        status = subprocess.run(["dvc", "status", "--quiet"], capture_output=True, text=True)
+        if status.returncode != 0:
+            raise SystemExit("error: `dvc status` says some stages are stale, so `dvc repro` is no no-op here "
+                             "(see `dvc status`; rerun them first, or leave out --dvc)")
     torch.set_num_threads(args.threads)
 
     cfg = OptimConfig(steps=args.steps, batch_size=32, optimizer="adamw", lr=3e-3, betas=[0.9, 0.95],

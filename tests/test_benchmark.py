@@ -130,3 +130,20 @@ def test_cuda_point_has_peak_memory_and_events():
     assert row["oom"] == 0 and row["peak_bytes"] >= row["nxn_bytes"]
     sdpa = bm.run_point("sdpa", 1024, heads=8, d_head=64, dtype=torch.float16, device="cuda", warmup=2, reps=5)
     assert sdpa["peak_bytes"] < row["peak_bytes"]  # the fused kernel never holds n x n
+
+
+def test_train_overhead_refuses_to_time_a_dvc_repro_that_is_no_no_op(tmp_path):
+    """`train_overhead.py --dvc` once ran a plain `dvc repro` with its output hidden and called it a
+    no-op, whatever was stale (a sweep: hours)."""
+    import os
+    import subprocess
+
+    bin_dir = Path(sys.executable).parent
+    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    subprocess.run(["dvc", "init", "--no-scm", "-q"], cwd=tmp_path, check=True, env=env)
+    (tmp_path / "dvc.yaml").write_text("stages:\n  s:\n    cmd: touch ran\n    outs: [out]\n")
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "train_overhead.py"
+    p = subprocess.run([sys.executable, str(script), "--dvc", "--steps", "1", "--chunks", "1"], cwd=tmp_path,
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 1 and "stages are stale" in p.stderr and p.stdout == "", p.stderr
+    assert not (tmp_path / "ran").exists()
