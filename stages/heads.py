@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from attnrepro.audit.load import AttentionConfig
 from attnrepro.config import UserError, load_section, run_stage
 from attnrepro.envinfo import environment, setup_determinism
 from attnrepro.io import write_csv, write_json
@@ -44,6 +45,7 @@ def main() -> None:
     setup_determinism(cfg.threads, "cpu")
 
     model = load_checkpoint(cfg.checkpoint, "heads.checkpoint")
+    load_section(AttentionConfig, "attention", args.params).check_checkpoint(model.cfg.impl, "heads.checkpoint")
     if cfg.seq_len > model.cfg.block_size:
         raise UserError(f"heads.seq_len: got {cfg.seq_len}, expected at most the model's block_size "
                         f"{model.cfg.block_size}")

@@ -1,8 +1,10 @@
 """DVC stage `init_sweep`: how large are the raw q.k logits at initialization? (§1.3, §1.19.1)
 
 Single-head, single-layer TinyGPT per d_head = d_model, no training, the same random
-token batches for every d_head. Writes metrics/init_sweep.json (d<N>.logit_std,
-d<N>.entropy, ... and fit.*), plots/init_sweep/sweep.csv and sweep.png.
+token batches for every d_head; its attention is params `attention.impl` (the entropy
+is of that implementation's weights; the logits are q.k, computed alike for every one).
+Writes metrics/init_sweep.json (d<N>.logit_std, d<N>.entropy, ... and fit.*),
+plots/init_sweep/sweep.csv and sweep.png.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from attnrepro.audit.load import AttentionConfig
 from attnrepro.config import load_section, run_stage
 from attnrepro.envinfo import environment, setup_determinism
 from attnrepro.io import write_csv, write_json
@@ -23,6 +26,7 @@ def main() -> None:
     ap.add_argument("--params", default="params.yaml")
     args = ap.parse_args()
     cfg = load_section(InitSweepConfig, "init_sweep", args.params)
+    impl = load_section(AttentionConfig, "attention", args.params).model_impl()
     setup_determinism(cfg.threads, "cpu")
 
     batches = random_batches(cfg.n_batches, cfg.batch_size, cfg.block_size, cfg.token_low, cfg.vocab_size,
@@ -31,7 +35,7 @@ def main() -> None:
     bar = progress(len(cfg.d_heads) * cfg.n_batches, "init_sweep")
     for d in cfg.d_heads:
         model = init_model(d, vocab_size=cfg.vocab_size, block_size=cfg.block_size, init_std=cfg.init_std,
-                           seed=cfg.model_seed)
+                           seed=cfg.model_seed, impl=impl)
         m = measure_init(model, batches, tick=lambda: bar.update(1))
         p = predictions(d, cfg.init_std)
         rows.append({"d_head": d, **m, **p, "ratio_sqrt_d": m["logit_std"] / p["theory_sqrt_d"],

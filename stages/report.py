@@ -5,7 +5,8 @@ distributions), metrics/env/*.json (machine records), plots/train/<variant>.csv
 (training curves) and every PNG under plots/<stage>/; writes metrics/claims.json
 (per claim: class, verdict, value, published, band, z; a plain output),
 metrics/claims_summary.json (counts per class: the DVC metric) and report/
-(REPORT.md and the figures drawn here; the stages' own PNGs are linked).
+(REPORT.md and the figures drawn here; the stages' own PNGs are linked). With
+params attention.impl set, REPORT.md ends with that implementation's audit.
 Deterministic: same metrics -> byte-identical outputs.
 
 The report never fails because a claim fails: it records the verdicts. The gate
@@ -18,6 +19,8 @@ import argparse
 import os
 from pathlib import Path
 
+from attnrepro.audit.cli import report_section
+from attnrepro.audit.load import BUILTIN, AttentionConfig
 from attnrepro.chapter import TrainConfig, pairs_by_dhead
 from attnrepro.config import from_dict, load_section, read_params, run_stage
 from attnrepro.io import atomic_dir, write_json
@@ -35,6 +38,9 @@ def main() -> None:
     pairs = sorted(pairs_by_dhead(from_dict(TrainConfig, read_params(args.params).get("train"), prefix="train")).items())
     plots_href = Path(os.path.relpath(Path("plots").resolve(), Path(args.out).resolve())).as_posix()
     rep = build(Path(cfg.claims), Path("metrics"), Path("plots"), pairs, smooth=cfg.smooth, plots_href=plots_href)
+    attn = load_section(AttentionConfig, "attention", args.params)
+    if attn.impl not in BUILTIN:  # the builtin's report stays as it was
+        rep.markdown += "\n" + report_section(attn.impl)
     with atomic_dir(args.out) as tmp:
         (tmp / "figures").mkdir()
         for name, data in sorted(rep.figures.items()):

@@ -2,9 +2,11 @@
 
 Every variant uses the same seed, the same initialization draw (per model shape)
 and the same batches in the same order; the only differences are the model
-shape and the `scaled` switch. The variants are one sweep on the run engine
-(attnrepro.sweep): they train in parallel, and a variant whose settings did not
-change is taken from the run store instead of being trained again.
+shape and the `scaled` switch. The attention is params `attention.impl` (the
+builtin, or a callable with SDPA's signature: see `attnrepro audit`). The
+variants are one sweep on the run engine (attnrepro.sweep): they train in
+parallel, and a variant whose settings did not change is taken from the run
+store instead of being trained again.
 
 Writes data/train/<variant>/ (the run's result folder: checkpoint, summary.json,
 history.json, sample.txt, ...), plots/train/<variant>.csv (per step, with the
@@ -18,6 +20,7 @@ import argparse
 import shutil
 from pathlib import Path
 
+from attnrepro.audit.load import AttentionConfig
 from attnrepro.chapter import TrainConfig, comparison, corpus_inputs, pairs_by_dhead
 from attnrepro.config import load_section, read_params, run_stage
 from attnrepro.envinfo import setup_determinism, stage_environment
@@ -41,11 +44,12 @@ def main() -> None:
     add_engine_args(ap)
     args = ap.parse_args()
     cfg = load_section(TrainConfig, "train", args.params)
+    attn = load_section(AttentionConfig, "attention", args.params)
     engine = engine_config(read_params(args.params), args.scheduler, args.workers)
     device = resolve_device(cfg.device, "train.device")
     setup_determinism(cfg.threads, device)  # the environment record below states the runs' thread count
 
-    specs = [cfg.spec(name, cfg.seed, device) for name in cfg.variants]
+    specs = [attn.apply(cfg.spec(name, cfg.seed, device)) for name in cfg.variants]
     records = run_sweep("train", specs, corpus_inputs(), engine)
     require_ok(records, "train")
 

@@ -188,6 +188,8 @@ def test_params_yaml_is_a_fixed_point_of_dvcs_writer():
     ("failures.steps=600", "  steps: 300", "  steps: 600"),
     ("corpus.vocab_size=1000", "  vocab_size: 1200", "  vocab_size: 1000"),
     ("precision.seq=32", "  seq: 64", "  seq: 32"),
+    ("attention.impl=examples.attention.chunked:chunked_attention", "  impl: ''",
+     "  impl: examples.attention.chunked:chunked_attention"),
 ])
 def test_dvc_exp_set_param_changes_one_line(override, old, new):
     """`dvc exp run -S` rewrites params.yaml through DVC's YAML writer: the file comes back

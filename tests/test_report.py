@@ -19,7 +19,8 @@ def make_workspace(root: Path) -> Path:
     """A minimal workspace: params, claims, metrics, env records, training curves, one PNG."""
     root.mkdir(parents=True, exist_ok=True)
     params = yaml.safe_load((REPO / "params.yaml").read_text(encoding="utf-8"))
-    (root / "params.yaml").write_text(yaml.safe_dump({"train": params["train"], "report": params["report"]},
+    (root / "params.yaml").write_text(yaml.safe_dump({"train": params["train"], "report": params["report"],
+                                                      "attention": params["attention"]},
                                                      allow_unicode=True), encoding="utf-8")
     shutil.copy(REPO / "claims.yaml", root / "claims.yaml")
     (root / "metrics" / "env").mkdir(parents=True)

@@ -143,3 +143,31 @@ def fused_attention(
         mask = causal_mask(t_q, t_k, device=q.device)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+
+
+def external_attention(
+    fn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scaled: bool = True, causal: bool = True,
+    qk_norm: Optional[QKNorm] = None, dropout_p: float = 0.0, weights: bool = False,
+) -> AttentionResult:
+    """Attention through a user's callable with SDPA's signature (params attention.impl).
+
+    scaled passes scale=None, so the callable's own default 1/sqrt(d) is what trains; unscaled
+    passes scale=1. SDPA's signature returns no weights: with `weights`, they are read off by a
+    second, gradient-free call with the identity matrix as the values (W @ I = W), and the
+    logits are q.k times the scale, computed here (a callable exposes no logits)."""
+    if qk_norm is not None and qk_norm.kind != "none":
+        q, k = qk_norm.apply(q, k)
+        if qk_norm.gain is not None:
+            q = q * qk_norm.gain
+    scale = None if scaled else 1.0
+    t_q, t_k = q.shape[-2], k.shape[-2]
+    # is_causal aligns the mask top-left; a KV cache needs it bottom-right
+    kw = {"attn_mask": causal_mask(t_q, t_k, device=q.device)} if causal and t_q != t_k else {"is_causal": causal}
+    out = fn(q, k, v, dropout_p=dropout_p, scale=scale, **kw)
+    if not weights:
+        return AttentionResult(out=out, weights=None, logits=None)
+    with torch.no_grad():
+        eye = torch.eye(t_k, dtype=q.dtype, device=q.device).expand(*k.shape[:-2], t_k, t_k)
+        w = fn(q, k, eye, scale=scale, **kw)
+        logits = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]) if scaled else 1.0)
+    return AttentionResult(out=out, weights=w, logits=logits)

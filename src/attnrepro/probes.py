@@ -46,10 +46,12 @@ class InitSweepConfig:
                 "a finite positive number")
 
 
-def init_model(d_head: int, *, vocab_size: int, block_size: int, init_std: float, seed: int) -> TinyGPT:
-    """Single-head, single-layer TinyGPT at initialization, unscaled (raw q.k logits)."""
+def init_model(d_head: int, *, vocab_size: int, block_size: int, init_std: float, seed: int,
+               impl: str = "manual") -> TinyGPT:
+    """Single-head, single-layer TinyGPT at initialization, unscaled (raw q.k logits); `impl` its attention
+    (ModelConfig.impl)."""
     cfg = ModelConfig(vocab_size=vocab_size, block_size=block_size, d_model=d_head, n_head=1, n_layer=1,
-                      scaled=False, init_std=init_std)
+                      scaled=False, init_std=init_std, impl=impl)
     torch.manual_seed(seed)
     return TinyGPT(cfg).eval()
 

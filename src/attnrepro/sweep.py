@@ -34,6 +34,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -298,6 +299,12 @@ def connect(address: str, timeout: float = SCHEDULER_TIMEOUT):
             await r.close_rpc()
 
     where = f"engine.scheduler: {address!r}"
+    host, _, port = address.removeprefix("tcp://").rpartition(":")
+    if address.startswith("tcp://") and port.isdigit():  # a closed port fails now, not after Dask's retries
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+        except OSError as e:
+            raise UserError(f"{where}: cannot connect ({_one_line(e)})") from None
     logger = logging.getLogger("distributed")
     level = logger.level
     logger.setLevel(logging.CRITICAL)  # a failed handshake is our one line, not Dask's log

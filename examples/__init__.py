@@ -1,0 +1,1 @@
+"""Examples that ship with attnrepro (importable from the repository root: `examples.attention...`)."""

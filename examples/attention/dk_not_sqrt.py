@@ -1,0 +1,26 @@
+"""The textbook attention with the default scale 1/d_k instead of 1/sqrt(d_k) (the chapter's dk_not_sqrt).
+
+The logits shrink by a further sqrt(d_k): attention is nearly uniform at initialization and
+learns slowly; nothing is non-finite and rows still sum to one, so only the scale shows it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+    dtype = query.dtype
+    work = torch.promote_types(dtype, torch.float32)  # half inputs computed in float32
+    query, key, value = query.to(work), key.to(work), value.to(work)
+    scale = 1.0 / query.shape[-1] if scale is None else scale  # BUG: should be 1 / math.sqrt(...)
+    scores = (query @ key.transpose(-2, -1)) * scale
+    L, S = scores.shape[-2], scores.shape[-1]
+    keep = torch.ones(L, S, dtype=torch.bool, device=query.device).tril() if is_causal else None
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        keep = attn_mask if keep is None else keep & attn_mask
+    elif attn_mask is not None:
+        scores = scores + attn_mask.to(work)
+    if keep is not None:
+        scores = scores.masked_fill(~keep, float("-inf"))
+    return (torch.softmax(scores, dim=-1) @ value).to(dtype)

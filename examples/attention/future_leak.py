@@ -1,0 +1,30 @@
+"""The textbook attention with a causal mask off by one: query i also sees key i + 1.
+
+A classic of ports between "j <= i" and "j < i" conventions (tril(diagonal=1) for tril()):
+the training loss drops suspiciously fast, because every position can read the token it
+is asked to predict.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+    dtype = query.dtype
+    work = torch.promote_types(dtype, torch.float32)  # half inputs computed in float32
+    query, key, value = query.to(work), key.to(work), value.to(work)
+    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+    scores = (query @ key.transpose(-2, -1)) * scale
+    L, S = scores.shape[-2], scores.shape[-1]
+    # BUG: diagonal=1 keeps the first key above the diagonal; should be tril() (diagonal=0)
+    keep = torch.ones(L, S, dtype=torch.bool, device=query.device).tril(diagonal=1) if is_causal else None
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        keep = attn_mask if keep is None else keep & attn_mask
+    elif attn_mask is not None:
+        scores = scores + attn_mask.to(work)
+    if keep is not None:
+        scores = scores.masked_fill(~keep, float("-inf"))
+    return (torch.softmax(scores, dim=-1) @ value).to(dtype)

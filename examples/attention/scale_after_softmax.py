@@ -1,0 +1,28 @@
+"""The textbook attention with the 1/sqrt(d_k) moved after the softmax (the chapter's scale_after_softmax).
+
+The softmax sees unscaled logits (it saturates as d_k grows) and the weights then sum to
+1/sqrt(d_k) instead of 1, shrinking every output.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+    dtype = query.dtype
+    work = torch.promote_types(dtype, torch.float32)  # half inputs computed in float32
+    query, key, value = query.to(work), key.to(work), value.to(work)
+    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+    scores = query @ key.transpose(-2, -1)
+    L, S = scores.shape[-2], scores.shape[-1]
+    keep = torch.ones(L, S, dtype=torch.bool, device=query.device).tril() if is_causal else None
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        keep = attn_mask if keep is None else keep & attn_mask
+    elif attn_mask is not None:
+        scores = scores + attn_mask.to(work)
+    if keep is not None:
+        scores = scores.masked_fill(~keep, float("-inf"))
+    return ((torch.softmax(scores, dim=-1) * scale) @ value).to(dtype)  # BUG: the scale belongs on the scores

@@ -1,0 +1,111 @@
+"""The audit's two outputs: one terminal page, verdict first, and a JSON record."""
+
+from __future__ import annotations
+
+import math
+
+from .cases import C_TOL
+from .checks import CheckResult
+from .diagnose import Diagnosis, cause_text
+
+TOLERANCE_NOTE = (f"tolerance: max|x - ref| <= {C_TOL:g} * R * (1 + max|logit|) * (u + u_fp32 * sqrt(E + S)); "
+                  "u = eps/2 of the dtype, R = max|v| (output) or max|ref| (gradients)")
+
+
+def _summary(r: CheckResult) -> str:
+    d = r.details
+    if r.name == "parity":
+        cases = d.get("cases", [])
+        ok = sum(c["fwd"] <= 1 and c.get("bwd", 0) <= 1 for c in cases)
+        worst = max((max(c["fwd"], c.get("bwd", 0)) for c in cases), default=0.0)
+        return f"{ok} of {len(cases)} cases within tolerance, forward and backward (worst {worst:.2g}x)"
+    if r.name == "invariants":
+        leak = max(d.get("future_influence_is_causal", [0.0]) + d.get("future_influence_explicit_mask", [0.0]))
+        sums = d.get("row_sum_none") or d.get("row_sum_causal")
+        sums = "not observable" if not sums else f"{sums[0]:.6g}..{sums[1]:.6g}"
+        return (f"future keys' influence {leak:.2g}x tol; key permutation {d.get('permutation_kv', math.nan):.2g}x; "
+                f"weight row sums {sums}")
+    if r.name == "numerics":
+        parts = [f"{k} " + (f"overflow above {v['threshold']:.4g}" if v.get("first_non_finite") is not None
+                            else f"finite to {v['largest_logit_tested']:g}") for k, v in d.items()]
+        return "; ".join(parts)
+    if r.name == "scale":
+        if "exponent" not in d:
+            return "not observable"
+        return f"logits divided by d_k^{d['exponent']:.2f} (sqrt: 0.50)"
+    if r.name == "cost":
+        rows = d.get("rows") or []
+        if not rows:
+            return ""
+        last = rows[-1]
+        mem = "" if last.get("impl_peak_mib") is None else \
+            f", peak {last['impl_peak_mib']:.3g} vs {last['sdpa_peak_mib']:.3g} MiB"
+        return f"n={last['n']}: {last['impl_ms']:.3g} ms vs SDPA {last['sdpa_ms']:.3g} ms{mem}"
+    return ""
+
+
+def page(target: str, identity: str, diag: Diagnosis, results: list[CheckResult], seconds: float) -> str:
+    lines = [diag.headline, f"  audited: {target} ({identity.rpartition('@')[2] or 'no source file'}), "
+                            f"{seconds:.1f} s"]
+    if diag.verdict == "FAIL":
+        if diag.evidence:
+            lines.append("  evidence:")
+            lines += [f"    - {f.check}: {f.symptom}" for f in diag.evidence]
+        if diag.smallest:
+            lines.append(f"  smallest input that shows it: {diag.smallest}")
+        if diag.others:
+            lines.append("  also: " + "; ".join(cause_text(c) for c in diag.others))
+    lines.append("")
+    lines.append(f"  {'check':<11}{'status':<8}{'time':>7}  summary")
+    for r in results:
+        status = "info" if r.name == "cost" else r.status
+        lines.append(f"  {r.name:<11}{status:<8}{r.seconds:>6.1f}s  {_summary(r)}")
+    rest = [f for r in results for f in r.findings if f not in diag.evidence]
+    if rest:
+        lines.append("")
+        lines += [f"  [{f.severity}] {f.check}: {f.symptom}" for f in rest]
+    lines.append("")
+    lines.append("  " + TOLERANCE_NOTE)
+    return "\n".join(lines) + "\n"
+
+
+def markdown(target: str, identity: str, diag: Diagnosis, results: list[CheckResult]) -> str:
+    """The report's section on a user's attention (params attention.impl): verdict, evidence, checks."""
+    lines = ["## Attention implementation (params `attention.impl`)", "",
+             f"The train, init_sweep and heads stages ran with `{target}` (source sha256 "
+             f"`{identity.rpartition('@')[2] or 'n/a'}`) instead of `attnrepro.attention`; the entropy and "
+             "Jacobian diagnostics are of its own weights (read off with the identity matrix as the values), the "
+             "logits are q.k times the scale. `attnrepro check` judges its metrics against the builtin's seed "
+             f"distributions. Its audit (`attnrepro audit {target}`, without the timings):", "",
+             f"**{diag.headline}**", ""]
+    if diag.verdict == "FAIL":
+        lines += [f"- {f.check}: {f.symptom}" for f in diag.evidence]
+        if diag.smallest:
+            lines.append(f"- smallest input that shows it: {diag.smallest}")
+        lines.append("")
+    lines += ["| check | status | summary |", "| --- | --- | --- |"]
+    lines += [f"| {r.name} | {r.status} | {_summary(r)} |" for r in results]
+    return "\n".join(lines) + "\n"
+
+
+def _clean(x):
+    if isinstance(x, float):
+        return x if math.isfinite(x) else str(x)
+    if isinstance(x, dict):
+        return {str(k): _clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_clean(v) for v in x]
+    return x
+
+
+def record(target: str, identity: str, source: str, diag: Diagnosis, results: list[CheckResult],
+           seconds: float, env: dict) -> dict:
+    return _clean({
+        "target": target, "identity": identity, "source": source, "verdict": diag.verdict,
+        "headline": diag.headline, "cause": diag.cause, "cause_text": cause_text(diag.cause) if diag.cause else "",
+        "other_causes": diag.others, "smallest_input": diag.smallest, "seconds": seconds, "environment": env,
+        "checks": {r.name: {"status": r.status, "seconds": r.seconds, "details": r.details,
+                            "findings": [{"severity": f.severity, "symptom": f.symptom, "cause": f.cause,
+                                          "smallest": f.smallest} for f in r.findings]} for r in results},
+        "tolerance": TOLERANCE_NOTE,
+    })
