@@ -26,6 +26,7 @@ from attnrepro.config import load_section, read_params, run_stage
 from attnrepro.envinfo import setup_determinism, stage_environment
 from attnrepro.io import atomic_dir, write_csv, write_json, write_text
 from attnrepro.runtime import resolve_device
+from attnrepro.store import MANIFEST
 from attnrepro.sweep import add_engine_args, engine_config, require_ok, run_sweep
 
 RUNS = Path("data/train")
@@ -56,7 +57,7 @@ def main() -> None:
     metrics, samples = {}, []
     with atomic_dir(RUNS) as tmp:
         for name, rec in zip(cfg.variants, records):
-            shutil.copytree(rec.path, tmp / name)
+            shutil.copytree(rec.path, tmp / name, ignore=shutil.ignore_patterns(MANIFEST))  # the store's own record
             metrics[name] = rec.summary()
             samples.append(f"## {name}\n\n```\n{(rec.path / 'sample.txt').read_text(encoding='utf-8').rstrip()}\n```\n")
     for name, rec in zip(cfg.variants, records):

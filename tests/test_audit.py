@@ -270,7 +270,8 @@ def test_diagnosis_prefers_parity_on_a_tie_and_reports_unknowns():
     d = diagnose.diagnose([_res("parity", Finding("parity", "fail", "odd"))])
     assert d.verdict == "FAIL" and d.cause == "" and "none of the known bugs" in d.headline
     d = diagnose.diagnose([_res("parity", Finding("parity", "unsupported", "no masks"))])
-    assert d.verdict == "PASS" and "1 cases unsupported" in d.headline
+    assert d.verdict == "INCOMPLETE" and "1 cases could not run" in d.headline  # never a PASS
+    assert diagnose.diagnose([_res("parity")]).verdict == "PASS"
     assert "offsets 1-3" in diagnose.cause_text("future_leak_3")
 
 

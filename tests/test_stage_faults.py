@@ -30,15 +30,16 @@ from attnrepro.config import run_stage
 from attnrepro.io import atomic_dir, write_json, write_text
 
 tag, delay = sys.argv[1], float(sys.argv[2])
-kill_at = int(os.environ.get("KILL_AT_MOVE", "0"))  # SIGKILL at the k-th os.replace of the commit
+kill_at = int(os.environ.get("KILL_AT_MOVE", "0"))  # a signal at the k-th os.replace of the commit
 if kill_at:
     real, calls = os.replace, [0]
+    sig = getattr(signal, os.environ.get("KILL_SIGNAL", "SIGKILL"))
 
     def replace(src, dst, *a, **kw):
         if Path(dst).name != "JOURNAL":  # the journal is the commit point; the moves follow it
             calls[0] += 1
             if calls[0] == kill_at:
-                os.kill(os.getpid(), signal.SIGKILL)
+                os.kill(os.getpid(), sig)
         return real(src, dst, *a, **kw)
 
     os.replace = replace
@@ -356,3 +357,41 @@ def test_a_full_tmpfs_names_the_file(stage_root):
         assert not list(stage_root.rglob("*.staged-*"))
     finally:
         subprocess.run(["umount", str(mnt)], check=False)
+
+
+def test_finish_keeps_a_file_changed_before_it_moved_in(stage_root):
+    killed = run(stage_root, "new", env={"KILL_AT_MOVE": "2"})  # part0.json moved in, the rest not
+    assert killed.returncode == -signal.SIGKILL
+    (stage_root / "metrics/part1.json").write_text(json.dumps({"tag": "user"}))  # not moved in yet: edited
+    cli = subprocess.run([sys.executable, "-m", "attnrepro.cli", "staging", "--finish"], cwd=stage_root,
+                         env=dict(os.environ, PYTHONPATH=str(REPO / "src")), capture_output=True, text=True)
+    assert cli.returncode == 0 and "(1 file changed since kept as they are)" in cli.stdout, cli.stderr
+    state = tags(stage_root)
+    assert state.pop("metrics/part1.json") == "user" and set(state.values()) == {"new"}
+    assert not list(stage_root.rglob("*.staged-*")) and not (stage_root / ".attnrepro-staging").exists()
+
+
+def test_a_running_stages_journal_is_left_to_it(stage_root):
+    """A second stage (dvc exp queue, a stage run by hand) must not roll another live stage's commit."""
+    killed = run(stage_root, "new", env={"KILL_AT_MOVE": "2"})
+    (journal_dir,) = list((stage_root / ".attnrepro-staging").iterdir())
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        live = journal_dir.with_name(f"{alive.pid}-{journal_dir.name.split('-', 1)[1]}")
+        journal_dir.rename(live)  # as if that live process owned it
+        assert run(stage_root, "newer").returncode == 0
+        assert live.exists() and tags(stage_root)["metrics/part2.json"] == "newer"
+    finally:
+        alive.kill()
+        alive.wait()
+    assert killed.returncode == -signal.SIGKILL
+
+
+@pytest.mark.parametrize("sig,code,word", [("SIGTERM", 143, "terminated"), ("SIGINT", 130, "interrupted")])
+def test_a_signal_while_outputs_move_in_waits_for_the_commit(stage_root, sig, code, word):
+    """Ctrl-C or SIGTERM between two moves once left a half-moved set behind a message saying
+    "nothing written"; now it is held until every output is in place, and the message says so."""
+    p = run(stage_root, "new", env={"KILL_AT_MOVE": "2", "KILL_SIGNAL": sig})
+    assert p.returncode == code
+    assert p.stderr.strip() == f"{word} after the outputs were written (they are complete)"
+    assert set(tags(stage_root).values()) == {"new"} and not (stage_root / ".attnrepro-staging").exists()

@@ -113,7 +113,7 @@ def test_verify_finds_damage_and_gc_clears_it(pristine, tmp_path, capsys):
     shutil.copytree(src, tmp_path / "store")
     store = tmp_path / "store"
     assert cli_main(["store", "verify", "--store", str(store)]) == 0
-    assert "1 entries, 1 intact, 0 damaged" in capsys.readouterr().out
+    assert "1 entries, 1 intact, 0 damaged (" in capsys.readouterr().out
     _same = DAMAGE["edited summary, valid JSON"][0]
     _same(RunStore(store).path(first.key))
     (RunStore(store).path(first.key).parent / "not-a-key").write_text("x")  # a stray file in the layout
@@ -122,7 +122,7 @@ def test_verify_finds_damage_and_gc_clears_it(pristine, tmp_path, capsys):
     assert f"damaged: {first.key}: summary.json does not match its SHA-256" in out
     assert "2 entries, 0 intact, 2 damaged" in out
     assert cli_main(["store", "gc", "--store", str(store)]) == 0
-    assert "removed 2 damaged entries" in capsys.readouterr().out
+    assert "removed 0 quarantined, 2 damaged, 0 legacy and 0 half-written entries" in capsys.readouterr().out
     assert cli_main(["store", "verify", "--store", str(store)]) == 0
     assert "0 entries" in capsys.readouterr().out and not (store / ".quarantine").exists()
 
@@ -130,6 +130,43 @@ def test_verify_finds_damage_and_gc_clears_it(pristine, tmp_path, capsys):
 def test_store_verify_without_a_store_is_one_line(tmp_path, capsys):
     assert cli_main(["store", "verify", "--store", str(tmp_path / "nowhere")]) == 2
     assert capsys.readouterr().err.strip().endswith("no run store here (a sweep creates it; or pass --store)")
+
+
+@pytest.mark.parametrize("manifest", ['{"model.pt": 10, "status.json": 3}', '{"../x": {"size": 1, "sha256": ""}}',
+                                      '[]'], ids=["sizes only", "a path out of the entry", "a list"])
+def test_a_malformed_manifest_is_damage_not_a_traceback(pristine, tmp_path, manifest, capsys):
+    src, first = pristine
+    shutil.copytree(src, tmp_path / "store")
+    store = RunStore(tmp_path / "store")
+    (store.path(first.key) / MANIFEST).write_text(manifest)
+    report = store.verify()
+    assert report.damaged == [(first.key, "MANIFEST.json is malformed")] and report.intact == 0
+    assert store.get(first.key) is None and "MANIFEST.json is malformed" in capsys.readouterr().err
+
+
+def test_entries_from_before_manifests_are_legacy_and_kept_unless_asked(pristine, tmp_path, capsys):
+    src, first = pristine
+    shutil.copytree(src, tmp_path / "store")
+    store = RunStore(tmp_path / "store")
+    (store.path(first.key) / MANIFEST).unlink()  # what an older checkout wrote
+    assert store.keys() == [] and store.path(first.key).exists()  # listing moves nothing
+    report = store.verify()
+    assert report.legacy == [first.key] and report.damaged == []
+    assert cli_main(["store", "verify", "--store", str(tmp_path / "store")]) == 0
+    assert "1 legacy (no manifest)" in capsys.readouterr().out
+    assert cli_main(["store", "gc", "--store", str(tmp_path / "store")]) == 0 and store.path(first.key).exists()
+    assert cli_main(["store", "gc", "--legacy", "--store", str(tmp_path / "store")]) == 0
+    assert "1 legacy" in capsys.readouterr().out.splitlines()[-1] and not store.path(first.key).exists()
+
+
+def test_two_processes_quarantining_one_entry_do_not_crash(pristine, tmp_path):
+    """The second of two sweeps sharing a store finds the damaged entry already moved."""
+    src, first = pristine
+    shutil.copytree(src, tmp_path / "store")
+    a, b = RunStore(tmp_path / "store", say=lambda s: None), RunStore(tmp_path / "store", say=lambda s: None)
+    (a.path(first.key) / "model.pt").write_bytes(b"x")
+    assert a.quarantine(first.key, "first") is not None
+    assert b.quarantine(first.key, "second") is None and b.get(first.key) is None
 
 
 def test_put_replaces_a_damaged_entry(tmp_path):
@@ -203,8 +240,7 @@ STAGE = textwrap.dedent("""
 def _start(root: Path, tag: str, steps: int) -> subprocess.Popen:
     (root / "stage.py").write_text(STAGE.format(tests=str(Path(__file__).parent), steps=steps))
     return subprocess.Popen([sys.executable, str(root / "stage.py"), tag], cwd=root, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            preexec_fn=None)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
 def _children(pid: int) -> list[int]:

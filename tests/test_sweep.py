@@ -203,52 +203,65 @@ def test_sweep_killed_half_way_resumes_without_retraining(tmp_path):
     assert result_bytes(recs) == result_bytes(fresh)
 
 
+def _sweep_killing_workers(tmp_path, seeds, scheduler: str, kill) -> list:
+    """Run two long tiny runs in a thread; once both train, `kill(client)` SIGKILLs worker processes;
+    returns the records, after checking they equal an undisturbed serial sweep's."""
+    import threading
+
+    from distributed import Client
+
+    specs = [tiny_spec(seed=s, steps=3000) for s in seeds]
+    out: dict = {}
+    eng = engine(tmp_path, scheduler=scheduler) if scheduler else engine(tmp_path, workers=2)
+    t = threading.Thread(target=lambda: out.update(recs=run_sweep("t", specs, tiny_inputs(), eng)))
+    t.start()
+    if scheduler:
+        client = Client(scheduler, timeout="30s")
+    else:  # the sweep's own LocalCluster: find its scheduler through the progress it publishes
+        from distributed.deploy.spec import SpecCluster
+
+        assert wait_for(lambda: any(c.status.name == "running" for c in list(SpecCluster._instances)))
+        client = Client(next(c for c in list(SpecCluster._instances) if c.status.name == "running"))
+    try:
+        keys = {run_key(s, tiny_inputs()) for s in specs}  # both runs are training once both reported progress
+        assert wait_for(lambda: {e[1]["key"] for e in client.get_events("attnrepro-progress")} >= keys)
+        kill(client)
+        t.join(timeout=300)
+    finally:
+        client.close()
+    recs = out["recs"]
+    assert [r.status for r in recs] == ["ok", "ok"], [r.reason for r in recs]
+    fresh = run_sweep("t", specs, tiny_inputs(), engine(tmp_path / "fresh", workers=1))
+    assert result_bytes(recs) == result_bytes(fresh)
+    return recs
+
+
+def _kill_one_busy_worker(client):
+    busy = [w for w, tasks in client.processing().items() if tasks]
+    os.kill(client.run(os.getpid, workers=busy[:1])[busy[0]], signal.SIGKILL)  # its nanny starts a new one
+
+
+def _kill_every_worker(client):
+    for pid in client.run(os.getpid).values():
+        os.kill(pid, signal.SIGKILL)  # every worker at once (the inputs they held die with them)
+
+
 def test_a_killed_worker_is_retried_once(tmp_path, external_scheduler):
-    import threading
-
-    from distributed import Client
-
-    specs = [tiny_spec(seed=s, steps=3000) for s in (10, 11)]
-    out: dict = {}
-    t = threading.Thread(target=lambda: out.update(recs=run_sweep("t", specs, tiny_inputs(),
-                                                                  engine(tmp_path, scheduler=external_scheduler))))
-    with Client(external_scheduler, timeout="30s") as client:
-        t.start()
-        # both runs are training once both have reported progress
-        keys = {run_key(s, tiny_inputs()) for s in specs}
-        assert wait_for(lambda: {e[1]["key"] for e in client.get_events("attnrepro-progress")} >= keys)
-        busy = [w for w, tasks in client.processing().items() if tasks]
-        pid = client.run(os.getpid, workers=busy[:1])[busy[0]]
-        os.kill(pid, signal.SIGKILL)  # the worker's nanny starts a new one; the scheduler retries the run
-        t.join(timeout=300)
+    _sweep_killing_workers(tmp_path, (10, 11), external_scheduler, _kill_one_busy_worker)
+    with __import__("distributed").Client(external_scheduler, timeout="30s") as client:
         client.wait_for_workers(2, timeout=60)
-    assert [r.status for r in out["recs"]] == ["ok", "ok"], [r.reason for r in out["recs"]]
-    fresh = run_sweep("t", specs, tiny_inputs(), engine(tmp_path / "fresh", workers=1))
-    assert result_bytes(out["recs"]) == result_bytes(fresh)
 
 
-def test_losing_every_worker_at_once_retries_each_run(tmp_path, external_scheduler):
-    """Every worker killed mid-run (the inputs they held die with them): once "already forgotten"
-    and the whole sweep cancelled; now the inputs are recomputed and each run retried once."""
-    import threading
-
-    from distributed import Client
-
-    specs = [tiny_spec(seed=s, steps=3000) for s in (20, 21)]
-    out: dict = {}
-    t = threading.Thread(target=lambda: out.update(recs=run_sweep("t", specs, tiny_inputs(),
-                                                                  engine(tmp_path, scheduler=external_scheduler))))
-    with Client(external_scheduler, timeout="30s") as client:
-        t.start()
-        keys = {run_key(s, tiny_inputs()) for s in specs}
-        assert wait_for(lambda: {e[1]["key"] for e in client.get_events("attnrepro-progress")} >= keys)
-        for pid in client.run(os.getpid).values():
-            os.kill(pid, signal.SIGKILL)  # every worker at once; their nannies start new ones
-        t.join(timeout=300)
-        client.wait_for_workers(2, timeout=60)
-    assert [r.status for r in out["recs"]] == ["ok", "ok"], [r.reason for r in out["recs"]]
-    fresh = run_sweep("t", specs, tiny_inputs(), engine(tmp_path / "fresh", workers=1))
-    assert result_bytes(out["recs"]) == result_bytes(fresh)
+@pytest.mark.parametrize("where", ["external", "local"])
+def test_losing_every_worker_at_once_retries_each_run(tmp_path, external_scheduler, where):
+    """Once "already forgotten" and the whole sweep cancelled; now the inputs are recomputed and
+    each run is resubmitted once. The local cluster's scheduler gives up at the first death
+    (allowed-failures 0): there only the sweep's own resubmission saves the runs."""
+    _sweep_killing_workers(tmp_path, (20, 21) if where == "external" else (22, 23),
+                           external_scheduler if where == "external" else "", _kill_every_worker)
+    if where == "external":
+        with __import__("distributed").Client(external_scheduler, timeout="30s") as client:
+            client.wait_for_workers(2, timeout=60)
 
 
 def test_two_writers_of_one_run_leave_one_whole_copy(tmp_path):

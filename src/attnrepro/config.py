@@ -233,8 +233,11 @@ def run_stage(main) -> None:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     except (KeyboardInterrupt, Terminated) as e:
-        print(f"{'interrupted' if isinstance(e, KeyboardInterrupt) else 'terminated'}; nothing written "
-              "(the previous outputs are unchanged)", file=sys.stderr)
+        word = "interrupted" if isinstance(e, KeyboardInterrupt) else "terminated"
+        if tx is not None and tx.committed:  # the signal came while the outputs moved in (it was held)
+            print(f"{word} after the outputs were written (they are complete)", file=sys.stderr)
+        else:
+            print(f"{word}; nothing written (the previous outputs are unchanged)", file=sys.stderr)
         sys.exit(130 if isinstance(e, KeyboardInterrupt) else 143)
     except OSError as e:
         line = os_error_line(e, tx.moves if tx is not None else [])

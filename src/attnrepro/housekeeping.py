@@ -29,20 +29,23 @@ def store_main(argv: list[str]) -> int:
                         description="Check every run store entry against its manifest (verify: sizes and "
                                     "SHA-256), or remove quarantined, damaged and half-written entries (gc).",
                         formatter_class=argparse.RawDescriptionHelpFormatter,
-                        epilog="verify: exit 0 when every entry is intact, 1 when any is damaged (each is listed; "
-                               "the next sweep that needs one quarantines it and trains it again). gc: exit 0.")
+                        epilog="verify: exit 0 when no entry is damaged, 1 when any is (each is listed; the next "
+                               "sweep that needs one quarantines it and trains it again). Entries written before "
+                               "manifests are counted as legacy, not damaged. gc: exit 0.")
     ap.add_argument("action", choices=("verify", "gc"))
     ap.add_argument("--store", default=None, help="the run store folder (default: engine.store in params.yaml)")
     ap.add_argument("--params", default="params.yaml", help="params file naming the store (default params.yaml)")
+    ap.add_argument("--legacy", action="store_true",
+                    help="gc: also remove entries written before store manifests (only older checkouts can use them)")
     args = ap.parse_args(argv)
     root = _store_root(args.store, args.params)
     if not root.is_dir():
         raise UserError(f"{root}: no run store here (a sweep creates it; or pass --store)")
     store = RunStore(root)
     if args.action == "gc":
-        c = store.gc()
-        print(f"store gc: removed {c['damaged']} damaged entries, {c['quarantined']} quarantined, "
-              f"{c['tmp']} half-written; {len(store.entries())} entries remain in {root}")
+        c = store.gc(legacy=args.legacy)
+        print(f"store gc: removed {c['quarantined']} quarantined, {c['damaged']} damaged, {c['legacy']} legacy and "
+              f"{c['tmp']} half-written entries; {len(store.entries())} entries remain in {root}")
         return 0
     bar = progress(len(store.entries()), "verify", unit="run")
     report = store.verify(lambda i, n: bar.update(1))
@@ -62,11 +65,12 @@ def staging_main(argv: list[str]) -> int:
                                     "would replace are unchanged; when they changed (restored with git checkout, "
                                     "say), it stops and asks: decide here.")
     what = ap.add_mutually_exclusive_group(required=True)
-    what.add_argument("--finish", action="store_true", help="move in what the killed stage had not moved yet (files changed since it was killed "
-                           "stay as they are; rerun the stage for a consistent set)")
+    what.add_argument("--finish", action="store_true", help="move in what the killed stage had not moved yet; a file changed since it was killed "
+                           "(moved in or not) stays as it is: rerun the stage for a consistent set")
     what.add_argument("--discard", action="store_true",
                       help="drop what it staged and keep every file as it is now (then rerun that stage)")
     args = ap.parse_args(argv)
-    n = resolve(finish=args.finish)
-    print(f"staging: {'finished' if args.finish else 'discarded'} {n} interrupted commit{'s' * (n != 1)}")
+    n, kept = resolve(finish=args.finish)
+    kept_text = f" ({kept} file{'s' * (kept != 1)} changed since kept as they are)" if kept else ""
+    print(f"staging: {'finished' if args.finish else 'discarded'} {n} interrupted commit{'s' * (n != 1)}{kept_text}")
     return 0

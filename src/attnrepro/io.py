@@ -69,14 +69,21 @@ def fingerprint(path: Path) -> Optional[str]:
     h = hashlib.sha256()
     if path.is_dir():
         for f in sorted(p for p in path.rglob("*") if p.is_file()):
-            h.update(str(f.relative_to(path)).encode() + b"\0" + _file_sha(f).encode() + b"\0")
+            h.update(str(f.relative_to(path)).encode() + b"\0" + file_sha256(f).encode() + b"\0")
         return "dir:" + h.hexdigest()
-    return "file:" + _file_sha(path)
+    return "file:" + file_sha256(path)
 
 
-def _file_sha(path: Path) -> str:
+def file_sha256(path: Path) -> str:
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _place(path) -> Path:
+    """An output's absolute path, its folder resolved but not the path itself: an output that is a
+    symlink (DVC's cache links, say) is replaced, never written through."""
+    path = Path(path).absolute()
+    return path.parent.resolve() / path.name
 
 
 class Transaction:
@@ -91,15 +98,16 @@ class Transaction:
         self.dir.mkdir(parents=True)
         self.moves: list[tuple[Path, Path]] = []  # (staged, final)
         self.kinds: dict[Path, str] = {}  # final -> "file" | "dir"
+        self.committed = False  # every output moved in
 
     def holds(self, path: Path) -> bool:
-        path = Path(path).resolve()
+        path = _place(path)
         return any(s == path or s in path.parents for s, _ in self.moves)
 
     def slot(self, final: Path, kind: str) -> Path:
         """A staged path beside `final` (its folder is created); recorded first, so that `recover`
         can remove it if this process dies before the commit."""
-        final = Path(final).resolve()
+        final = _place(final)
         check_writable([(None, final)])
         final.parent.mkdir(parents=True, exist_ok=True)
         staged = final.parent / f".{final.name}.staged-{self.id}"
@@ -126,10 +134,11 @@ class Transaction:
         self.check_places()
         journal = [{"staged": str(s), "final": str(f), "kind": self.kinds[f], "before": fingerprint(f),
                     "after": fingerprint(s)} for s, f in self.moves]
-        with named_errors(self.dir / "JOURNAL"):
+        with named_errors(self.dir / "JOURNAL"), _signals_held():
             (self.dir / "JOURNAL.tmp").write_text(json.dumps(journal, indent=1), encoding="utf-8")
-        os.replace(self.dir / "JOURNAL.tmp", self.dir / "JOURNAL")  # the commit point
-        _roll_forward(self.dir)
+            os.replace(self.dir / "JOURNAL.tmp", self.dir / "JOURNAL")  # the commit point
+            _roll_forward(self.dir)
+            self.committed = True
 
     def abort(self) -> None:
         _drop(self.dir)
@@ -140,23 +149,65 @@ def _old(entry: dict) -> Path:
     return staged.with_name(staged.name.replace(".staged-", ".old-", 1))
 
 
-def _roll_forward(txdir: Path) -> None:
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Hold Ctrl-C and SIGTERM while the outputs move in (renames: milliseconds): a stage stopped
+    then is stopped after its commit, not half-way through it (only SIGKILL can split it)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held = {signal.SIGINT, signal.SIGTERM}
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def _old(staged: Path) -> Path:
+    """Where a folder output's previous version waits while the new one moves in."""
+    return staged.with_name(staged.name.replace(".staged-", ".old-", 1))
+
+
+def _roll_forward(txdir: Path, keep_changed: bool = False) -> int:
+    """Move in what the journal's stage staged; with keep_changed, a file that changed since the
+    stage was killed keeps its new content (its staged copy is dropped). Returns how many were kept."""
+    kept = 0
     for e in json.loads((txdir / "JOURNAL").read_text(encoding="utf-8")):
-        staged, final, old = Path(e["staged"]), Path(e["final"]), _old(e)
+        staged, final = Path(e["staged"]), Path(e["final"])
+        old = _old(staged)
         if staged.exists():
+            if keep_changed and fingerprint(old if old.exists() and not final.exists() else final) != e["before"]:
+                if old.exists() and not final.exists():
+                    os.rename(old, final)
+                remove_path(staged)
+                kept += 1
+                continue
             if e["kind"] == "dir" and final.is_dir() and not final.is_symlink():
                 os.rename(final, old)  # beside it: removed below
             os.replace(staged, final)
         if old.exists():
             shutil.rmtree(old, ignore_errors=True)
     shutil.rmtree(txdir, ignore_errors=True)
+    return kept
+
+
+def remove_path(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
 
 
 def _journal_problem(txdir: Path) -> Optional[str]:
     """None when every file the journal would replace is as the journal left it (the ones not
     yet moved still hold what was there before, the moved ones what was moved in)."""
     for e in json.loads((txdir / "JOURNAL").read_text(encoding="utf-8")):
-        staged, final, old = Path(e["staged"]), Path(e["final"]), _old(e)
+        staged, final = Path(e["staged"]), Path(e["final"])
+        old = _old(staged)
         if staged.exists():
             here = fingerprint(old if old.exists() and not final.exists() else final)
             if here != e["before"]:
@@ -171,15 +222,11 @@ def _drop(txdir: Path) -> None:
     slots = txdir / "SLOTS"
     for line in slots.read_text(encoding="utf-8").splitlines() if slots.exists() else []:
         staged = Path(line)
-        old = staged.with_name(staged.name.replace(".staged-", ".old-", 1))
-        final = staged.with_name(staged.name[1:].rsplit(".staged-", 1)[0])
+        old, final = _old(staged), staged.with_name(staged.name[1:].rsplit(".staged-", 1)[0])
         if old.exists() and not final.exists():
             os.rename(old, final)
-        for p in (staged, old):
-            if p.is_dir() and not p.is_symlink():
-                shutil.rmtree(p, ignore_errors=True)
-            elif p.exists() or p.is_symlink():
-                p.unlink()
+        remove_path(staged)
+        remove_path(old)
     shutil.rmtree(txdir, ignore_errors=True)
 
 
@@ -190,7 +237,8 @@ def recover(root: Path = STAGING, say=lambda s: print(s, file=sys.stderr)) -> No
     if not Path(root).is_dir():
         return
     for txdir in sorted(Path(root).iterdir()):
-        pid = txdir.name.split("-", 1)[0]
+        if _owner_alive(txdir):
+            continue  # another stage's, still running (its own commit finishes it)
         if (txdir / "JOURNAL").is_file():
             problem = _journal_problem(txdir)
             if problem:
@@ -199,19 +247,30 @@ def recover(root: Path = STAGING, say=lambda s: print(s, file=sys.stderr)) -> No
                                    f"or `attnrepro staging --discard` to drop it (then rerun that stage)")
             _roll_forward(txdir)
             say(f"finished moving in the outputs of a stage killed while committing them ({_shown(txdir)})")
-        elif not (pid.isdigit() and _alive(int(pid))):
+        else:
             _drop(txdir)
 
 
-def resolve(finish: bool, root: Path = STAGING) -> int:
-    """`attnrepro staging`: complete (finish) or drop every journal left by a killed commit, whatever
-    changed since; returns how many."""
-    n = 0
+def _owner_alive(txdir: Path) -> bool:
+    pid = txdir.name.split("-", 1)[0]
+    return pid.isdigit() and int(pid) != os.getpid() and _alive(int(pid))
+
+
+def resolve(finish: bool, root: Path = STAGING) -> tuple[int, int]:
+    """`attnrepro staging`: finish or drop every journal left by a killed commit. Finishing moves in
+    what had not moved yet, except files changed since (they keep their content). Returns (journals,
+    files kept)."""
+    n = kept = 0
     for txdir in sorted(Path(root).iterdir()) if Path(root).is_dir() else []:
-        if (txdir / "JOURNAL").is_file():
-            _roll_forward(txdir) if finish else _drop(txdir)
+        if (txdir / "JOURNAL").is_file() and not _owner_alive(txdir):
+            if finish:
+                kept += _roll_forward(txdir, keep_changed=True)
+            else:
+                _drop(txdir)
             n += 1
-    return n
+    with contextlib.suppress(OSError):
+        Path(root).rmdir()  # only when empty
+    return n, kept
 
 
 def _shown(path: Path) -> str:

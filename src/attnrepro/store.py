@@ -22,6 +22,7 @@ REASON file, one line says which run and why, and the run is trained again.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -34,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Optional
 
-from .io import _alive  # is a process of this host alive? (io's staging uses it the same way)
+from .io import _alive, file_sha256, remove_path  # _alive: is a process of this host alive? (io's staging asks too)
 
 MANIFEST = "MANIFEST.json"
 STATUSES = ("ok", "diverged")
@@ -44,9 +45,8 @@ class Damaged(Exception):
     """A store entry that does not match its manifest (the message says how)."""
 
 
-def file_digest(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+class Legacy(Damaged):
+    """An entry written before stores kept manifests: no key of this code can name it."""
 
 
 def manifest_of(files: Mapping[str, bytes]) -> dict:
@@ -62,20 +62,30 @@ def verify_entry(path: Path, full: bool) -> None:
     try:
         manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
     except FileNotFoundError:
+        if (path / "status.json").is_file() and (path / "spec.json").is_file():
+            raise Legacy(f"no {MANIFEST}: written before store manifests (attnrepro store gc --legacy removes it)") \
+                from None
         raise Damaged(f"no {MANIFEST} (an unfinished or foreign entry)") from None
     except (OSError, ValueError) as e:
         raise Damaged(f"{MANIFEST} unreadable ({type(e).__name__})") from None
-    if not isinstance(manifest, dict) or "status.json" not in manifest:
+    well_formed = isinstance(manifest, dict) and all(
+        isinstance(name, str) and name == Path(name).name and not name.startswith(".") and isinstance(want, dict)
+        and isinstance(want.get("size"), int) and isinstance(want.get("sha256"), str)
+        for name, want in manifest.items())
+    if not well_formed:
+        raise Damaged(f"{MANIFEST} is malformed")
+    if "status.json" not in manifest:
         raise Damaged(f"{MANIFEST} lists no status.json")
     present = {p.name for p in path.iterdir()} - {MANIFEST}
-    for name in sorted(set(manifest) - present):
-        raise Damaged(f"{name} is missing")
-    for name in sorted(present - set(manifest)):
-        raise Damaged(f"{name} is not in the manifest")
+    missing, unlisted = sorted(set(manifest) - present), sorted(present - set(manifest))
+    if missing:
+        raise Damaged(f"{missing[0]} is missing")
+    if unlisted:
+        raise Damaged(f"{unlisted[0]} is not in the manifest")
     for name, want in manifest.items():
         size = (path / name).stat().st_size
-        if size != want.get("size"):
-            raise Damaged(f"{name} has {size} bytes, the manifest says {want.get('size')}")
+        if size != want["size"]:
+            raise Damaged(f"{name} has {size} bytes, the manifest says {want['size']}")
     for name in manifest:
         if name.endswith(".json"):
             try:
@@ -83,7 +93,7 @@ def verify_entry(path: Path, full: bool) -> None:
             except (OSError, ValueError):
                 raise Damaged(f"{name} is not valid JSON") from None
     for name, want in manifest.items():
-        if full and file_digest(path / name) != want.get("sha256"):
+        if full and file_sha256(path / name) != want["sha256"]:
             raise Damaged(f"{name} does not match its SHA-256")
     status = json.loads((path / "status.json").read_text(encoding="utf-8"))
     if not isinstance(status, dict) or status.get("status") not in STATUSES:
@@ -94,12 +104,15 @@ def verify_entry(path: Path, full: bool) -> None:
 class VerifyReport:
     intact: int
     damaged: list[tuple[str, str]]  # (key, reason)
+    legacy: list[str]  # keys of entries written before manifests
     seconds: float
+    megabytes: float
 
     def line(self) -> str:
-        n = self.intact + len(self.damaged)
-        return (f"store verify: {n} entries, {self.intact} intact, {len(self.damaged)} damaged "
-                f"({self.seconds:.1f} s)")
+        n = self.intact + len(self.damaged) + len(self.legacy)
+        legacy = f", {len(self.legacy)} legacy (no manifest)" if self.legacy else ""
+        return (f"store verify: {n} entries, {self.intact} intact, {len(self.damaged)} damaged{legacy} "
+                f"({self.megabytes:.0f} MB hashed in {self.seconds:.1f} s)")
 
 
 class RunStore:
@@ -122,18 +135,29 @@ class RunStore:
             return None
         try:
             verify_entry(p, full)
-        except (Damaged, OSError) as e:
-            reason = str(e) if isinstance(e, Damaged) else f"unreadable ({e.strerror or type(e).__name__})"
+        except (Damaged, OSError) as first:
+            try:  # another process may have replaced it meanwhile (put after its own quarantine)
+                verify_entry(p, full)
+                return p
+            except (Damaged, OSError):
+                pass
+            reason = str(first) if isinstance(first, Damaged) else f"unreadable ({first.strerror or type(first).__name__})"
             moved = self.quarantine(key, reason)
-            self.say(f"store: run {label or key[:12]} is damaged ({reason}); moved to {moved}, it will be trained again")
+            if moved is not None:
+                self.say(f"store: run {label or key[:12]} is damaged ({reason}); moved to {moved}, "
+                         "it will be trained again")
             return None
         return p
 
-    def quarantine(self, key: str, reason: str) -> Path:
-        """Move the entry of `key` (a folder, or whatever lies at its place) aside, with a REASON file."""
+    def quarantine(self, key: str, reason: str) -> Optional[Path]:
+        """Move the entry of `key` (a folder, or whatever lies at its place) aside, with a REASON file;
+        None when it is gone already (another process of a shared store moved it first)."""
         self.quarantine_dir.mkdir(parents=True, exist_ok=True)
         dest = self.quarantine_dir / f"{key}--{time.strftime('%Y%m%dT%H%M%S')}--{uuid.uuid4().hex[:6]}"
-        os.rename(self.path(key), dest)
+        try:
+            os.rename(self.path(key), dest)
+        except FileNotFoundError:
+            return None
         (dest.parent / f"{dest.name}.REASON").write_text(reason + "\n", encoding="utf-8")
         return dest
 
@@ -172,41 +196,51 @@ class RunStore:
         return sorted(p for p in self.root.glob("??/*") if not p.parent.name.startswith("."))
 
     def keys(self) -> list[str]:
-        """The keys of the intact entries (sizes checked)."""
-        return [p.name for p in self.entries() if self.get(p.name) is not None]
+        """The keys of the intact entries (sizes checked; nothing is moved)."""
+        out = []
+        for p in self.entries():
+            try:
+                verify_entry(p, full=False)
+                out.append(p.name)
+            except (Damaged, OSError):
+                pass
+        return out
 
     def verify(self, progress: Callable[[int, int], None] = lambda i, n: None) -> VerifyReport:
         """Check every entry fully (hashes included); damaged entries are reported, not moved."""
         t0 = time.perf_counter()
         entries = self.entries()
-        intact, damaged = 0, []
+        intact, damaged, legacy = 0, [], []
         for i, p in enumerate(entries):
             try:
                 if p.parent.name != p.name[:2]:
                     raise Damaged(f"misplaced (belongs under {p.name[:2]}/)")
                 verify_entry(p, full=True)
                 intact += 1
+            except Legacy:
+                legacy.append(p.name)
             except (Damaged, OSError) as e:
                 damaged.append((p.name, str(e) if isinstance(e, Damaged) else f"unreadable ({e})"))
             progress(i + 1, len(entries))
-        return VerifyReport(intact, damaged, time.perf_counter() - t0)
+        size = sum(f.stat().st_size for p in entries if p.is_dir() for f in p.iterdir() if f.is_file())
+        return VerifyReport(intact, damaged, legacy, time.perf_counter() - t0, size / 1e6)
 
-    def gc(self) -> dict[str, int]:
-        """Remove quarantined entries, half-written results of dead writers, and damaged or
-        misplaced entries (after moving them to quarantine); intact entries stay."""
-        counts = {"damaged": 0, "quarantined": 0, "tmp": self.clean_tmp()}
-        for key, reason in self.verify().damaged:
-            for p in self.root.glob(f"??/{key}"):
-                if p.parent.name == key[:2]:
-                    self.quarantine(key, reason)
-                else:
-                    shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
-                counts["damaged"] += 1
-        if self.quarantine_dir.is_dir():
+    def gc(self, legacy: bool = False) -> dict[str, int]:
+        """Remove what is quarantined, half-written results of dead writers, and damaged or misplaced
+        entries (and, with `legacy`, entries written before manifests); intact entries stay."""
+        counts = {"damaged": 0, "legacy": 0, "quarantined": 0, "tmp": self.clean_tmp()}
+        if self.quarantine_dir.is_dir():  # what was quarantined before this gc
             for p in self.quarantine_dir.iterdir():
                 counts["quarantined"] += not p.name.endswith(".REASON")
-                shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
-            self.quarantine_dir.rmdir()
+                remove_path(p)
+        report = self.verify()
+        doomed = [(key, "damaged") for key, _ in report.damaged] + [(key, "legacy") for key in report.legacy if legacy]
+        for key, kind in doomed:
+            for p in self.root.glob(f"??/{key}"):
+                remove_path(p)
+                counts[kind] += 1
+        with contextlib.suppress(OSError):
+            self.quarantine_dir.rmdir()  # only when empty
         return counts
 
     def clean_tmp(self) -> int:

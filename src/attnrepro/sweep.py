@@ -283,9 +283,9 @@ def _inputs(inputs: dict) -> dict:
 
 
 def connect(address: str, timeout: float = SCHEDULER_TIMEOUT):
-    """A Client of the Dask scheduler at `address`, or one UserError line within about `timeout`
-    seconds: the address must accept a connection and answer Dask's identity call (a server that
-    is not a Dask scheduler may never answer, or answer garbage)."""
+    """A Client of the Dask scheduler at `address`, or one UserError line: the address must accept a
+    TCP connection (within `timeout` s) and answer Dask's identity call (within `timeout` s more; a
+    server that is not a Dask scheduler may never answer, or answer garbage)."""
     import asyncio
 
     from distributed import Client
@@ -329,6 +329,7 @@ def _run_dask(todo, inputs, engine: EngineConfig, store: RunStore, records: dict
 
     cluster = client = None
     futures: dict = {}
+    before = _ours()
     try:
         # A run whose worker dies is resubmitted once by the loop below, then reported as failed. The local
         # scheduler gives up at the first death (allowed-failures 0): when every worker dies at once, its
@@ -356,6 +357,8 @@ def _run_dask(todo, inputs, engine: EngineConfig, store: RunStore, records: dict
             except KilledWorker:
                 if key not in retried:
                     retried.add(key)
+                    if data.status == "error":  # a worker died computing the inputs themselves
+                        data = client.submit(_inputs, dict(inputs), pure=False)
                     again = client.submit(_remote, spec, data, key, pure=False)
                     futures[again.key] = (again, spec, key)
                     pending.add(again)
@@ -372,7 +375,7 @@ def _run_dask(todo, inputs, engine: EngineConfig, store: RunStore, records: dict
                     with contextlib.suppress(Exception):
                         c.close()
         else:  # Ctrl-C, SIGTERM: possibly while the cluster was still starting
-            shutdown_quietly(client, cluster, [f for f, *_ in futures.values()])
+            shutdown_quietly(client, cluster, [f for f, *_ in futures.values()], before)
         raise
     client.close()
     if cluster is not None:
@@ -386,23 +389,35 @@ def dask_setup(worker) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def shutdown_quietly(client, cluster, futures) -> None:
-    """Stop the runs and the local cluster after an interruption, without Dask's shutdown noise (its
-    loggers have levels of their own, and its exit handlers log too: the process is ending). A cluster
-    interrupted while starting cannot close itself: its worker processes are ended here, and Dask's
-    exit handler is told not to try again."""
+def _ours() -> tuple[set[int], set[int]]:
+    """This process's child processes and Dask clusters now (what a sweep must not touch)."""
     import psutil
     from distributed.deploy.spec import SpecCluster
 
-    logging.disable(logging.CRITICAL)
+    return {p.pid for p in psutil.Process().children(recursive=True)}, {id(c) for c in SpecCluster._instances}
+
+
+def shutdown_quietly(client, cluster, futures, before: tuple[set[int], set[int]]) -> None:
+    """Stop the runs and the local cluster after an interruption, without Dask's shutdown noise (its
+    loggers are switched off: their levels are their own, and its exit handlers log too). A cluster
+    interrupted while starting cannot close itself: the processes this sweep started are ended here,
+    and Dask's exit handler is told not to try again."""
+    import psutil
+    from distributed.deploy.spec import SpecCluster
+
+    for name in list(logging.root.manager.loggerDict):
+        if name.split(".")[0] in ("distributed", "tornado"):
+            logging.getLogger(name).disabled = True
     steps = [lambda: client.cancel(futures), lambda: client.close(timeout=10)] if client is not None else []
     steps += [lambda: cluster.close(timeout=10)] if cluster is not None else []
     for step in steps:
         with contextlib.suppress(BaseException):
             step()
-    for c in list(SpecCluster._instances):
+    children_before, clusters_before = before
+    for c in [c for c in list(SpecCluster._instances) if id(c) not in clusters_before]:
         SpecCluster._instances.discard(c)
-    kids = [k for k in psutil.Process().children(recursive=True) if not _is_resource_tracker(k)]
+    kids = [k for k in psutil.Process().children(recursive=True)
+            if k.pid not in children_before and not _is_resource_tracker(k)]
     for k in kids:
         with contextlib.suppress(psutil.Error):
             k.terminate()

@@ -39,7 +39,7 @@ def cause_text(cause: str) -> str:
 
 @dataclass
 class Diagnosis:
-    verdict: str  # PASS | FAIL
+    verdict: str  # PASS | FAIL | INCOMPLETE (nothing failed, but some cases could not run)
     cause: str = ""  # the most supported cause ("" when the failures match none)
     evidence: list[Finding] = field(default_factory=list)  # the failing findings that support it
     others: list[str] = field(default_factory=list)  # further causes, less supported
@@ -50,7 +50,10 @@ class Diagnosis:
     def headline(self) -> str:
         extra = f" ({self.unsupported} cases unsupported)" if self.unsupported else ""
         if self.verdict == "PASS":
-            return "PASS: matches the float64 reference; invariants, numerics and scale hold" + extra
+            return "PASS: matches the float64 reference; invariants, numerics and scale hold"
+        if self.verdict == "INCOMPLETE":
+            return (f"INCOMPLETE: nothing failed, but {self.unsupported} cases could not run (unsupported): "
+                    "the audit vouches only for what ran")
         if not self.cause:
             return "FAIL: differs from the reference in a way that matches none of the known bugs" + extra
         return f"FAIL: {cause_text(self.cause)}" + extra
@@ -60,8 +63,8 @@ def diagnose(results: list[CheckResult]) -> Diagnosis:
     findings = [f for r in results for f in r.findings]
     fails = [f for f in findings if f.severity == "fail"]
     unsupported = sum(f.severity == "unsupported" for f in findings)
-    if not fails:
-        return Diagnosis("PASS", unsupported=unsupported)
+    if not fails:  # an unsupported case is not evidence: a leak in a mode that never ran is still possible
+        return Diagnosis("INCOMPLETE" if unsupported else "PASS", unsupported=unsupported)
     score: dict[str, list[Finding]] = {}
     for f in fails:
         if f.cause:
