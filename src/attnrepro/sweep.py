@@ -47,6 +47,7 @@ from .store import RunStore
 
 PROGRESS_TOPIC = "attnrepro-progress"
 SCHEDULER_TIMEOUT = 20.0  # seconds to connect to a scheduler and hear it answer
+RESUBMIT_SETTLE = 2.0  # seconds to wait before resubmitting a run whose worker died
 
 
 @dataclass
@@ -357,6 +358,9 @@ def _run_dask(todo, inputs, engine: EngineConfig, store: RunStore, records: dict
             except KilledWorker:
                 if key not in retried:
                     retried.add(key)
+                    # workers that die together are removed by the scheduler one after the other: a run
+                    # resubmitted at once can land on one that is dead but not yet removed, and die twice
+                    time.sleep(RESUBMIT_SETTLE)
                     if data.status == "error":  # a worker died computing the inputs themselves
                         data = client.submit(_inputs, dict(inputs), pure=False)
                     again = client.submit(_remote, spec, data, key, pure=False)
