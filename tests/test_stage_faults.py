@@ -133,30 +133,17 @@ def test_killed_while_staging_leaves_all_old_outputs(stage_root):
     assert not list(stage_root.rglob("*.staged-*"))
 
 
-def test_ctrl_c_says_interrupted_and_keeps_the_old_outputs(stage_root):
+@pytest.mark.parametrize("sig,code,word", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")])
+def test_ctrl_c_or_sigterm_says_so_and_keeps_the_old_outputs(stage_root, sig, code, word):
     p = start(stage_root, "new", delay=0.5)
     deadline = time.monotonic() + 60
     while (stage_root / "progress").read_text() != "1":
         assert time.monotonic() < deadline and p.poll() is None
         time.sleep(0.02)
-    p.send_signal(signal.SIGINT)
+    p.send_signal(sig)
     out, err = p.communicate(timeout=60)
-    assert p.returncode == 130
-    assert err.strip() == "interrupted; nothing written (the previous outputs are unchanged)"
-    assert set(tags(stage_root).values()) == {"old"}
-    assert not (stage_root / ".attnrepro-staging").exists()
-
-
-def test_sigterm_says_terminated_and_keeps_the_old_outputs(stage_root):
-    p = start(stage_root, "new", delay=0.5)
-    deadline = time.monotonic() + 60
-    while (stage_root / "progress").read_text() != "1":
-        assert time.monotonic() < deadline and p.poll() is None
-        time.sleep(0.02)
-    p.send_signal(signal.SIGTERM)
-    out, err = p.communicate(timeout=60)
-    assert p.returncode == 143
-    assert err.strip() == "terminated; nothing written (the previous outputs are unchanged)"
+    assert p.returncode == code
+    assert err.strip() == f"{word}; nothing written (the previous outputs are unchanged)"
     assert set(tags(stage_root).values()) == {"old"}
     assert not (stage_root / ".attnrepro-staging").exists() and not list(stage_root.rglob("*.staged-*"))
 
