@@ -14,11 +14,11 @@ import re
 from pathlib import Path
 from typing import Callable, Optional
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.utils import benchmark
 
+from ..benchmark import fit_exponent, make_qkv
 from .checks import CheckResult, Finding, Impl, guarded
 
 LENGTHS = (256, 512, 1024)
@@ -58,11 +58,9 @@ def peak_bytes(fn: Callable[[], object], device: str) -> Optional[int]:
 
 
 def _slope(ns, ys) -> Optional[float]:
+    """How ys grow with n (log-log slope) over the points measured; None with fewer than two."""
     pts = [(n, y) for n, y in zip(ns, ys) if y and y > 0]
-    if len(pts) < 2:
-        return None
-    x, y = np.log([p[0] for p in pts]), np.log([p[1] for p in pts])
-    return float(np.polyfit(x, y, 1)[0])
+    return fit_exponent(*map(list, zip(*pts))) if len(pts) >= 2 else None
 
 
 def cost(impl: Impl, lengths=LENGTHS, heads: int = 4, d_head: int = 64, min_run_time: float = 0.2) -> CheckResult:
@@ -77,8 +75,7 @@ def _cost(impl: Impl, lengths, heads: int, d_head: int, min_run_time: float, res
         _fix_mmap_threshold()
     dtype = torch.float16 if impl.device.startswith("cuda") else torch.float32
     for n in lengths:
-        g = torch.Generator().manual_seed(n)
-        q, k, v = (torch.randn(1, heads, n, d_head, generator=g).to(dtype).to(impl.device) for _ in range(3))
+        q, k, v = make_qkv(n, heads, d_head, dtype, impl.device, seed=n)
         row = {"n": n}
         for name, fn in (("impl", lambda: impl.call(q, k, v, {"is_causal": True}, f"cost n={n}")),
                          ("sdpa", lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))):
