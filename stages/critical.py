@@ -61,7 +61,7 @@ def main() -> None:
     for s in cfg.seeds:
         for d in cfg.d_heads:
             sc, un = records[(d, True, s)].summary(), records[(d, False, s)].summary()
-            rows.append({"seed": s, "d_head": d, "d_model": family_model(base, d, cfg.min_d_model)["d_model"],
+            rows.append({"seed": s, "d_head": d, "d_model": family_model(base, d, cfg.min_d_model).d_model,
                          "gap_loss_final": un["loss_final"] - sc["loss_final"],
                          "gap_val_loss_final": un["val_loss_final"] - sc["val_loss_final"],
                          **{f"scaled_{k}": sc[k] for k in METRICS}, **{f"unscaled_{k}": un[k] for k in METRICS}})

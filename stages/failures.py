@@ -59,7 +59,7 @@ def main() -> None:
     specs = [cfg.spec(bug, seed, device) for seed in seeds for bug in cfg.variants]
     records = run_sweep("failures", specs, corpus_inputs(), engine)
     require_ok(records, "failures")
-    by = {(r.spec.model["bug"], r.spec.seed): r for r in records}
+    by = {(r.spec.model.bug, r.spec.seed): r for r in records}
 
     mcfg = from_dict(ModelConfig, {**cfg.model, "vocab_size": vocab_size()}, prefix="failures.model")
     matrix = check_matrix(cfg.variants, Probe(d_head=mcfg.d_head))

@@ -21,7 +21,7 @@ import argparse
 
 import pandas as pd
 
-from attnrepro.chapter import QKNormConfig, TrainConfig, corpus_inputs, model_config, model_fields
+from attnrepro.chapter import QKNormConfig, TrainConfig, corpus_inputs, model_config
 from attnrepro.config import from_dict, read_params, require, run_stage
 from attnrepro.figures import qknorm_figure
 from attnrepro.envinfo import setup_determinism, stage_environment
@@ -49,7 +49,7 @@ def main() -> None:
     setup_determinism(train.threads, device)  # the environment record states the runs' thread count
 
     variants = {**{r: train.variants[r] for r in cfg.references}, **cfg.forms}
-    models = {n: model_fields(model_config(train.models, v, f"qknorm.forms.{n}")) for n, v in variants.items()}
+    models = {n: model_config(train.models, v, f"qknorm.forms.{n}") for n, v in variants.items()}
     keys = [(n, s) for s in cfg.seeds for n in variants]
     records = run_sweep("qknorm", [train.run(models[n], s, device, f"{n} seed {s}") for n, s in keys],
                         corpus_inputs(), engine)

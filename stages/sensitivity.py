@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 
 from attnrepro.chapter import (SENSITIVITY_FAILURES, SYMPTOMS, FailuresConfig, SensitivityConfig, TrainConfig,
-                               corpus_inputs, model_config, model_fields, optim_fields, sensitivity_target)
+                               corpus_inputs, model_config, optim_config, sensitivity_target)
 from attnrepro.claims import read_json as read_metrics
 from attnrepro.config import ConfigError, from_dict, read_params, require, run_stage
 from attnrepro.envinfo import setup_determinism, stage_environment
@@ -41,7 +41,6 @@ from attnrepro.io import write_csv, write_json
 from attnrepro.runtime import resolve_device
 from attnrepro.stats import from_summary
 from attnrepro.sweep import add_engine_args, engine_config, require_ok, run_sweep
-from attnrepro.training import OptimConfig
 
 def seed_bands(cfg: SensitivityConfig) -> dict:
     """(variant, metric) -> the plain protocol's seed distribution, read before any run starts."""
@@ -86,7 +85,7 @@ def main() -> None:
                 f"a train variant or {SENSITIVITY_FAILURES}<a failures variant>")
     for name, c in cfg.choices.items():
         if "optim" in c:
-            from_dict(OptimConfig, {**optim_fields(train), **c["optim"]}, prefix=f"sensitivity.choices.{name}.optim")
+            optim_config(train, f"sensitivity.choices.{name}.optim", **c["optim"])
     bands = seed_bands(cfg)
     engine = engine_config(params, args.scheduler, args.workers)
     device = resolve_device(train.device, "train.device")
@@ -100,8 +99,7 @@ def main() -> None:
         if file == "failures":
             return failures.spec(name, seed, device, model=model, label=label, **optim)
         v = {**train.variants[name], **model}
-        return train.run(model_fields(model_config(train.models, v, f"sensitivity.{variant}")), seed, device,
-                         label, **optim)
+        return train.run(model_config(train.models, v, f"sensitivity.{variant}"), seed, device, label, **optim)
 
     plan = {"plain": {}, **cfg.choices}
     keys = [(v, c, s) for c in plan for v in cfg.metrics for s in cfg.seeds]

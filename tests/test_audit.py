@@ -347,18 +347,18 @@ def test_model_trains_through_a_users_callable():
 
 def test_attention_config_applies_and_keys_by_source(tmp_path, monkeypatch):
     from attnrepro.config import from_dict
-    from attnrepro.runs import RunSpec
+    from test_sweep import tiny_spec
 
-    spec = RunSpec(task="corpus_lm", model={"d_model": 8, "impl": "manual"}, optim={"steps": 1}, seed=0, batch_seed=0)
+    spec = tiny_spec()
     assert from_dict(load.AttentionConfig, {"impl": ""}, "attention").apply(spec) is spec  # builtin: untouched
     name = _module(tmp_path, monkeypatch, "bi_mine", "import torch.nn.functional as F\n" + GOOD_SIG +
                    "    return F.scaled_dot_product_attention(query, key, value, attn_mask, is_causal=is_causal,"
                    " scale=scale)\n")
     cfg = from_dict(load.AttentionConfig, {"impl": f"{name}:attn"}, "attention")
-    first = cfg.apply(spec).model["impl"]
-    assert first.startswith("bi_mine:attn@") and first != spec.model["impl"]
+    first = cfg.apply(spec).model.impl
+    assert first.startswith("bi_mine:attn@") and first != spec.model.impl
     (tmp_path / f"{name}.py").write_text((tmp_path / f"{name}.py").read_text() + "# edited\n")
-    assert cfg.apply(spec).model["impl"] != first  # another source, another run key
+    assert cfg.apply(spec).model.impl != first  # another source, another run key
     with pytest.raises(UserError, match="changed since this run was keyed"):
         load.resolve_identity(first)
     with pytest.raises(UserError, match=r"^attention\.impl: bi_nothing:attn: module 'bi_nothing' not found"):

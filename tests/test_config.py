@@ -46,7 +46,7 @@ def test_real_params_train_section():
 def test_a_huge_step_count_is_refused_and_the_schedule_stays_a_rule(tmp_path):
     """train.steps 1e9 once ate 6 GB before any output: a diagnostics schedule materialised into the spec."""
     from attnrepro.config import ConfigError
-    from attnrepro.runs import RunSpec
+    from attnrepro.runspec import RunSpec
 
     train = load_stage_module("train")
     data = yaml.safe_load((REPO / "params.yaml").read_text(encoding="utf-8"))["train"]

@@ -4,6 +4,7 @@ import ast
 import os
 import re
 import subprocess
+import sys
 import tomllib
 
 import pytest
@@ -78,49 +79,29 @@ def test_ci_entry_point():
 
 # --- dvc.yaml deps: every library module a stage imports (transitively) ------------------
 
-def attnrepro_imports(path, seen=None) -> set[str]:
-    """src/attnrepro/*.py files imported by `path`, transitively."""
-    seen = set() if seen is None else seen
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    pkg = REPO / "src" / "attnrepro"
-    for node in ast.walk(tree):
-        mods = []
-        if isinstance(node, ast.ImportFrom):
-            if node.level and path.parent == pkg:  # from .x import y / from . import x
-                base = [node.module] if node.module else [a.name for a in node.names]
-                mods = [f"attnrepro.{m}" for m in base]
-            elif node.module == "attnrepro":
-                mods = [f"attnrepro.{a.name}" for a in node.names]
-            elif node.module and node.module.startswith("attnrepro."):
-                mods = [node.module]
-        elif isinstance(node, ast.Import):
-            mods = [a.name for a in node.names if a.name.startswith("attnrepro.")]
-        for m in mods:
-            f = pkg / (m.split(".", 1)[1].replace(".", "/") + ".py")
-            rel = str(f.relative_to(REPO))
-            if f.is_file() and rel not in seen:
-                seen.add(rel)
-                attnrepro_imports(f, seen)
-    return seen
+def test_dvc_stage_deps_are_the_modules_each_stage_imports():
+    """CONVENTIONS: deps list the stage script and every library module it imports (the engine aside);
+    scripts/dvc_deps.py computes them and rewrites dvc.yaml, --check only compares."""
+    p = subprocess.run([sys.executable, "scripts/dvc_deps.py", "--check"], cwd=REPO, capture_output=True, text=True)
+    assert p.returncode == 0, f"dvc.yaml deps differ from the imports (run python scripts/dvc_deps.py):\n{p.stdout}"
+
+
+def test_the_deps_check_sees_a_missing_dep():
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        import dvc_deps
+    finally:
+        sys.path.pop(0)
+    text = (REPO / "dvc.yaml").read_text(encoding="utf-8")
+    broken = text.replace("      - src/attnrepro/model.py\n", "", 1)
+    fixed, changes = dvc_deps.rewrite(broken, ["train", "failures", "seeds"])
+    assert changes and "src/attnrepro/model.py" in changes[0] and fixed.count("src/attnrepro/model.py") == \
+        text.count("src/attnrepro/model.py")
+    for stage in STAGES:
+        assert f"stages/{stage}.py" in yaml.safe_load(text)["stages"][stage].get("deps", [])
 
 
 STAGES = sorted(yaml.safe_load((REPO / "dvc.yaml").read_text(encoding="utf-8"))["stages"])
-# The run engine never changes a result (tests/test_sweep.py holds serial, local and cluster
-# runs byte-identical), so stages do not depend on it; a change to it reruns nothing.
-ENGINE = {"src/attnrepro/sweep.py", "src/attnrepro/store.py"}
-
-
-@pytest.mark.parametrize("stage", STAGES)
-def test_dvc_stage_deps_cover_imported_modules(stage):
-    """CONVENTIONS: deps list the stage script and every library module it imports (the engine aside)."""
-    stages = yaml.safe_load((REPO / "dvc.yaml").read_text(encoding="utf-8"))["stages"]
-    spec = stages[stage]
-    spec = spec.get("do", spec)
-    deps = {d if isinstance(d, str) else next(iter(d)) for d in spec["deps"]}
-    script = f"stages/{stage}.py"
-    assert script in deps
-    needed = attnrepro_imports(REPO / script) - {"src/attnrepro/__init__.py"} - ENGINE
-    assert needed - deps == set(), f"{stage}: imported but not a dep"
 
 
 def cached_outs(stage_name: str) -> list[str]:

@@ -9,6 +9,7 @@ a worker killed mid-run is retried; two writers of one run leave one whole copy.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -24,9 +25,13 @@ import numpy as np
 import pytest
 
 from attnrepro.config import UserError
-from attnrepro.runs import RunSpec, execute_to_bytes, run_key
+from attnrepro.lm import LMData, LMMeasure, Sample
+from attnrepro.model import ModelConfig
+from attnrepro.runs import execute_to_bytes, run_key
+from attnrepro.runspec import RunSpec
 from attnrepro.store import RunStore
 from attnrepro.sweep import EngineConfig, RunsFailed, require_ok, run_sweep
+from attnrepro.training import OptimConfig
 
 pytestmark = pytest.mark.slow
 BIN = Path(sys.executable).parent
@@ -44,13 +49,15 @@ def tiny_inputs(seed: int = 0) -> dict[str, bytes]:
 
 
 def tiny_spec(seed: int = 0, steps: int = 12, **model) -> RunSpec:
-    optim = dict(steps=steps, batch_size=4, optimizer="adamw", lr=1e-2, betas=[0.9, 0.95], weight_decay=0.1,
-                 decay="2d", schedule="cosine", warmup=2, min_lr_ratio=0.1, grad_clip=1.0)
-    return RunSpec(task="corpus_lm", model={"block_size": 8, "d_model": 16, "n_head": 2, "n_layer": 1, **model},
-                   optim=optim, seed=seed, batch_seed=seed, data={"val_batches": 2, "val_seed": 7},
+    optim = OptimConfig(steps=steps, batch_size=4, optimizer="adamw", lr=1e-2, betas=[0.9, 0.95], weight_decay=0.1,
+                        decay="2d", schedule="cosine", warmup=2, min_lr_ratio=0.1, grad_clip=1.0)
+    return RunSpec(task="corpus_lm",
+                   model=ModelConfig(**{"vocab_size": None, "block_size": 8, "d_model": 16, "n_head": 2, "n_layer": 1,
+                                        **model}),
+                   optim=optim, seed=seed, batch_seed=seed, data=LMData(val_batches=2, val_seed=7),
                    diag_steps=(0, 5), eval_every=4,
-                   measure={"loss_window": 3, "summary_steps": [0, 5], "diagnostics": True, "qk_scale": True,
-                            "sample": {"prompt": "秦川", "tokens": 4, "temperature": 0.8, "seed": 0}},
+                   measure=LMMeasure(loss_window=3, summary_steps=[0, 5], diagnostics=True, qk_scale=True,
+                                     sample=Sample(prompt="秦川", tokens=4, temperature=0.8, seed=0)),
                    label=f"tiny seed {seed}")
 
 
@@ -77,10 +84,18 @@ def test_run_function_writes_one_result_folder(tmp_path):
         {k: v for k, v in files.items() if k != "timing.json"}
 
 
-def test_key_covers_config_data_and_code_but_not_the_label():
+def test_key_covers_config_data_and_numerics_but_not_the_label(monkeypatch):
+    from attnrepro import runs
+
     spec, inputs = tiny_spec(), tiny_inputs()
     key = run_key(spec, inputs)
-    assert run_key(RunSpec(**{**spec.__dict__, "label": "renamed"}), inputs) == key
+    assert run_key(dataclasses.replace(spec, label="renamed"), inputs) == key
+    # one run, however its values were written: 1 and 1.0 for a float, a tuple or a list of diag steps
+    assert run_key(dataclasses.replace(spec, optim=dataclasses.replace(spec.optim, grad_clip=1), diag_steps=[5, 0]),
+                   inputs) == key
+    monkeypatch.setitem(runs.NUMERICS, "corpus_lm", runs.NUMERICS["corpus_lm"] + 1)
+    assert run_key(spec, inputs) != key
+    monkeypatch.undo()
     assert run_key(tiny_spec(seed=1), inputs) != key
     assert run_key(tiny_spec(steps=13), inputs) != key
     assert run_key(spec, tiny_inputs(seed=1)) != key
@@ -134,11 +149,12 @@ def test_an_unreachable_scheduler_is_one_clear_error(tmp_path):
 
 def test_failing_and_diverging_runs_are_data_and_the_others_finish(tmp_path):
     good = tiny_spec(seed=0)
-    raises = tiny_spec(seed=1, d_model=15)  # 15 is not a multiple of n_head 2: the run raises
-    diverges = RunSpec(**{**tiny_spec(seed=2).__dict__, "optim": {**tiny_spec().optim, "lr": 1e6, "grad_clip": None}})
+    raises = tiny_spec(seed=1, block_size=5000)  # longer than the validation stream: the run raises
+    diverges = dataclasses.replace(tiny_spec(seed=2), optim=dataclasses.replace(tiny_spec().optim, lr=1e6,
+                                                                                 grad_clip=None))
     recs = run_sweep("t", [good, raises, diverges], tiny_inputs(), engine(tmp_path))
     assert [r.status for r in recs] == ["ok", "failed", "diverged"]
-    assert "d_model" in recs[1].reason and recs[1].path is None
+    assert recs[1].reason and recs[1].path is None
     assert "diverged at step" in recs[2].reason and (recs[2].path / "status.json").exists()
     store = RunStore(tmp_path / "store")
     assert set(store.keys()) == {recs[0].key, recs[2].key}  # a raised run is tried again next time

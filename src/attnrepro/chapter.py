@@ -14,11 +14,13 @@ import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 from .attention import BUGS
 from .config import ConfigError, from_dict, require, require_positive
+from .lm import LMData, LMMeasure, Sample
 from .model import ModelConfig
-from .runs import RunSpec
+from .runspec import RunSpec
 from .training import OptimConfig
 
 CORPUS = Path("data/corpus")
@@ -39,17 +41,18 @@ def vocab_size(folder: Path = CORPUS) -> int:
     return len(json.loads((Path(folder) / "vocab.json").read_text(encoding="utf-8")))
 
 
-def model_fields(mcfg: ModelConfig) -> dict:
-    """Every ModelConfig field but vocab_size (the run takes it from the data): a spec names all switches."""
-    return {k: v for k, v in dataclasses.asdict(mcfg).items() if k != "vocab_size"}
-
-
 def optim_fields(cfg) -> dict:
     return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(OptimConfig)}
 
 
-def model_config(models: dict, variant: dict, where: str, vocab: int = 2) -> ModelConfig:
-    """A variant = {model: <preset>, <ModelConfig switch>: value, ...}; validated into a ModelConfig."""
+def optim_config(cfg, where: str, **changes) -> OptimConfig:
+    """The OptimConfig part of a stage config, with `changes` (validated)."""
+    return from_dict(OptimConfig, {**optim_fields(cfg), **changes}, prefix=where)
+
+
+def model_config(models: dict, variant: dict, where: str, vocab: Optional[int] = None) -> ModelConfig:
+    """A variant = {model: <preset>, <ModelConfig switch>: value, ...}; validated into a ModelConfig
+    (vocab_size None: a run takes it from the corpus)."""
     if not isinstance(variant, dict) or "model" not in variant:
         raise ConfigError(f"{where}.model: missing (expected one of {', '.join(sorted(models))})")
     require(variant["model"] in models, f"{where}.model", variant["model"], "one of " + ", ".join(sorted(models)))
@@ -91,29 +94,29 @@ class TrainConfig(OptimConfig):
     def spec(self, variant: str, seed: int, device: str) -> RunSpec:
         """The RunSpec of train.variants[variant] at `seed`."""
         mcfg = model_config(self.models, self.variants[variant], f"train.variants.{variant}")
-        return self.run(model_fields(mcfg), seed, device, f"{variant} seed {seed}")
+        return self.run(mcfg, seed, device, f"{variant} seed {seed}")
 
-    def run(self, model: dict, seed: int, device: str, label: str, **optim) -> RunSpec:
-        """A run of this protocol for any model (every ModelConfig field but vocab_size); `optim`
-        overrides OptimConfig fields (the sensitivity sweep's one-factor changes)."""
+    def run(self, model: ModelConfig, seed: int, device: str, label: str, **optim) -> RunSpec:
+        """A run of this protocol for any model; `optim` overrides OptimConfig fields (the
+        sensitivity sweep's one-factor changes)."""
         return RunSpec(
-            task="corpus_lm", model=model, optim={**optim_fields(self), **optim}, seed=seed, batch_seed=seed,
-            data={"val_batches": self.val_batches, "val_seed": self.val_seed},
+            task="corpus_lm", model=model, optim=optim_config(self, "train", **optim), seed=seed, batch_seed=seed,
+            data=LMData(val_batches=self.val_batches, val_seed=self.val_seed),
             diag_every=self.diag_every, diag_steps=tuple(sorted({s for s in self.diag_steps if s < self.steps})),
             eval_every=self.val_every,
-            measure={"loss_window": self.loss_window, "summary_steps": sorted(self.diag_steps), "diagnostics": True,
-                     "qk_scale": True, "sample": {"prompt": self.sample_prompt, "tokens": self.sample_tokens,
-                                                  "temperature": self.sample_temperature, "seed": self.sample_seed}},
+            measure=LMMeasure(loss_window=self.loss_window, summary_steps=sorted(self.diag_steps), diagnostics=True,
+                              qk_scale=True, sample=Sample(prompt=self.sample_prompt, tokens=self.sample_tokens,
+                                                           temperature=self.sample_temperature,
+                                                           seed=self.sample_seed)),
             threads=self.threads, device=device, label=label)
 
 
-def family_model(base: dict, d_head: int, min_d_model: int, **switches) -> dict:
+def family_model(base: dict, d_head: int, min_d_model: int, **switches) -> ModelConfig:
     """The critical-d_head family (exercise 2): the preset `base` with d_model the smallest multiple
-    of d_head that is at least min_d_model, and n_head = d_model / d_head; every ModelConfig field
-    but vocab_size, like model_fields."""
+    of d_head that is at least min_d_model, and n_head = d_model / d_head (vocab_size None, from the data)."""
     d_model = d_head * -(-min_d_model // d_head)
-    spec = {**base, "d_model": d_model, "n_head": d_model // d_head, **switches, "vocab_size": 2}
-    return model_fields(from_dict(ModelConfig, spec, prefix=f"critical.d_head {d_head}"))
+    spec = {**base, "d_model": d_model, "n_head": d_model // d_head, **switches, "vocab_size": None}
+    return from_dict(ModelConfig, spec, prefix=f"critical.d_head {d_head}")
 
 
 def d_head_of(cfg: TrainConfig, variant: str) -> int:
@@ -173,18 +176,18 @@ class FailuresConfig(OptimConfig):
         for key in ("bug", "vocab_size"):
             require(key not in self.model, f"{prefix}.model.{key}", self.model.get(key),
                     "not set here (bug comes from variants, vocab_size from the corpus)")
-        from_dict(ModelConfig, {**self.model, "vocab_size": 2}, prefix=f"{prefix}.model")
+        from_dict(ModelConfig, {**self.model, "vocab_size": None}, prefix=f"{prefix}.model")
 
     def spec(self, bug: str, seed: int, device: str, model: dict | None = None, label: str = "",
              **optim) -> RunSpec:
         """The run of `bug` at `seed`; `model` and `optim` override ModelConfig / OptimConfig fields
         (the sensitivity sweep's one-factor changes)."""
-        fields = {**self.model, **(model or {}), "bug": bug, "vocab_size": 2}
+        fields = {**self.model, **(model or {}), "bug": bug, "vocab_size": None}
         return RunSpec(
-            task="corpus_lm", model=model_fields(from_dict(ModelConfig, fields, prefix="failures.model")),
-            optim={**optim_fields(self), **optim}, seed=seed, batch_seed=seed,
-            data={"val_batches": self.val_batches, "val_seed": self.val_seed},
-            measure={"loss_window": self.loss_window, "symptoms": True},
+            task="corpus_lm", model=from_dict(ModelConfig, fields, prefix="failures.model"),
+            optim=optim_config(self, "failures", **optim), seed=seed, batch_seed=seed,
+            data=LMData(val_batches=self.val_batches, val_seed=self.val_seed),
+            measure=LMMeasure(loss_window=self.loss_window, symptoms=True),
             threads=self.threads, device=device, label=label or f"{bug} seed {seed}")
 
 

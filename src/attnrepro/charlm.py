@@ -15,18 +15,17 @@ optimizer or how its losses were estimated; our choices are recorded in params.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, Optional
 
 import torch
 
 from .config import UserError, require, require_positive
 from .model import ModelConfig, TinyGPT, generate
-from .runs import Prepared, RunSpec, model_config
-from .training import BatchSampler, fixed_batches, mean_loss
+from .runspec import Prepared, RunSpec, with_vocab
+from .training import BatchSampler, OptimConfig, RunResult, fixed_batches, mean_loss
 
 
 @dataclass
@@ -80,7 +79,7 @@ class CharLMConfig:
             require(0 <= layer < self.n_layer, f"{prefix}.attn_layers[{i}]", layer,
                     f"a layer index in [0, {self.n_layer})")
 
-    def model_config(self, vocab_size: int) -> ModelConfig:
+    def model_config(self, vocab_size: Optional[int]) -> ModelConfig:
         return ModelConfig(
             vocab_size=vocab_size, block_size=self.block_size, d_model=self.d_model, n_head=self.n_head,
             n_layer=self.n_layer, fused_qkv=False, qkv_bias=False, proj_bias=True,
@@ -138,13 +137,13 @@ def split_stream(text: str, repeat: int, val_fraction: float, vocab: CharVocab):
 def run_spec(cfg: CharLMConfig, text: bytes) -> tuple[RunSpec, dict[str, bytes]]:
     """The run and its input: AdamW on all parameters at a constant lr, no clipping, no schedule
     (the document uses neither); train/val loss on fixed batches every eval_every steps and at the end."""
-    optim = {"steps": cfg.steps, "batch_size": cfg.batch_size, "optimizer": "adamw", "lr": cfg.lr,
-             "betas": [0.9, 0.999], "weight_decay": cfg.weight_decay, "decay": "all", "schedule": "constant",
-             "warmup": 0, "min_lr_ratio": 1.0, "grad_clip": None}
-    model = {k: v for k, v in dataclasses.asdict(cfg.model_config(vocab_size=1)).items() if k != "vocab_size"}
-    spec = RunSpec(task="charlm", model=model, optim=optim, seed=cfg.seed, batch_seed=cfg.batch_seed,
-                   data={"repeat": cfg.repeat, "val_fraction": cfg.val_fraction, "eval_batches": cfg.eval_batches,
-                         "eval_seed": cfg.eval_seed},
+    optim = OptimConfig(steps=cfg.steps, batch_size=cfg.batch_size, optimizer="adamw", lr=cfg.lr,
+                        betas=[0.9, 0.999], weight_decay=cfg.weight_decay, decay="all", schedule="constant",
+                        warmup=0, min_lr_ratio=1.0, grad_clip=None)
+    spec = RunSpec(task="charlm", model=cfg.model_config(vocab_size=None), optim=optim, seed=cfg.seed,
+                   batch_seed=cfg.batch_seed,
+                   data=CharLMData(repeat=cfg.repeat, val_fraction=cfg.val_fraction, eval_batches=cfg.eval_batches,
+                                   eval_seed=cfg.eval_seed),
                    eval_every=cfg.eval_every, eval_final=True, threads=cfg.threads, device="cpu", label="charlm")
     return spec, {"text": text}
 
@@ -181,22 +180,41 @@ def exact_lines(generated: str, sentences: list[str]) -> float:
     return sum(ln in known for ln in lines) / len(lines)
 
 
+@dataclass(frozen=True)
+class CharLMData:
+    repeat: int  # the text repeated this many times is the token stream
+    val_fraction: float  # its last fraction is the validation stream
+    eval_batches: int  # fixed evaluation batches of train (eval_seed) and val (eval_seed + 1)
+    eval_seed: int
+
+
+@dataclass
+class CharLMState:
+    ev_train: list
+    ev_val: list
+
+
 def prepare(spec: RunSpec, inputs: Mapping[str, bytes], device: str) -> Prepared:
-    """The companion char LM (input: text, the sentence file). data: repeat, val_fraction,
-    eval_batches, eval_seed (train batches; val uses eval_seed + 1)."""
-    d = spec.data
+    """The companion char LM (input: text, the sentence file)."""
+    d: CharLMData = spec.data
     text = join_text(parse_sentences(inputs["text"].decode("utf-8")))
     vocab = CharVocab(text)
-    train_ids, val_ids = (t.to(device) for t in split_stream(text, d["repeat"], d["val_fraction"], vocab))
-    mcfg = model_config(spec, vocab_size=len(vocab))
-    batch = spec.optim["batch_size"]
-    ev_train = fixed_batches(train_ids, mcfg.block_size, batch, d["eval_batches"], seed=d["eval_seed"])
-    ev_val = fixed_batches(val_ids, mcfg.block_size, batch, d["eval_batches"], seed=d["eval_seed"] + 1)
-
-    def after(model, run, before):
-        return {"params": model.num_params(), "loss_start": run.history[0]["loss"]}, {}
-
+    train_ids, val_ids = (t.to(device) for t in split_stream(text, d.repeat, d.val_fraction, vocab))
+    mcfg = with_vocab(spec, len(vocab))
+    batch = spec.optim.batch_size
+    ev_train = fixed_batches(train_ids, mcfg.block_size, batch, d.eval_batches, seed=d.eval_seed)
+    ev_val = fixed_batches(val_ids, mcfg.block_size, batch, d.eval_batches, seed=d.eval_seed + 1)
     return Prepared(mcfg, BatchSampler(train_ids, mcfg.block_size, batch, seed=spec.batch_seed),
-                    evaluate=lambda model: {"train_loss": mean_loss(model, ev_train),
-                                            "val_loss": mean_loss(model, ev_val)},
-                    after=after, checkpoint_extra={"itos": vocab.itos})
+                    state=CharLMState(ev_train, ev_val), checkpoint_extra={"itos": vocab.itos})
+
+
+def evaluate(model: TinyGPT, prep: Prepared) -> dict:
+    return {"train_loss": mean_loss(model, prep.state.ev_train), "val_loss": mean_loss(model, prep.state.ev_val)}
+
+
+def before(model: TinyGPT, spec: RunSpec, prep: Prepared) -> dict:
+    return {}
+
+
+def after(model: TinyGPT, spec: RunSpec, prep: Prepared, run: RunResult, before: dict) -> tuple[dict, dict]:
+    return {"params": model.num_params(), "loss_start": run.history[0]["loss"]}, {}

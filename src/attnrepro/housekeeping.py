@@ -2,6 +2,7 @@
 
   attnrepro store verify [--store DIR]   check every entry against its manifest (sizes and SHA-256)
   attnrepro store gc [--store DIR]       remove quarantined, damaged and half-written entries
+  attnrepro store migrate [--store DIR]  re-key entries made under an older key format (trains nothing)
   attnrepro staging --finish | --discard   resolve a journal left by a stage killed while moving its outputs in
 """
 
@@ -27,12 +28,15 @@ def store_main(argv: list[str]) -> int:
 
     ap = ArgumentParser(prog="attnrepro store",
                         description="Check every run store entry against its manifest (verify: sizes and "
-                                    "SHA-256), or remove quarantined, damaged and half-written entries (gc).",
+                                    "SHA-256), remove quarantined, damaged and half-written entries (gc), or "
+                                    "re-key entries made under an older key format from their recorded spec "
+                                    "(migrate: after it, runs of the current numerics version come from the "
+                                    "store instead of training again).",
                         formatter_class=argparse.RawDescriptionHelpFormatter,
                         epilog="verify: exit 0 when no entry is damaged, 1 when any is (each is listed; the next "
                                "sweep that needs one quarantines it and trains it again). Entries written before "
-                               "manifests are counted as legacy, not damaged. gc: exit 0.")
-    ap.add_argument("action", choices=("verify", "gc"))
+                               "manifests are counted as legacy, not damaged. gc, migrate: exit 0.")
+    ap.add_argument("action", choices=("verify", "gc", "migrate"))
     ap.add_argument("--store", default=None, help="the run store folder (default: engine.store in params.yaml)")
     ap.add_argument("--params", default="params.yaml", help="params file naming the store (default params.yaml)")
     ap.add_argument("--legacy", action="store_true",
@@ -46,6 +50,16 @@ def store_main(argv: list[str]) -> int:
         c = store.gc(legacy=args.legacy)
         print(f"store gc: removed {c['quarantined']} quarantined, {c['damaged']} damaged, {c['legacy']} legacy and "
               f"{c['tmp']} half-written entries; {len(store.entries())} entries remain in {root}")
+        return 0
+    if args.action == "migrate":
+        from .migrate import migrate
+
+        bar = progress(len(store.entries()), "migrate", unit="run")
+        result = migrate(store, lambda i, n: bar.update(1))
+        bar.close()
+        for key, reason in result.damaged:
+            print(f"skipped: {key}: {reason}")
+        print(result.line())
         return 0
     bar = progress(len(store.entries()), "verify", unit="run")
     report = store.verify(lambda i, n: bar.update(1))

@@ -144,11 +144,6 @@ class Transaction:
         _drop(self.dir)
 
 
-def _old(entry: dict) -> Path:
-    staged = Path(entry["staged"])
-    return staged.with_name(staged.name.replace(".staged-", ".old-", 1))
-
-
 @contextlib.contextmanager
 def _signals_held() -> Iterator[None]:
     """Hold Ctrl-C and SIGTERM while the outputs move in (renames: milliseconds): a stage stopped

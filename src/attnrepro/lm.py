@@ -3,8 +3,8 @@
 Every chapter run goes through here: the four variants of the train stage, the
 injected bugs of the failures stage, and every sweep over seeds, d_head, QK-norm
 forms and protocol choices. `prepare` adapts the data (inputs train.npy, val.npy,
-vocab.json) and the measurements taken after training; its source is part of
-every corpus_lm run's key, so it holds only what the numbers depend on.
+vocab.json); `before` and `after` take the measurements the spec's `LMMeasure` asks
+for. What this module computes is versioned by NUMERICS["corpus_lm"] (attnrepro.runs).
 
 Failure-symptom entropy (`weight_symptoms`, metrics/failures.json `<variant>.entropy`):
 the normalized entropy of the ROW-RENORMALIZED weights q = p / sum_j p_j, divided by
@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import io
 import json
-from typing import Mapping
+from dataclasses import dataclass, field
+from typing import Mapping, Optional
 
 import numpy as np
 import torch
@@ -31,9 +32,9 @@ import torch
 from .attention import causal_mask
 from .diagnostics import normalized_entropy, position_stats
 from .model import TinyGPT, generate
-from .runs import Prepared, RunSpec, model_config
+from .runspec import Prepared, RunSpec, with_vocab
 from .tokenizer import Tokenizer
-from .training import BatchSampler, evaluate, fixed_batches, mean_loss, qk_scale
+from .training import BatchSampler, RunResult, evaluate, fixed_batches, mean_loss, qk_scale
 
 
 def loss_summary(history: list[dict], window: int) -> dict:
@@ -63,44 +64,80 @@ def chapter_summary(history: list[dict], final: dict, summary_steps, scale_init:
     return out
 
 
-def prepare(spec: RunSpec, inputs: Mapping[str, bytes], device: str) -> Prepared:
-    """The chapter's LM on the Tang-poetry token stream (inputs: train.npy, val.npy, vocab.json).
+@dataclass(frozen=True)
+class LMData:
+    val_batches: int  # the fixed validation batches: how many ...
+    val_seed: int  # ... and the seed that draws them
 
-    data: val_batches, val_seed (the fixed validation batches). measure: loss_window,
-    summary_steps, and any of diagnostics / qk_scale / symptoms (true) and sample
-    ({prompt, tokens, temperature, seed}).
-    """
+
+@dataclass(frozen=True)
+class Sample:
+    prompt: str
+    tokens: int
+    temperature: float
+    seed: int
+
+
+@dataclass(frozen=True)
+class LMMeasure:
+    """What a corpus_lm run measures after training, besides its loss summary."""
+    loss_window: int  # loss_final = mean training loss of the last loss_window steps
+    summary_steps: list[int] = field(default_factory=list)  # diagnostics of these steps go into the summary
+    diagnostics: bool = False  # the chapter's §9 contract (chapter_summary) on the validation batches
+    qk_scale: bool = False  # ... with the q/k scale before and after training
+    symptoms: bool = False  # the failure symptoms of the attention weights (weight_symptoms)
+    sample: Optional[Sample] = None  # a generated sample, written to sample.txt
+
+
+@dataclass
+class LMState:
+    itos: list[str]
+    val: list  # the fixed validation batches
+
+
+def prepare(spec: RunSpec, inputs: Mapping[str, bytes], device: str) -> Prepared:
+    """The chapter's LM on the Tang-poetry token stream (inputs: train.npy, val.npy, vocab.json)."""
     itos = json.loads(inputs["vocab.json"].decode("utf-8"))
     train_ids = torch.from_numpy(np.load(io.BytesIO(inputs["train.npy"])).astype(np.int64)).to(device)
     val_ids = torch.from_numpy(np.load(io.BytesIO(inputs["val.npy"])).astype(np.int64)).to(device)
-    mcfg = model_config(spec, vocab_size=len(itos))
-    batch = spec.optim["batch_size"]
-    val = fixed_batches(val_ids, mcfg.block_size, batch, spec.data["val_batches"], seed=spec.data["val_seed"])
-    m = spec.measure
-
-    def before(model):
-        return qk_scale(model, val[0][0]) if m.get("qk_scale") else {}
-
-    def after(model, run, scale_init):
-        summary = {"params": model.num_params(), **loss_summary(run.history, m["loss_window"])}
-        files = {}
-        if m.get("diagnostics"):
-            final = evaluate(model, val)
-            scale_final = qk_scale(model, val[0][0]) if m.get("qk_scale") else {}
-            summary.update(chapter_summary(run.history, final, m.get("summary_steps", ()), scale_init, scale_final))
-        if m.get("symptoms"):
-            summary.update(weight_symptoms(model, val))
-        if m.get("sample"):
-            s, tok = m["sample"], Tokenizer(itos)
-            prompt = torch.from_numpy(tok.encode(s["prompt"]).astype("int64"))[None].to(device)
-            gen = torch.Generator(device=device).manual_seed(s["seed"])
-            model.eval()
-            ids = generate(model, prompt, s["tokens"], temperature=s["temperature"], generator=gen)
-            files["sample.txt"] = tok.decode(ids[0].tolist()) + "\n"
-        return summary, files
-
+    mcfg = with_vocab(spec, len(itos))
+    batch = spec.optim.batch_size
+    val = fixed_batches(val_ids, mcfg.block_size, batch, spec.data.val_batches, seed=spec.data.val_seed)
     return Prepared(mcfg, BatchSampler(train_ids, mcfg.block_size, batch, seed=spec.batch_seed),
-                    evaluate=lambda model: {"val_loss": mean_loss(model, val)}, before=before, after=after)
+                    state=LMState(itos, val))
+
+
+def evaluate_val(model: TinyGPT, prep: Prepared) -> dict:
+    return {"val_loss": mean_loss(model, prep.state.val)}
+
+
+def before(model: TinyGPT, spec: RunSpec, prep: Prepared) -> dict:
+    """The q/k scale of the fresh model, where the spec measures it."""
+    return qk_scale(model, prep.state.val[0][0]) if spec.measure.qk_scale else {}
+
+
+def after(model: TinyGPT, spec: RunSpec, prep: Prepared, run: RunResult, scale_init: dict) -> tuple[dict, dict]:
+    m: LMMeasure = spec.measure
+    val = prep.state.val
+    summary = {"params": model.num_params(), **loss_summary(run.history, m.loss_window)}
+    files = {}
+    if m.diagnostics:
+        final = evaluate(model, val)
+        scale_final = qk_scale(model, val[0][0]) if m.qk_scale else {}
+        summary.update(chapter_summary(run.history, final, m.summary_steps, scale_init, scale_final))
+    if m.symptoms:
+        summary.update(weight_symptoms(model, val))
+    if m.sample is not None:
+        files["sample.txt"] = sample_text(model, Tokenizer(prep.state.itos), m.sample, spec.device)
+    return summary, files
+
+
+def sample_text(model: TinyGPT, tok: Tokenizer, s: Sample, device: str) -> str:
+    prompt = torch.from_numpy(tok.encode(s.prompt).astype("int64"))[None].to(device)
+    gen = torch.Generator(device=device).manual_seed(s.seed)
+    model.eval()
+    ids = generate(model, prompt, s.tokens, temperature=s.temperature, generator=gen)
+    return tok.decode(ids[0].tolist()) + "\n"
 
 
 # bugs whose mask leaks weight onto future keys: their rows can spread over all t_k keys

@@ -21,7 +21,7 @@ from .config import UserError, require
 
 @dataclass
 class ModelConfig:
-    vocab_size: int = 1200
+    vocab_size: Optional[int] = 1200  # None in a run's spec: the task takes it from the data
     block_size: int = 64
     d_model: int = 128
     n_head: int = 4
@@ -55,9 +55,11 @@ class ModelConfig:
         return self.d_model // self.n_head
 
     def validate(self, prefix: str = "model") -> None:
-        for name in ("vocab_size", "block_size", "d_model", "n_head", "n_layer", "mlp_ratio"):
+        for name in ("block_size", "d_model", "n_head", "n_layer", "mlp_ratio"):
             val = getattr(self, name)
             require(val > 0, f"{prefix}.{name}", val, "a positive integer")
+        require(self.vocab_size is None or self.vocab_size > 0, f"{prefix}.vocab_size", self.vocab_size,
+                "a positive integer (or null: from the data)")
         require(
             self.d_model % self.n_head == 0,
             f"{prefix}.d_model",
@@ -170,6 +172,8 @@ class TinyGPT(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         cfg.validate()
+        if cfg.vocab_size is None:
+            raise ValueError("ModelConfig.vocab_size is None: set it from the data before building the model")
         self.cfg = cfg
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.pos_emb = nn.Embedding(cfg.block_size, cfg.d_model)

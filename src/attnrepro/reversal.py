@@ -31,8 +31,8 @@ import torch.nn.functional as F
 from .config import require, require_positive
 from .model import ModelConfig, SelfAttention, TinyGPT, generate
 from .probes import sequence_maps
-from .runs import Prepared, RunSpec, model_config
-from .training import IndexedBatches
+from .runspec import Prepared, RunSpec, with_vocab
+from .training import IndexedBatches, OptimConfig, RunResult
 
 VOCAB = 13
 BOS, SEP, EOS = 10, 11, 12
@@ -143,13 +143,13 @@ def run_spec(cfg: ReversalConfig, variant: str) -> RunSpec:
 
     Every variant starts from the same weights: with one seed, the q/k/v/proj matrices
     are (d, d) whatever the head count, so the init draw is the same for each."""
-    optim = {"steps": cfg.steps, "batch_size": cfg.batch_size, "optimizer": "adam", "lr": cfg.lr,
-             "betas": [0.9, 0.999], "weight_decay": 0.0, "decay": "all", "schedule": "constant", "warmup": 0,
-             "min_lr_ratio": 1.0, "grad_clip": cfg.grad_clip}
-    return RunSpec(task="reversal", model=dataclasses.asdict(cfg.model_config(variant)), optim=optim,
+    optim = OptimConfig(steps=cfg.steps, batch_size=cfg.batch_size, optimizer="adam", lr=cfg.lr,
+                        betas=[0.9, 0.999], weight_decay=0.0, decay="all", schedule="constant", warmup=0,
+                        min_lr_ratio=1.0, grad_clip=cfg.grad_clip)
+    return RunSpec(task="reversal", model=cfg.model_config(variant), optim=optim,
                    seed=cfg.seed, batch_seed=cfg.batch_seed,
-                   data={"n_train": cfg.n_train, "n_val": cfg.n_val, "n_test": cfg.n_test,
-                         "data_seed": cfg.data_seed},
+                   data=ReversalData(n_train=cfg.n_train, n_val=cfg.n_val, n_test=cfg.n_test,
+                                     data_seed=cfg.data_seed),
                    eval_every=cfg.eval_every, eval_final=True, threads=cfg.threads, device="cpu",
                    label=f"reversal {variant}")
 
@@ -288,19 +288,31 @@ def evaluate_variant(model: TinyGPT, splits: dict, history: list[dict], cfg: Rev
     return out, pred, maps
 
 
+@dataclass(frozen=True)
+class ReversalData:
+    n_train: int
+    n_val: int
+    n_test: int
+    data_seed: int  # which digit strings land in train/val/test
+
+
 def prepare(spec: RunSpec, inputs: Mapping[str, bytes], device: str) -> Prepared:
-    """Digit reversal (no inputs: the data are drawn from seeds). data: n_train, n_val, n_test,
-    data_seed. Batches are rows of a (steps, batch) index table drawn from batch_seed."""
-    d = spec.data
-    splits = make_splits(d["n_train"], d["n_val"], d["n_test"], d["data_seed"])
+    """Digit reversal (no inputs: the data are drawn from seeds). Batches are rows of a
+    (steps, batch) index table drawn from batch_seed."""
+    d: ReversalData = spec.data
+    splits = make_splits(d.n_train, d.n_val, d.n_test, d.data_seed)
     x_all, y_all = inputs_labels(splits["train"])
-    indices = batch_indices(d["n_train"], spec.steps, spec.optim["batch_size"], spec.batch_seed)
+    indices = batch_indices(d.n_train, spec.steps, spec.optim.batch_size, spec.batch_seed)
+    return Prepared(with_vocab(spec), IndexedBatches(x_all.to(device), y_all.to(device), indices), state=splits)
 
-    def after(model, run, before):
-        return {"params": model.num_params(), "loss_start": run.history[0]["loss"]}, {}
 
-    return Prepared(model_config(spec),
-                    IndexedBatches(x_all.to(device), y_all.to(device), indices),
-                    evaluate=lambda model: {"train_loss": answer_loss(model, splits["train"]),
-                                            "val_loss": answer_loss(model, splits["val"])},
-                    after=after)
+def evaluate(model: TinyGPT, prep: Prepared) -> dict:
+    return {"train_loss": answer_loss(model, prep.state["train"]), "val_loss": answer_loss(model, prep.state["val"])}
+
+
+def before(model: TinyGPT, spec: RunSpec, prep: Prepared) -> dict:
+    return {}
+
+
+def after(model: TinyGPT, spec: RunSpec, prep: Prepared, run: RunResult, before: dict) -> tuple[dict, dict]:
+    return {"params": model.num_params(), "loss_start": run.history[0]["loss"]}, {}

@@ -6,7 +6,7 @@ reads are passed in as bytes (`inputs`), so a run needs no shared file system an
 its key (`run_key`) can cover the data's content. `execute` trains through the one
 loop (`training.train_loop`) and writes:
 
-  spec.json      the key material: spec, input hashes, code digest, torch version
+  spec.json      the key material: spec, input hashes, numerics version, torch version
   status.json    {"status": "ok" | "diverged", "reason": ...}
   summary.json   the task's headline numbers (rounded as every metrics file)
   history.json   one row per training step; evals.json one row per evaluation
@@ -27,111 +27,88 @@ import hashlib
 import json
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Optional
 
 import torch
 
-from .config import from_dict
-from .envinfo import environment
+from . import charlm, lm, reversal
+from .config import ConfigError, from_dict
+from .envinfo import environment, setup_determinism
 from .io import dumps_json
 from .model import ModelConfig, TinyGPT
+from .runspec import DiagSchedule, Prepared, RunSpec
 from .training import Diverged, OptimConfig, RunResult, train_loop
 
-SRC = Path(__file__).resolve().parent
-# The modules a run's numbers depend on: their source is part of every run's key, so a
-# change to them retrains every run (keep them few and stable). Validation and messages
-# (config.py, debugger.py) are not numbers and are left out.
-COMMON_CODE = ("attention.py", "model.py", "diagnostics.py", "training.py", "io.py", "runs.py")
-TASK_CODE = {"corpus_lm": ("lm.py", "tokenizer.py"), "charlm": ("charlm.py",), "reversal": ("reversal.py",)}
+# The numerics version of each task: part of every run's key, in place of the code's bytes.
+# Bump a task's number in the same change as anything that moves its numbers (the model, the
+# attention, the training loop, the diagnostics, the task's module, the determinism settings);
+# tests/test_golden.py fails with one line naming the task when its numbers moved, and
+# `python scripts/golden.py` writes the new golden outputs. A change that moves no number
+# (a comment, a rename, a message) keeps every key, so nothing retrains.
+NUMERICS = {"corpus_lm": 1, "charlm": 1, "reversal": 1}
 
 
 @dataclass(frozen=True)
-class RunSpec:
-    task: str  # corpus_lm | charlm | reversal
-    model: dict  # ModelConfig fields; the task fills in what the data decides (vocab_size, block_size)
-    optim: dict  # OptimConfig fields
-    seed: int  # torch.manual_seed before the model is built: the init draw (and dropout)
-    batch_seed: int  # the batch order's own generator
-    data: dict = field(default_factory=dict)  # task settings: fixed evaluation batches, splits, ...
-    diag_every: int = 0  # steps whose own forward records attention diagnostics: every N from 0 (0: none) ...
-    diag_steps: tuple[int, ...] = ()  # ... and these (a rule, not a list of every step: see DiagSchedule)
-    eval_every: int = 0  # evaluate the task's fixed batches every N steps (0: never)
-    eval_final: bool = False  # ... and after the last step
-    measure: dict = field(default_factory=dict)  # post-training measurements (task-specific)
-    threads: int = 1
-    device: str = "cpu"
-    label: str = field(default="", compare=False)  # a name to show; not part of the key
-
-    def key_material(self) -> dict:
-        d = dataclasses.asdict(self)
-        d.pop("label")
-        d["diag_steps"] = sorted(d["diag_steps"])
-        return d
-
-    @property
-    def steps(self) -> int:
-        return int(self.optim["steps"])
+class Task:
+    """What differs between tasks, as named functions: `prepare` reads the inputs, `evaluate` runs
+    every eval_every steps, `before` measures the fresh model and `after` the trained one
+    (-> summary, extra text files). `data` and `measure` are the types of the spec's fields."""
+    prepare: Callable[[RunSpec, Mapping[str, bytes], str], Prepared]
+    evaluate: Callable[[TinyGPT, Prepared], dict]
+    before: Callable[[TinyGPT, RunSpec, Prepared], dict]
+    after: Callable[[TinyGPT, RunSpec, Prepared, RunResult, dict], tuple[dict, dict[str, str]]]
+    data: type
+    measure: Optional[type]
 
 
-@dataclass(frozen=True)
-class DiagSchedule:
-    """The diagnostics steps of a run as a rule: step in schedule, for any number of steps."""
-    every: int
-    extra: frozenset[int]
-    steps: int
-
-    def __contains__(self, step: int) -> bool:
-        return 0 <= step < self.steps and ((self.every > 0 and step % self.every == 0) or step in self.extra)
-
-
-def code_digest(task: str) -> str:
-    h = hashlib.sha256()
-    for name in COMMON_CODE + TASK_CODE[task]:
-        h.update(name.encode() + b"\0" + (SRC / name).read_bytes() + b"\0")
-    return h.hexdigest()
+TASKS = {
+    "corpus_lm": Task(lm.prepare, lm.evaluate_val, lm.before, lm.after, lm.LMData, lm.LMMeasure),
+    "charlm": Task(charlm.prepare, charlm.evaluate, charlm.before, charlm.after, charlm.CharLMData, None),
+    "reversal": Task(reversal.prepare, reversal.evaluate, reversal.before, reversal.after, reversal.ReversalData,
+                     None),
+}
 
 
 def key_document(spec: RunSpec, inputs: Mapping[str, bytes]) -> dict:
-    """Everything a run's result depends on, as JSON-able data."""
+    """Everything a run's result depends on, as JSON-able data: the typed spec, the inputs'
+    hashes, the task's numerics version and the torch version."""
     return {"spec": spec.key_material(),
             "inputs": {k: hashlib.sha256(v).hexdigest() for k, v in sorted(inputs.items())},
-            "code": code_digest(spec.task), "torch": torch.__version__}
+            "numerics": NUMERICS[spec.task], "torch": torch.__version__}
 
 
 def run_key(spec: RunSpec, inputs: Mapping[str, bytes]) -> str:
-    doc = json.dumps(key_document(spec, inputs), sort_keys=True, ensure_ascii=False)
+    return key_of(key_document(spec, inputs))
+
+
+def key_of(document: dict) -> str:
+    doc = json.dumps(document, sort_keys=True, ensure_ascii=False)
     return hashlib.sha256(doc.encode()).hexdigest()
 
 
-# ---------------------------------------------------------------- tasks
-
-@dataclass
-class Prepared:
-    """What a task hands the run: a model config, batches, an evaluator and the measurements."""
-    model_config: ModelConfig
-    batches: object
-    evaluate: Optional[Callable[[TinyGPT], dict]] = None
-    before: Callable[[TinyGPT], dict] = lambda model: {}  # measured on the fresh model
-    after: Callable[[TinyGPT, RunResult, dict], tuple[dict, dict[str, str]]] = \
-        lambda model, run, before: ({}, {})  # -> (summary, extra text files)
-    checkpoint_extra: dict = field(default_factory=dict)
+def spec_record(document: dict, key: str, label: str) -> bytes:
+    """spec.json: the key document exactly as keyed (no rounding), its key and the run's label."""
+    return json.dumps({**document, "key": key, "label": label}, indent=2, sort_keys=True,
+                      ensure_ascii=False).encode("utf-8") + b"\n"
 
 
-def model_config(spec: RunSpec, **fixed) -> ModelConfig:
-    """The spec's model, with what the data decide (vocab_size, block_size) filled in."""
-    return from_dict(ModelConfig, {**spec.model, **fixed}, prefix="model")
-
-
-# the module of each task: its prepare(spec, inputs, device) -> Prepared adapts the data
-TASKS = {"corpus_lm": "attnrepro.lm", "charlm": "attnrepro.charlm", "reversal": "attnrepro.reversal"}
-
-
-def prepare(spec: RunSpec, inputs: Mapping[str, bytes], device: str) -> Prepared:
-    import importlib
-
-    return importlib.import_module(TASKS[spec.task]).prepare(spec, inputs, device)
+def spec_from_material(material: dict, label: str = "") -> RunSpec:
+    """The typed RunSpec of recorded key material (spec.json's "spec"); older records whose model
+    lacks a field the data decide (vocab_size) get None there, as a spec made now would."""
+    m = dict(material)
+    task = m.get("task")
+    if task not in TASKS:
+        raise ConfigError(f"spec.task: got {task!r}, expected one of {', '.join(TASKS)}")
+    t = TASKS[task]
+    m["model"] = from_dict(ModelConfig, {"vocab_size": None, **m["model"]}, prefix="spec.model")
+    m["optim"] = from_dict(OptimConfig, m["optim"], prefix="spec.optim")
+    m["data"] = from_dict(t.data, m.get("data") or {}, prefix="spec.data")
+    m["measure"] = from_dict(t.measure, m["measure"], prefix="spec.measure") if t.measure and m.get("measure") \
+        else None
+    m["diag_steps"] = tuple(m.get("diag_steps", ()))
+    return RunSpec(**m, label=label)
 
 
 # ---------------------------------------------------------------- the run function
@@ -141,8 +118,6 @@ def pinned_torch(threads: int, device: str):
     """The run's own thread count and deterministic algorithms; the caller's settings come back after."""
     old_threads, old_det = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
     old_warn = torch.is_deterministic_algorithms_warn_only_enabled()
-    from .envinfo import setup_determinism
-
     setup_determinism(threads, device)
     try:
         yield
@@ -158,24 +133,27 @@ def execute(spec: RunSpec, inputs: Mapping[str, bytes], out: Path,
         raise ValueError(f"unknown task {spec.task!r}; expected one of {', '.join(TASKS)}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "spec.json").write_text(dumps_json({**key_document(spec, inputs), "label": spec.label}),
-                                   encoding="utf-8")
+    doc = key_document(spec, inputs)
+    (out / "spec.json").write_bytes(spec_record(doc, key_of(doc), spec.label))
     t0 = time.perf_counter()
+    task = TASKS[spec.task]
     with pinned_torch(spec.threads, spec.device):
-        cfg = from_dict(OptimConfig, spec.optim, prefix="optim")
-        prep = prepare(spec, inputs, spec.device)
+        cfg = spec.optim
+        prep = task.prepare(spec, inputs, spec.device)
         torch.manual_seed(spec.seed)
         model = TinyGPT(prep.model_config).to(spec.device)
-        before = prep.before(model)
+        before = task.before(model, spec, prep)
         try:
-            run = train_loop(model, prep.batches, cfg, diag_steps=DiagSchedule(spec.diag_every, frozenset(spec.diag_steps), spec.steps), evaluate_fn=prep.evaluate,
+            run = train_loop(model, prep.batches, cfg,
+                             diag_steps=DiagSchedule(spec.diag_every, frozenset(spec.diag_steps), spec.steps),
+                             evaluate_fn=lambda m: task.evaluate(m, prep),
                              eval_every=spec.eval_every, eval_final=spec.eval_final,
                              progress=(lambda step, loss: progress(step + 1)) if progress else None)
         except Diverged as e:
             status = {"status": "diverged", "reason": str(e), "step": e.step}
             (out / "status.json").write_text(dumps_json(status), encoding="utf-8")
             return status
-        summary, files = prep.after(model, run, before)
+        summary, files = task.after(model, spec, prep, run, before)
         torch.save({"model_config": dataclasses.asdict(prep.model_config), **prep.checkpoint_extra,
                     "state_dict": model.state_dict()}, out / "model.pt")
         env = environment(spec.device)  # inside: it records the run's own thread count

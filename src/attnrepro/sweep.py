@@ -41,7 +41,8 @@ from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
 from .config import ConfigError, UserError, require
-from .runs import RunSpec, code_digest, execute_to_bytes, run_key
+from .runs import execute_to_bytes, run_key
+from .runspec import RunSpec
 from .runtime import progress
 from .store import RunStore
 
@@ -170,9 +171,7 @@ def _remote(spec: RunSpec, inputs: Mapping[str, bytes], key: str) -> dict[str, b
 
 def _cost(spec: RunSpec) -> float:
     """A rough relative cost, to start the longest runs first."""
-    m = spec.model
-    width = m.get("d_model", 128)
-    return spec.steps * width * width * m.get("n_layer", 2)
+    return spec.steps * spec.model.d_model ** 2 * spec.model.n_layer
 
 
 class _Progress:
@@ -252,9 +251,7 @@ def _where(engine: EngineConfig, n_todo: int) -> str:
 
 
 def _store_result(spec: RunSpec, key: str, files: Mapping[str, bytes], store: RunStore) -> RunRecord:
-    ours = code_digest(spec.task)
-    theirs = json.loads(files["spec.json"].decode("utf-8")).get("code")
-    if theirs != ours:
+    if json.loads(files["spec.json"].decode("utf-8")).get("key") != key:
         return RunRecord(spec, key, "failed", "the worker runs different attnrepro code than this process "
                                               "(install the same version on every worker)", None, False)
     status = json.loads(files["status.json"].decode("utf-8"))

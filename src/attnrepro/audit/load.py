@@ -199,8 +199,8 @@ class AttentionConfig:
         """A RunSpec whose model uses this implementation (the builtin: the spec itself, unchanged)."""
         if self.impl in BUILTIN:
             return spec
-        impl = self.model_impl(spec.model.get("impl", "manual"))
-        return dataclasses.replace(spec, model={**spec.model, "impl": impl})
+        impl = self.model_impl(spec.model.impl)
+        return dataclasses.replace(spec, model=dataclasses.replace(spec.model, impl=impl))
 
     def check_checkpoint(self, model_impl: str, key: str) -> None:
         """A probe's checkpoint must have been trained with this implementation (rerun train otherwise)."""

@@ -1,0 +1,106 @@
+"""Keep each dvc.yaml stage's library deps equal to the modules its script imports.
+
+A stage depends on its script and on every src/attnrepro module the script imports,
+transitively (function-level imports too); the run engine (sweep.py, store.py) is left
+out: it never changes a result. This rewrites the `src/attnrepro/*.py` entries of each
+stage's deps in place (comments and other deps stay); `--check` changes nothing and exits 1
+when a stage's list differs (tests/test_packaging.py runs it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import re
+import sys
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+PKG = REPO / "src" / "attnrepro"
+ENGINE = {"src/attnrepro/sweep.py", "src/attnrepro/store.py"}
+
+
+def _module_file(name: str) -> Path | None:
+    parts = name.split(".")[1:]
+    for f in (PKG.joinpath(*parts).with_suffix(".py"), PKG.joinpath(*parts, "__init__.py")):
+        if parts and f.is_file():
+            return f
+    return None
+
+
+def imported_modules(path: Path, seen: set[str] | None = None) -> set[str]:
+    """The src/attnrepro files `path` imports, transitively, as repo-relative paths."""
+    seen = set() if seen is None else seen
+    here = "attnrepro." + ".".join(path.relative_to(PKG).with_suffix("").parts) if PKG in path.parents else ""
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        names: list[str] = []
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = here.split(".")[: -node.level] if path.name != "__init__.py" else \
+                    here.split(".")[: len(here.split(".")) - node.level + 1]
+                base_name = ".".join(base + ([node.module] if node.module else []))
+            elif (node.module or "").split(".")[0] == "attnrepro":
+                base_name = node.module
+            else:
+                continue
+            names = [base_name] + [f"{base_name}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names if a.name.split(".")[0] == "attnrepro"]
+        for name in names:
+            f = _module_file(name)
+            if f is None:
+                continue
+            rel = str(f.relative_to(REPO))
+            if rel not in seen:
+                seen.add(rel)
+                imported_modules(f, seen)
+    return seen
+
+
+def needed(stage: str) -> list[str]:
+    return sorted(imported_modules(REPO / "stages" / f"{stage}.py") - {"src/attnrepro/__init__.py"} - ENGINE)
+
+
+def rewrite(text: str, stages: list[str]) -> tuple[str, list[str]]:
+    """dvc.yaml text with each stage's src/attnrepro/*.py deps replaced; and what changed."""
+    lines, changes = text.splitlines(keepends=True), []
+    for stage in stages:
+        start = next(i for i, ln in enumerate(lines) if ln.rstrip() == f"  {stage}:")
+        deps = next(i for i in range(start, len(lines)) if lines[i].strip() == "deps:")
+        indent = re.match(r"\s*", lines[deps + 1]).group(0)
+        end = deps + 1
+        while end < len(lines) and lines[end].startswith(indent + "- "):
+            end += 1
+        items = [ln.strip()[2:] for ln in lines[deps + 1:end]]
+        old = [d for d in items if d.startswith("src/attnrepro/") and d.endswith(".py")]
+        new = needed(stage)
+        if old != new:
+            changes.append(f"{stage}: +{sorted(set(new) - set(old))} -{sorted(set(old) - set(new))}")
+            first = next((i for i, d in enumerate(items) if d in old), 1)
+            rest = [d for d in items if d not in old]
+            items = rest[:first] + new + rest[first:]
+            lines[deps + 1:end] = [f"{indent}- {d}\n" for d in items]
+    return "".join(lines), changes
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--check", action="store_true", help="change nothing; exit 1 when a stage's deps differ")
+    args = ap.parse_args()
+    path = REPO / "dvc.yaml"
+    text = path.read_text(encoding="utf-8")
+    stages = sorted(yaml.safe_load(text)["stages"])
+    new, changes = rewrite(text, stages)
+    for c in changes:
+        print(c)
+    if args.check:
+        return 1 if changes else 0
+    path.write_text(new, encoding="utf-8")
+    print(f"dvc.yaml: {len(changes)} stage(s) updated")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,84 @@
+"""What one training run is: a typed `RunSpec`, and what a task hands the training loop.
+
+A run is a pure function of its spec and its input bytes. The spec holds typed
+configs (the model, the optimizer, the task's data and measurement settings), so
+two specs that mean the same run are equal and serialize to the same key material.
+The tasks (`attnrepro.runs.TASKS`) turn a spec and inputs into a `Prepared`: the
+model config with what the data decide, the batches and the task's own data for
+its measurement hooks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from .config import from_dict
+from .model import ModelConfig
+from .training import Batches, OptimConfig
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    task: str  # a name in attnrepro.runs.TASKS
+    model: ModelConfig  # vocab_size None: the task takes it from the data
+    optim: OptimConfig
+    seed: int  # torch.manual_seed before the model is built: the init draw (and dropout)
+    batch_seed: int  # the batch order's own generator
+    data: Any = None  # the task's data settings (its TASKS entry names the type)
+    diag_every: int = 0  # steps whose own forward records attention diagnostics: every N from 0 (0: none) ...
+    diag_steps: tuple[int, ...] = ()  # ... and these (a rule, not a list of every step: see DiagSchedule)
+    eval_every: int = 0  # evaluate the task's fixed data every N steps (0: never)
+    eval_final: bool = False  # ... and after the last step
+    measure: Any = None  # the task's post-training measurements (its TASKS entry names the type)
+    threads: int = 1
+    device: str = "cpu"
+    label: str = field(default="", compare=False)  # a name to show; not part of the key
+
+    def __post_init__(self):
+        # every field through its type's coercion: two specs of one run serialize to one key
+        for name, value in (("model", self.model), ("optim", self.optim), ("data", self.data),
+                            ("measure", self.measure)):
+            if dataclasses.is_dataclass(value):
+                object.__setattr__(self, name, from_dict(type(value), dataclasses.asdict(value), prefix=name))
+            elif name in ("model", "optim"):
+                raise TypeError(f"RunSpec.{name}: expected a {'ModelConfig' if name == 'model' else 'OptimConfig'}, "
+                                f"got {type(value).__name__}")
+        object.__setattr__(self, "diag_steps", tuple(sorted(self.diag_steps)))
+
+    def key_material(self) -> dict:
+        d = dataclasses.asdict(self)
+        d.pop("label")
+        d["diag_steps"] = list(d["diag_steps"])
+        return d
+
+    @property
+    def steps(self) -> int:
+        return self.optim.steps
+
+
+@dataclass(frozen=True)
+class DiagSchedule:
+    """The diagnostics steps of a run as a rule: step in schedule, for any number of steps."""
+    every: int
+    extra: frozenset[int]
+    steps: int
+
+    def __contains__(self, step: int) -> bool:
+        return 0 <= step < self.steps and ((self.every > 0 and step % self.every == 0) or step in self.extra)
+
+
+@dataclass
+class Prepared:
+    """What a task's `prepare` hands the run: the model config (with vocab_size from the data),
+    the training batches, the task's own data for its hooks, and extra checkpoint entries."""
+    model_config: ModelConfig
+    batches: Batches
+    state: Any = None
+    checkpoint_extra: dict = field(default_factory=dict)
+
+
+def with_vocab(spec: RunSpec, vocab_size: Optional[int] = None) -> ModelConfig:
+    """The spec's model with the vocabulary size the data decide (or the spec's own)."""
+    return dataclasses.replace(spec.model, vocab_size=vocab_size if vocab_size is not None else spec.model.vocab_size)
