@@ -25,7 +25,7 @@ from attnrepro.envinfo import setup_determinism, stage_environment
 from attnrepro.figures import attention_grid, cjk_font, loss_curves
 from attnrepro.io import atomic_dir, write_csv, write_json, write_text
 from attnrepro.model import load_checkpoint
-from attnrepro.probes import sequence_maps
+from attnrepro.measure.probes import sequence_maps
 from attnrepro.sweep import add_engine_args, engine_config, require_ok, run_sweep
 
 PLOTS = Path("plots/charlm")

@@ -25,7 +25,7 @@ import math
 
 import pandas as pd
 
-from attnrepro.chapter import CriticalConfig, TrainConfig, corpus_inputs, family_model
+from attnrepro.experiments.chapter import CriticalConfig, TrainConfig, corpus_inputs, family_model
 from attnrepro.config import from_dict, read_params, run_stage
 from attnrepro.figures import critical_figure
 from attnrepro.envinfo import setup_determinism, stage_environment

@@ -5,8 +5,8 @@ attention.BUGS entry) with the same seed, the same initialization and the same b
 the only difference is ModelConfig(bug=...). Symptoms are measured on fixed validation
 batches after training. `entropy` is the normalized entropy of the row-renormalized weights (p / row sum) over
 the keys the row can actually weight (all keys for mask_zero, whose mask leaks; the
-causal count otherwise), so it is in [0, 1] for every variant (attnrepro.probes);
-`entropy_raw` keeps the naive value. The health checks of attnrepro.health run on the attention
+causal count otherwise), so it is in [0, 1] for every variant (attnrepro.measure.probes);
+`entropy_raw` keeps the naive value. The health checks of attnrepro.measure.health run on the attention
 function with each variant's switches; which of them fire is the check-by-variant matrix.
 
 The symptom table comes from `failures.seed`. Every variant is trained again with each
@@ -31,14 +31,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from attnrepro.chapter import CORPUS, SYMPTOMS, FailuresConfig, corpus_inputs, vocab_size
+from attnrepro.experiments.chapter import CORPUS, SYMPTOMS, FailuresConfig, corpus_inputs, vocab_size
 from attnrepro.config import from_dict, load_section, read_params, run_stage
 from attnrepro.envinfo import setup_determinism, stage_environment
-from attnrepro.health import INTENDED, Probe, check_matrix
+from attnrepro.measure.health import INTENDED, Probe, check_matrix
 from attnrepro.io import write_csv, write_json
 from attnrepro.model import ModelConfig, load_checkpoint
 from attnrepro.figures import failures_figure
-from attnrepro.probes import diag_weight_all_rows
+from attnrepro.measure.probes import diag_weight_all_rows
 from attnrepro.runtime import resolve_device
 from attnrepro.stats import distribution
 from attnrepro.sweep import add_engine_args, engine_config, require_ok, run_sweep

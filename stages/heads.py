@@ -28,7 +28,7 @@ from attnrepro.envinfo import environment, setup_determinism
 from attnrepro.io import write_csv, write_json
 from attnrepro.model import load_checkpoint
 from attnrepro.figures import cjk_font, heads_figure
-from attnrepro.probes import (HeadsConfig, ablate_heads, attention_maps, fixed_sequences, head_stats,
+from attnrepro.measure.probes import (HeadsConfig, ablate_heads, attention_maps, fixed_sequences, head_stats,
                               uniform_distance_std)
 from attnrepro.runtime import progress
 from attnrepro.training import fixed_batches, load_tokens

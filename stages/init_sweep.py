@@ -17,7 +17,7 @@ from attnrepro.config import load_section, run_stage
 from attnrepro.envinfo import environment, setup_determinism
 from attnrepro.io import write_csv, write_json
 from attnrepro.figures import init_sweep_figure
-from attnrepro.probes import InitSweepConfig, init_model, measure_init, predictions, random_batches, sweep_fit
+from attnrepro.measure.probes import InitSweepConfig, init_model, measure_init, predictions, random_batches, sweep_fit
 from attnrepro.runtime import progress
 
 

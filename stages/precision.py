@@ -21,11 +21,11 @@ from __future__ import annotations
 import argparse
 import math
 
-from attnrepro import numerics as nm
+from attnrepro.experiments import precision as nm
 from attnrepro.config import load_section, run_stage
 from attnrepro.envinfo import environment, setup_determinism
 from attnrepro.io import write_csv, write_json
-from attnrepro.numerics import LOW, PrecisionConfig
+from attnrepro.experiments.precision import LOW, PrecisionConfig
 from attnrepro.runtime import progress
 
 

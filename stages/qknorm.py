@@ -21,7 +21,7 @@ import argparse
 
 import pandas as pd
 
-from attnrepro.chapter import QKNormConfig, TrainConfig, corpus_inputs, model_config
+from attnrepro.experiments.chapter import QKNormConfig, TrainConfig, corpus_inputs, model_config
 from attnrepro.config import from_dict, read_params, require, run_stage
 from attnrepro.figures import qknorm_figure
 from attnrepro.envinfo import setup_determinism, stage_environment

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from attnrepro.chapter import (SENSITIVITY_FAILURES, SYMPTOMS, FailuresConfig, SensitivityConfig, TrainConfig,
+from attnrepro.experiments.chapter import (SENSITIVITY_FAILURES, SYMPTOMS, FailuresConfig, SensitivityConfig, TrainConfig,
                                corpus_inputs, model_config, optim_config, sensitivity_target)
 from attnrepro.claims import read_json as read_metrics
 from attnrepro.config import ConfigError, from_dict, read_params, require, run_stage

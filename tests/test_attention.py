@@ -103,7 +103,7 @@ def test_bug_scale_after_softmax_row_sums():
 
 
 def test_bug_dk_not_sqrt_is_flatter():
-    from attnrepro.diagnostics import normalized_entropy
+    from attnrepro.measure.weights import normalized_entropy
 
     q, k, v = qkv(d=64, scale=2.0)
     correct = attention(q, k, v).weights

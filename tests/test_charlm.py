@@ -14,7 +14,7 @@ import yaml
 
 from attnrepro import charlm as C
 from attnrepro import figures
-from attnrepro.probes import sequence_maps
+from attnrepro.measure.probes import sequence_maps
 from attnrepro.config import ConfigError, from_dict
 from attnrepro.model import TinyGPT, load_checkpoint
 from attnrepro.runs import execute

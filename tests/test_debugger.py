@@ -5,7 +5,7 @@ import warnings
 import pytest
 import torch
 
-from attnrepro.debugger import STEPS, AttentionDebugger, AttentionWarning
+from attnrepro.measure.debugger import STEPS, AttentionDebugger, AttentionWarning
 from attnrepro.model import ModelConfig, TinyGPT
 
 

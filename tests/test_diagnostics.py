@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from attnrepro.attention import causal_mask
-from attnrepro.diagnostics import (
+from attnrepro.measure.weights import (
     jacobian_fro,
     jacobian_fro_explicit,
     layer_summary,

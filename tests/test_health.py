@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from attnrepro.attention import BUGS, attention
-from attnrepro.health import (
+from attnrepro.measure.health import (
     CHECKS,
     INTENDED,
     ROW_SUM_TOL,

@@ -10,7 +10,7 @@ import pytest
 import torch
 import yaml
 
-from attnrepro import numerics as nm
+from attnrepro.experiments import precision as nm
 
 ROOT = Path(__file__).resolve().parents[1]
 # one thread: on a shared, oversubscribed CPU two OpenMP threads can be 50x slower

@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
-from attnrepro.diagnostics import logit_std, normalized_entropy
+from attnrepro.measure.weights import logit_std, normalized_entropy
 from attnrepro.model import ModelConfig, TinyGPT
-from attnrepro.probes import (
+from attnrepro.measure.probes import (
     ablate_heads,
     attention_maps,
     fixed_sequences,
@@ -20,7 +20,7 @@ from attnrepro.probes import (
     random_batches,
     sweep_fit,
 )
-from attnrepro.lm import renormalized_entropy, weight_symptoms
+from attnrepro.corpus_lm import renormalized_entropy, weight_symptoms
 from attnrepro.training import BatchSampler, train_loop
 
 from conftest import optim

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from attnrepro.attention import QKNorm, attention
 from attnrepro.config import ConfigError, from_dict
-from attnrepro.diagnostics import position_stats
+from attnrepro.measure.weights import position_stats
 from attnrepro.model import ModelConfig, TinyGPT
 
 TINY = dict(vocab_size=50, block_size=16, d_model=64, n_head=2, n_layer=2)

@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 from attnrepro.config import UserError
-from attnrepro.lm import LMData, LMMeasure, Sample
+from attnrepro.corpus_lm import LMData, LMMeasure, Sample
 from attnrepro.model import ModelConfig
 from attnrepro.runs import execute_to_bytes, run_key
 from attnrepro.runspec import RunSpec

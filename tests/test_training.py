@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from attnrepro.model import ModelConfig, TinyGPT
-from attnrepro.lm import chapter_summary, loss_summary
+from attnrepro.corpus_lm import chapter_summary, loss_summary
 from attnrepro.training import (
     BatchSampler,
     Diverged,

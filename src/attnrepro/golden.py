@@ -27,7 +27,7 @@ from typing import Iterator, Optional
 import numpy as np
 
 from .charlm import CharLMData
-from .lm import LMData, LMMeasure, Sample
+from .corpus_lm import LMData, LMMeasure, Sample
 from .model import ModelConfig
 from .reversal import SEQ_LEN, VOCAB, ReversalData
 from .runs import NUMERICS, execute_to_bytes

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from .config import require, require_positive
 from .model import ModelConfig, SelfAttention, TinyGPT, generate
-from .probes import sequence_maps
+from .measure.probes import sequence_maps
 from .runspec import Prepared, RunSpec, with_vocab
 from .training import IndexedBatches, OptimConfig, RunResult
 

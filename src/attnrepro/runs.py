@@ -33,7 +33,7 @@ from typing import Callable, Mapping, Optional
 
 import torch
 
-from . import charlm, lm, reversal
+from . import charlm, corpus_lm, reversal
 from .config import ConfigError, from_dict
 from .envinfo import environment, setup_determinism
 from .io import dumps_json
@@ -64,7 +64,8 @@ class Task:
 
 
 TASKS = {
-    "corpus_lm": Task(lm.prepare, lm.evaluate_val, lm.before, lm.after, lm.LMData, lm.LMMeasure),
+    "corpus_lm": Task(corpus_lm.prepare, corpus_lm.evaluate_val, corpus_lm.before, corpus_lm.after, corpus_lm.LMData,
+                      corpus_lm.LMMeasure),
     "charlm": Task(charlm.prepare, charlm.evaluate, charlm.before, charlm.after, charlm.CharLMData, None),
     "reversal": Task(reversal.prepare, reversal.evaluate, reversal.before, reversal.after, reversal.ReversalData,
                      None),

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from .config import require, require_positive
-from .diagnostics import layer_summary
+from .measure.weights import layer_summary
 from .model import TinyGPT
 
 
@@ -186,7 +186,7 @@ class Diverged(RuntimeError):
 def _localize(model: TinyGPT, x: torch.Tensor) -> str:
     """Re-run the forward of the offending batch: the AttentionDebugger names the attention layer and
     operation that went non-finite first; otherwise the first module whose output is non-finite."""
-    from .debugger import AttentionDebugger  # imports model and attention; kept off the hot path
+    from .measure.debugger import AttentionDebugger  # imports model and attention; kept off the hot path
 
     first: list[str] = []
 

@@ -15,8 +15,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .attention import attention, causal_mask
-from .config import require, require_positive
+from ..attention import attention, causal_mask
+from ..config import require, require_positive
 
 DTYPES: dict[str, torch.dtype] = {
     "fp64": torch.float64,

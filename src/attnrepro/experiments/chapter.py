@@ -16,12 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from .attention import BUGS
-from .config import ConfigError, from_dict, require, require_positive
-from .lm import LMData, LMMeasure, Sample
-from .model import ModelConfig
-from .runspec import RunSpec
-from .training import OptimConfig
+from ..attention import BUGS
+from ..config import ConfigError, from_dict, require, require_positive
+from ..corpus_lm import LMData, LMMeasure, Sample
+from ..model import ModelConfig
+from ..runspec import RunSpec
+from ..training import OptimConfig
 
 CORPUS = Path("data/corpus")
 CORPUS_FILES = ("train.npy", "val.npy", "vocab.json")

@@ -1,6 +1,6 @@
 """Measurements on fixed models: the init sweep (§1.3/§1.19.1), head portraits and
 ablation (§1.8.5-1.8.6). (The injected bugs' symptoms are measured inside their runs:
-attnrepro.lm.weight_symptoms.)
+attnrepro.corpus_lm.weight_symptoms.)
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from .attention import causal_mask
-from .config import require, require_positive
-from .diagnostics import logit_std, normalized_entropy, position_stats
-from .model import ModelConfig, TinyGPT
-from .training import mean_loss
+from ..attention import causal_mask
+from ..config import require, require_positive
+from .weights import logit_std, normalized_entropy, position_stats
+from ..model import ModelConfig, TinyGPT
+from ..training import mean_loss
 
 # ---------------------------------------------------------------- init sweep
 

@@ -24,9 +24,9 @@ from typing import Optional
 
 import torch
 
-from .attention import attention, causal_mask
-from .diagnostics import layer_summary
-from .model import TinyGPT
+from ..attention import attention, causal_mask
+from .weights import layer_summary
+from ..model import TinyGPT
 
 STEPS = ("scores", "masked", "exp", "weights")
 

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from .attention import causal_mask
-from .diagnostics import normalized_entropy, position_stats
+from .measure.weights import normalized_entropy, position_stats
 from .model import TinyGPT, generate
 from .runspec import Prepared, RunSpec, with_vocab
 from .tokenizer import Tokenizer
