@@ -28,7 +28,7 @@ from pathlib import Path
 
 import yaml
 
-from attnrepro.experiments.chapter import TrainConfig, corpus_inputs
+from attnrepro.experiments.protocol import TrainConfig, corpus_inputs
 from attnrepro.config import UserError, from_dict
 from attnrepro.sweep import EngineConfig, require_ok, run_sweep
 

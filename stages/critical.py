@@ -25,7 +25,8 @@ import math
 
 import pandas as pd
 
-from attnrepro.experiments.chapter import CriticalConfig, TrainConfig, corpus_inputs, family_model
+from attnrepro.experiments.critical import CriticalConfig, critical_model
+from attnrepro.experiments.protocol import TrainConfig, corpus_inputs
 from attnrepro.config import from_dict, read_params, run_stage
 from attnrepro.figures import critical_figure
 from attnrepro.envinfo import setup_determinism, stage_environment
@@ -51,7 +52,7 @@ def main() -> None:
     base = train.models[train.variants[next(iter(train.variants))]["model"]]
 
     keys = [(d, scaled, s) for s in cfg.seeds for d in cfg.d_heads for scaled in (True, False)]
-    specs = [train.run(family_model(base, d, cfg.min_d_model, scaled=sc), s, device,
+    specs = [train.run(critical_model(base, d, cfg.min_d_model, scaled=sc), s, device,
                        f"d_head {d} {'scaled' if sc else 'unscaled'} seed {s}") for d, sc, s in keys]
     runs = run_sweep("critical", specs, corpus_inputs(), engine)
     require_ok(runs, "critical")
@@ -61,7 +62,7 @@ def main() -> None:
     for s in cfg.seeds:
         for d in cfg.d_heads:
             sc, un = records[(d, True, s)].summary(), records[(d, False, s)].summary()
-            rows.append({"seed": s, "d_head": d, "d_model": family_model(base, d, cfg.min_d_model).d_model,
+            rows.append({"seed": s, "d_head": d, "d_model": critical_model(base, d, cfg.min_d_model).d_model,
                          "gap_loss_final": un["loss_final"] - sc["loss_final"],
                          "gap_val_loss_final": un["val_loss_final"] - sc["val_loss_final"],
                          **{f"scaled_{k}": sc[k] for k in METRICS}, **{f"unscaled_{k}": un[k] for k in METRICS}})

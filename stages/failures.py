@@ -31,7 +31,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from attnrepro.experiments.chapter import CORPUS, SYMPTOMS, FailuresConfig, corpus_inputs, vocab_size
+from attnrepro.experiments.failures import FailuresConfig, SYMPTOMS
+from attnrepro.experiments.protocol import CORPUS, corpus_inputs, vocab_size
 from attnrepro.config import from_dict, load_section, read_params, run_stage
 from attnrepro.envinfo import setup_determinism, stage_environment
 from attnrepro.measure.health import INTENDED, Probe, check_matrix

@@ -21,7 +21,8 @@ import argparse
 
 import pandas as pd
 
-from attnrepro.experiments.chapter import QKNormConfig, TrainConfig, corpus_inputs, model_config
+from attnrepro.experiments.protocol import TrainConfig, corpus_inputs, model_config
+from attnrepro.experiments.qknorm import QKNormConfig
 from attnrepro.config import from_dict, read_params, require, run_stage
 from attnrepro.figures import qknorm_figure
 from attnrepro.envinfo import setup_determinism, stage_environment

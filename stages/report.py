@@ -21,7 +21,8 @@ from pathlib import Path
 
 from attnrepro.audit.cli import report_section
 from attnrepro.audit.load import BUILTIN, AttentionConfig
-from attnrepro.experiments.chapter import TrainConfig, pairs_by_dhead
+from attnrepro.experiments.comparison import pairs_by_dhead
+from attnrepro.experiments.protocol import TrainConfig
 from attnrepro.config import from_dict, load_section, read_params, run_stage
 from attnrepro.io import atomic_dir, write_json
 from attnrepro.report import ReportConfig, build

@@ -21,7 +21,8 @@ import argparse
 
 import pandas as pd
 
-from attnrepro.experiments.chapter import SeedsConfig, TrainConfig, comparison, corpus_inputs, pairs_by_dhead
+from attnrepro.experiments.comparison import SeedsConfig, comparison, pairs_by_dhead
+from attnrepro.experiments.protocol import TrainConfig, corpus_inputs
 from attnrepro.config import from_dict, read_params, run_stage
 from attnrepro.figures import seed_bands_figure, seed_gaps_figure
 from attnrepro.envinfo import setup_determinism, stage_environment

@@ -32,8 +32,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from attnrepro.experiments.chapter import (SENSITIVITY_FAILURES, SYMPTOMS, FailuresConfig, SensitivityConfig, TrainConfig,
-                               corpus_inputs, model_config, optim_config, sensitivity_target)
+from attnrepro.experiments.failures import FailuresConfig, SYMPTOMS
+from attnrepro.experiments.protocol import TrainConfig, corpus_inputs, model_config, optim_config
+from attnrepro.experiments.sensitivity import SENSITIVITY_FAILURES, SensitivityConfig, sensitivity_target
 from attnrepro.claims import read_json as read_metrics
 from attnrepro.config import ConfigError, from_dict, read_params, require, run_stage
 from attnrepro.envinfo import setup_determinism, stage_environment

@@ -21,7 +21,8 @@ import shutil
 from pathlib import Path
 
 from attnrepro.audit.load import AttentionConfig
-from attnrepro.experiments.chapter import TrainConfig, comparison, corpus_inputs, pairs_by_dhead
+from attnrepro.experiments.comparison import comparison, pairs_by_dhead
+from attnrepro.experiments.protocol import TrainConfig, corpus_inputs
 from attnrepro.config import load_section, read_params, run_stage
 from attnrepro.envinfo import setup_determinism, stage_environment
 from attnrepro.io import atomic_dir, write_csv, write_json, write_text

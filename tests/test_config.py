@@ -14,7 +14,8 @@ from attnrepro.corpus import CorpusConfig
 from attnrepro.model import ModelConfig
 from attnrepro.training import OptimConfig
 
-from attnrepro.experiments.chapter import SeedsConfig, model_config
+from attnrepro.experiments.comparison import SeedsConfig
+from attnrepro.experiments.protocol import model_config
 
 from conftest import CHAPTER_OPTIM, REPO, call_stage, load_stage_module, output_files, run_script
 

@@ -11,7 +11,7 @@ import yaml
 from conftest import REPO, call_stage
 
 from attnrepro.attention import BUGS
-from attnrepro.experiments.chapter import SYMPTOMS
+from attnrepro.experiments.failures import SYMPTOMS
 
 VOCAB = 40
 

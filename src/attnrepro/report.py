@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from .experiments.chapter import sensitivity_target
+from .experiments.sensitivity import sensitivity_target
 from .claims import (CLASSES, MOVE_SD, Result, claims_json, counts, evaluate_all, load, load_dists, load_envs,
                      load_metrics_dir)
 from .config import require
