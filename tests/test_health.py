@@ -10,7 +10,7 @@ from attnrepro.measure.health import (
     CHECKS,
     INTENDED,
     ROW_SUM_TOL,
-    CheckResult,
+    HealthResult,
     Probe,
     boundary_probe,
     check_boundary,
@@ -31,7 +31,7 @@ def matrix():
 
 def test_correct_attention_passes_every_check(matrix):
     for name, res in matrix["correct"].items():
-        assert isinstance(res, CheckResult)
+        assert isinstance(res, HealthResult)
         assert res.passed, f"{name} fired on correct attention: {res.message}"
 
 

@@ -25,7 +25,7 @@ import torch
 from .config import UserError, require, require_positive
 from .model import ModelConfig, TinyGPT, generate
 from .runspec import Prepared, RunSpec, with_vocab
-from .training import BatchSampler, OptimConfig, RunResult, fixed_batches, mean_loss
+from .training import BatchSampler, OptimConfig, TrainingLog, fixed_batches, mean_loss
 
 
 @dataclass
@@ -216,5 +216,5 @@ def before(model: TinyGPT, spec: RunSpec, prep: Prepared) -> dict:
     return {}
 
 
-def after(model: TinyGPT, spec: RunSpec, prep: Prepared, run: RunResult, before: dict) -> tuple[dict, dict]:
+def after(model: TinyGPT, spec: RunSpec, prep: Prepared, run: TrainingLog, before: dict) -> tuple[dict, dict]:
     return {"params": model.num_params(), "loss_start": run.history[0]["loss"]}, {}

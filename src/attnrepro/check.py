@@ -33,7 +33,7 @@ from typing import Optional
 
 import yaml
 
-from .claims import (Expectations, Result, Tol, band, counts, evaluate_all, load, load_dists, load_envs,
+from .claims import (Expectations, ClaimResult, Tol, band, counts, evaluate_all, load, load_dists, load_envs,
                      load_metrics_dir, METRIC_FILES_EXCLUDED, cuda_run)
 from .config import UserError, read_params
 from .expr import fmt_number
@@ -238,7 +238,7 @@ def compare(cur: dict, ref: Reference, cur_dists: dict, exp: Expectations, modes
 @dataclass
 class Outcome:
     rows: list[Row]
-    results: list[Result]
+    results: list[ClaimResult]
     modes: dict[str, str]  # metrics file -> exact | statistical
     why: dict[str, str]  # metrics file -> why statistical
     headline: list[str]

@@ -379,7 +379,7 @@ def band(dists: Mapping[str, dict], key: str) -> Optional[Band]:
 # ---------------------------------------------------------------- evaluation
 
 @dataclass
-class Result:
+class ClaimResult:
     claim: Claim
     status: str  # pass | fail | missing | skipped
     value: Optional[float] = None  # cells: the reproduced number; comparisons: the left side
@@ -447,29 +447,29 @@ def _holds(node, metrics) -> tuple[bool, Optional[float], Optional[float]]:
 
 
 def evaluate_claim(claim: Claim, metrics: Mapping[str, float], dists: Mapping[str, dict],
-                   envs: Mapping[str, dict]) -> Result:
+                   envs: Mapping[str, dict]) -> ClaimResult:
     node = parse(claim.expr)
     refs = references(node)
     if claim.requires == "cuda":
         cuda = [cuda_run(k.split(".", 1)[0], envs) for k in refs]
         if any(c is False for c in cuda) or (all(c is None for c in cuda) and any(k not in metrics for k in refs)):
-            return Result(claim, "skipped", detail="needs a CUDA run")
+            return ClaimResult(claim, "skipped", detail="needs a CUDA run")
     try:
         if claim.is_cell:
             lookup, expand = lookups(metrics)
             value = float(evaluate(node, lookup, expand))
             if claim.interval:  # our interval for this number, e.g. a bootstrap interval over seeds
                 lo, hi = (float(evaluate(parse(x), lookup, expand)) for x in claim.interval)
-                return Result(claim, "pass" if lo <= claim.published <= hi else "fail", value=value,
+                return ClaimResult(claim, "pass" if lo <= claim.published <= hi else "fail", value=value,
                               bound=None, detail=f"our 95% interval {fmt_number(lo)} – {fmt_number(hi)}")
             b = band(dists, refs[0]) if node[0] == "ref" and claim.cls == "value" else None
             if b is not None:
-                return Result(claim, "pass" if b.contains(claim.published) else "fail", value=value, band=b,
+                return ClaimResult(claim, "pass" if b.contains(claim.published) else "fail", value=value, band=b,
                               z=b.z(claim.published))
             tol = claim.tol or Tol("exact")
-            return Result(claim, "pass" if tol.ok(value, claim.published) else "fail", value=value)
+            return ClaimResult(claim, "pass" if tol.ok(value, claim.published) else "fail", value=value)
         ok, left, right = _holds(node, metrics)
-        res = Result(claim, "pass" if ok else "fail", value=left, bound=right)
+        res = ClaimResult(claim, "pass" if ok else "fail", value=left, bound=right)
         if claim.cls == "conclusion":
             others = _variants(metrics, dists, {k.split(".", 1)[0] for k in refs})
             seeds = [m for name, m in others if name != "mean"]
@@ -482,10 +482,10 @@ def evaluate_claim(claim: Claim, metrics: Mapping[str, float], dists: Mapping[st
                     res.detail = f"holds on {held} of {len(seeds)} seeds" + ("" if mean_ok else ", not on their mean")
         return res
     except MissingMetric as e:
-        return Result(claim, "missing", detail=f"metric {e.key} not found")
+        return ClaimResult(claim, "missing", detail=f"metric {e.key} not found")
 
 
-def evaluate_all(exp: Expectations, metrics, dists, envs) -> list[Result]:
+def evaluate_all(exp: Expectations, metrics, dists, envs) -> list[ClaimResult]:
     results = [evaluate_claim(c, metrics, dists, envs) for c in exp.claims]
     for r in results:
         cited = list(r.claim.evidence) + [f"{row}.{k}" for row in r.claim.moved_by for k in MOVE_KEYS]
@@ -509,7 +509,7 @@ def moves_half_way(effect_sd: float, mean: float, baseline: float, published: fl
     return (effect_sd > MOVE_SD and mean >= mid) if up else (effect_sd < -MOVE_SD and mean <= mid)
 
 
-def counts(results: list[Result]) -> dict:
+def counts(results: list[ClaimResult]) -> dict:
     """Per class: n, passed, failed (missing included), skipped; values: unexplained deviations."""
     out = {}
     for cls in CLASSES:
@@ -521,7 +521,7 @@ def counts(results: list[Result]) -> dict:
     return out
 
 
-def claims_json(results: list[Result]) -> dict:
+def claims_json(results: list[ClaimResult]) -> dict:
     """metrics/claims.json (a plain output): per claim its class, verdict and numbers."""
     out: dict = {}
     for r in results:

@@ -34,7 +34,7 @@ from .measure.weights import normalized_entropy, position_stats
 from .model import TinyGPT, generate
 from .runspec import Prepared, RunSpec, with_vocab
 from .tokenizer import Tokenizer
-from .training import BatchSampler, RunResult, evaluate, fixed_batches, mean_loss, qk_scale
+from .training import BatchSampler, TrainingLog, evaluate, fixed_batches, mean_loss, qk_scale
 
 
 def loss_summary(history: list[dict], window: int) -> dict:
@@ -116,7 +116,7 @@ def before(model: TinyGPT, spec: RunSpec, prep: Prepared) -> dict:
     return qk_scale(model, prep.state.val[0][0]) if spec.measure.qk_scale else {}
 
 
-def after(model: TinyGPT, spec: RunSpec, prep: Prepared, run: RunResult, scale_init: dict) -> tuple[dict, dict]:
+def after(model: TinyGPT, spec: RunSpec, prep: Prepared, run: TrainingLog, scale_init: dict) -> tuple[dict, dict]:
     m: LMMeasure = spec.measure
     val = prep.state.val
     summary = {"params": model.num_params(), **loss_summary(run.history, m.loss_window)}

@@ -111,6 +111,8 @@ def run_case(spec: RunSpec, threads: int = 1) -> dict:
     out = {"numerics": NUMERICS[spec.task], "task": spec.task}
     for name in ("status", "summary", "history", "evals"):
         out[name] = json.loads(files[f"{name}.json"])
+    if "sample.txt" in files:  # generation shares the model's sampling: text compared exactly
+        out["sample"] = files["sample.txt"].decode("utf-8")
     return out
 
 

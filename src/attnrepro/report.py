@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .experiments.sensitivity import sensitivity_target
-from .claims import (CLASSES, MOVE_SD, Result, claims_json, counts, evaluate_all, load, load_dists, load_envs,
+from .claims import (CLASSES, MOVE_SD, ClaimResult, claims_json, counts, evaluate_all, load, load_dists, load_envs,
                      load_metrics_dir)
 from .config import require
 from .expr import fmt_number
@@ -30,7 +30,7 @@ class Report:
     summary: dict  # metrics/claims_summary.json: the counts per class (the DVC metric)
     markdown: str
     figures: dict[str, bytes]  # file name under report/figures/ -> PNG bytes (the report's own)
-    results: list[Result]
+    results: list[ClaimResult]
 
 
 @dataclass
@@ -153,11 +153,11 @@ def _cell(text) -> str:
     return " ".join(str(text).split()).replace("|", "\\|")
 
 
-def _expr(r: Result) -> str:
+def _expr(r: ClaimResult) -> str:
     return "`" + _cell(r.claim.expr) + "`"
 
 
-def _where(r: Result) -> str:
+def _where(r: ClaimResult) -> str:
     if r.status == "skipped":
         return "—"
     parts = []
@@ -172,26 +172,26 @@ def _where(r: Result) -> str:
     return _cell("; ".join(p for p in (*parts, r.detail) if p) or "fails")
 
 
-def _value_verdict(r: Result) -> str:
+def _value_verdict(r: ClaimResult) -> str:
     if r.status != "fail":
         return MARK.get(r.status, r.status)
     return "outside" if r.band is not None else "off"
 
 
-def _band(r: Result) -> str:
+def _band(r: ClaimResult) -> str:
     if r.band is None:
         return r.claim.tol.text() if r.claim.tol else "exact"
     lo, hi = r.band.prediction_interval()
     return f"{fmt_number(lo)} – {fmt_number(hi)}"
 
 
-def _z(r: Result) -> str:
+def _z(r: ClaimResult) -> str:
     if r.z is None:
         return ""
     return "∞" if math.isinf(r.z) else f"{r.z:+.1f}"
 
 
-def experiment_markdown(title: str, results: list[Result]) -> str:
+def experiment_markdown(title: str, results: list[ClaimResult]) -> str:
     out = [f"## {title}\n"]
     for cls in ("conclusion", "checksum"):
         rs = [r for r in results if r.claim.cls == cls]
@@ -205,7 +205,7 @@ def experiment_markdown(title: str, results: list[Result]) -> str:
                        f"{MARK.get(r.status, r.status)} |")
         out.append("")
     values = [r for r in results if r.claim.cls == "value"]
-    tables: dict[str, list[Result]] = {}
+    tables: dict[str, list[ClaimResult]] = {}
     for r in values:
         tables.setdefault(r.claim.id.split(".")[1], []).append(r)
     for rs in tables.values():
@@ -221,7 +221,7 @@ def experiment_markdown(title: str, results: list[Result]) -> str:
     return "\n".join(out) + "\n"
 
 
-def claims_table(results: list[Result], show_all: bool) -> str:
+def claims_table(results: list[ClaimResult], show_all: bool) -> str:
     """The `attnrepro claims` table: gated and failing claims (every claim with show_all)."""
     shown = [r for r in results if show_all or r.claim.gate or r.status != "pass"]
     out = ["| claim | class | published | this run | band or tolerance | z | result |",

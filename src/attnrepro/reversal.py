@@ -32,7 +32,7 @@ from .config import require, require_positive
 from .model import ModelConfig, SelfAttention, TinyGPT, generate
 from .measure.probes import sequence_maps
 from .runspec import Prepared, RunSpec, with_vocab
-from .training import IndexedBatches, OptimConfig, RunResult
+from .training import IndexedBatches, OptimConfig, TrainingLog
 
 VOCAB = 13
 BOS, SEP, EOS = 10, 11, 12
@@ -314,5 +314,5 @@ def before(model: TinyGPT, spec: RunSpec, prep: Prepared) -> dict:
     return {}
 
 
-def after(model: TinyGPT, spec: RunSpec, prep: Prepared, run: RunResult, before: dict) -> tuple[dict, dict]:
+def after(model: TinyGPT, spec: RunSpec, prep: Prepared, run: TrainingLog, before: dict) -> tuple[dict, dict]:
     return {"params": model.num_params(), "loss_start": run.history[0]["loss"]}, {}

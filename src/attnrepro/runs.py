@@ -39,7 +39,7 @@ from .envinfo import environment, setup_determinism
 from .io import dumps_json
 from .model import ModelConfig, TinyGPT
 from .runspec import DiagSchedule, Prepared, RunSpec
-from .training import Diverged, OptimConfig, RunResult, train_loop
+from .training import Diverged, OptimConfig, TrainingLog, train_loop
 
 # The numerics version of each task: part of every run's key, in place of the code's bytes.
 # Bump a task's number in the same change as anything that moves its numbers (the model, the
@@ -58,7 +58,7 @@ class Task:
     prepare: Callable[[RunSpec, Mapping[str, bytes], str], Prepared]
     evaluate: Callable[[TinyGPT, Prepared], dict]
     before: Callable[[TinyGPT, RunSpec, Prepared], dict]
-    after: Callable[[TinyGPT, RunSpec, Prepared, RunResult, dict], tuple[dict, dict[str, str]]]
+    after: Callable[[TinyGPT, RunSpec, Prepared, TrainingLog, dict], tuple[dict, dict[str, str]]]
     data: type
     measure: Optional[type]
 

@@ -219,7 +219,7 @@ def _bad_grads(model: TinyGPT) -> str:
 
 
 @dataclass
-class RunResult:
+class TrainingLog:
     history: list[dict]  # one row per step: step, lr, loss, grad_norm (+ diagnostics on diag steps)
     evals: list[dict]  # one row per evaluation: step (= updates done) + what `evaluate` returned
     seconds: float
@@ -235,7 +235,7 @@ def train_loop(
     eval_every: int = 0,
     eval_final: bool = False,
     progress: Optional[Callable[[int, float], None]] = None,
-) -> RunResult:
+) -> TrainingLog:
     """Train for cfg.steps; record loss/lr/grad norm every step, diagnostics on diag_steps.
 
     Diagnostics come from the attention weights of that step's own forward pass
@@ -283,4 +283,4 @@ def train_loop(
         history.append(row)
         if progress is not None:
             progress(step, loss_value)
-    return RunResult(history=history, evals=evals, seconds=time.perf_counter() - t0)
+    return TrainingLog(history=history, evals=evals, seconds=time.perf_counter() - t0)

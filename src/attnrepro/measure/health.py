@@ -1,7 +1,7 @@
 """Attention health checks of §1.11.7/§1.13: four probes that catch the four silent bugs.
 
 Each check runs an attention function on a small synthetic probe and returns a
-`CheckResult` (name, passed, measured value, threshold, message). The function
+`HealthResult` (name, passed, measured value, threshold, message). The function
 under test is any callable `attn(q, k, v)` returning an `AttentionResult` (or an
 `(out, weights)` tuple) with causal masking on; `variant_attention(bug)` gives the
 project's own attention with one of `attention.BUGS` switched on.
@@ -35,7 +35,7 @@ AttnFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], object]
 
 
 @dataclass(frozen=True)
-class CheckResult:
+class HealthResult:
     name: str
     passed: bool
     measured: float
@@ -89,23 +89,23 @@ def row_sum_error(weights: torch.Tensor) -> float:
     return (weights.double().sum(-1) - 1).abs().max().item()
 
 
-def check_future_zero(attn: AttnFn, probe: Probe = Probe()) -> CheckResult:
+def check_future_zero(attn: AttnFn, probe: Probe = Probe()) -> HealthResult:
     """A query must give exactly zero weight to every key after it."""
     _, w = _run(attn, *_qkv(probe))
     m = future_weight_max(w)
     ok = m == 0.0
     msg = "future keys get weight 0" if ok else f"future keys get weight up to {m:.4g}: the causal mask leaks"
-    return CheckResult("check_future_zero", ok, m, 0.0, msg)
+    return HealthResult("check_future_zero", ok, m, 0.0, msg)
 
 
-def check_row_sums(attn: AttnFn, probe: Probe = Probe(), tol: float = ROW_SUM_TOL) -> CheckResult:
+def check_row_sums(attn: AttnFn, probe: Probe = Probe(), tol: float = ROW_SUM_TOL) -> HealthResult:
     """Every row of the weights must sum to 1 within `tol`."""
     _, w = _run(attn, *_qkv(probe))
     err = row_sum_error(w)
     ok = err <= tol  # False for nan
     msg = (f"rows sum to 1 within {tol:g}" if ok else
            f"row sums are off by up to {err:.4g} (max row sum {w.double().sum(-1).max().item():.4g})")
-    return CheckResult("check_row_sums", ok, err, tol, msg)
+    return HealthResult("check_row_sums", ok, err, tol, msg)
 
 
 def boundary_probe(probe: Probe, logit_std: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -123,17 +123,17 @@ def boundary_probe(probe: Probe, logit_std: float) -> tuple[torch.Tensor, torch.
     return q, k, v
 
 
-def check_boundary(attn: AttnFn, probe: Probe = Probe(), logit_std: float = BOUNDARY_STD) -> CheckResult:
+def check_boundary(attn: AttnFn, probe: Probe = Probe(), logit_std: float = BOUNDARY_STD) -> HealthResult:
     """Logits of std ~5000 (float32) must not produce nan or inf in weights or output."""
     out, w = _run(attn, *boundary_probe(probe, logit_std))
     bad = int((~torch.isfinite(w)).sum().item() + (~torch.isfinite(out)).sum().item())
     ok = bad == 0
     msg = (f"finite at logit std {logit_std:g}" if ok else
            f"{bad} non-finite values at logit std {logit_std:g}: softmax overflows (subtract the row max)")
-    return CheckResult("check_boundary", ok, float(bad), 0.0, msg)
+    return HealthResult("check_boundary", ok, float(bad), 0.0, msg)
 
 
-def check_entropy(attn: AttnFn, probe: Probe = Probe(), band: tuple[float, float] = ENTROPY_BAND) -> CheckResult:
+def check_entropy(attn: AttnFn, probe: Probe = Probe(), band: tuple[float, float] = ENTROPY_BAND) -> HealthResult:
     """Mean normalized entropy on unit-variance q, k must lie strictly inside `band`.
 
     With unit-variance q, k (the footnote's premise) correctly scaled logits have std 1,
@@ -151,10 +151,10 @@ def check_entropy(attn: AttnFn, probe: Probe = Probe(), band: tuple[float, float
         if not math.isfinite(h):
             why = "entropy is not finite"
         msg = f"entropy {h:.4f} outside ({lo}, {hi}): {why}"
-    return CheckResult("check_entropy", ok, h, lo if h <= lo else hi, msg)  # the bound at stake
+    return HealthResult("check_entropy", ok, h, lo if h <= lo else hi, msg)  # the bound at stake
 
 
-CHECKS: dict[str, Callable[..., CheckResult]] = {
+CHECKS: dict[str, Callable[..., HealthResult]] = {
     "check_future_zero": check_future_zero,
     "check_row_sums": check_row_sums,
     "check_boundary": check_boundary,
@@ -170,12 +170,12 @@ INTENDED: dict[str, str] = {
 }
 
 
-def run_checks(attn: AttnFn, probe: Probe = Probe()) -> list[CheckResult]:
+def run_checks(attn: AttnFn, probe: Probe = Probe()) -> list[HealthResult]:
     """All four checks on one attention function, in a fixed order."""
     with torch.no_grad():
         return [fn(attn, probe) for fn in CHECKS.values()]
 
 
-def check_matrix(bugs=BUGS, probe: Probe = Probe(), scaled: bool = True) -> dict[str, dict[str, CheckResult]]:
+def check_matrix(bugs=BUGS, probe: Probe = Probe(), scaled: bool = True) -> dict[str, dict[str, HealthResult]]:
     """{bug: {check name: result}} for the project's attention with each bug injected."""
     return {b: {r.name: r for r in run_checks(variant_attention(b, scaled), probe)} for b in bugs}
