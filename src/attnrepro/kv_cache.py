@@ -15,13 +15,12 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 
 from . import memory
 from .benchmark import Timer, summarize
 from .config import from_dict, require, require_positive
 from .memory import kv_cache_bytes
-from .model import ModelConfig, TinyGPT
+from .model import ModelConfig, TinyGPT, sample_next
 
 
 @dataclass
@@ -139,18 +138,6 @@ def formula_nbytes(model: TinyGPT, batch: int, max_len: int, bytes_per_elem: int
     return kv_cache_bytes(cfg.n_layer, cfg.n_head, cfg.d_head, max_len, bytes_per_elem, batch)
 
 
-def _next_token(logits: torch.Tensor, temperature: float, top_k: Optional[int],
-                generator: Optional[torch.Generator]) -> torch.Tensor:
-    """The same sampling rule as model.generate (greedy when temperature == 0)."""
-    if temperature == 0:
-        return logits.argmax(dim=-1, keepdim=True)
-    logits = logits / temperature
-    if top_k is not None:
-        kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    return torch.multinomial(F.softmax(logits, dim=-1), 1, generator=generator)
-
-
 @torch.no_grad()
 def generate_cached(model: TinyGPT, idx: torch.Tensor, max_new_tokens: int, *, temperature: float = 0.0,
                     top_k: Optional[int] = None, generator: Optional[torch.Generator] = None,
@@ -169,7 +156,7 @@ def generate_cached(model: TinyGPT, idx: torch.Tensor, max_new_tokens: int, *, t
     logits, _ = model(idx, kv_caches=caches)
     out = [idx]
     for step in range(max_new_tokens):
-        nxt = _next_token(logits[:, -1, :], temperature, top_k, generator)
+        nxt = sample_next(logits[:, -1, :], temperature, top_k, generator)
         out.append(nxt)
         if step + 1 < max_new_tokens:
             logits, _ = model(nxt, kv_caches=caches)

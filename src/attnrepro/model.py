@@ -242,17 +242,22 @@ def generate(
     for _ in range(max_new_tokens):
         ctx = idx[:, -model.cfg.block_size :]
         logits, _ = model(ctx)
-        logits = logits[:, -1, :]
-        if temperature == 0:
-            nxt = logits.argmax(dim=-1, keepdim=True)
-        else:
-            logits = logits / temperature
-            if top_k is not None:
-                kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
-                logits = logits.masked_fill(logits < kth, float("-inf"))
-            nxt = torch.multinomial(F.softmax(logits, dim=-1), 1, generator=generator)
-        idx = torch.cat([idx, nxt], dim=1)
+        idx = torch.cat([idx, sample_next(logits[:, -1, :], temperature, top_k, generator)], dim=1)
     return idx
+
+
+def sample_next(logits: torch.Tensor, temperature: float, top_k: Optional[int] = None,
+                generator: Optional[torch.Generator] = None) -> torch.Tensor:
+    """The next token of each row of (B, vocab) logits: greedy when temperature == 0, else sampled
+    from softmax(logits / temperature), restricted to the top_k logits when top_k is given.
+    Every generation path (generate, kv_cache.generate_cached) uses this one rule."""
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = logits / temperature
+    if top_k is not None:
+        kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return torch.multinomial(F.softmax(logits, dim=-1), 1, generator=generator)
 
 
 def load_checkpoint(path, key: str = "checkpoint") -> TinyGPT:
