@@ -30,7 +30,8 @@ import yaml
 
 from attnrepro.experiments.protocol import TrainConfig, corpus_inputs
 from attnrepro.config import UserError, from_dict
-from attnrepro.sweep import EngineConfig, require_ok, run_sweep
+from attnrepro.engine import EngineConfig
+from attnrepro.sweep import require_ok, run_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 

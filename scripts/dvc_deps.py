@@ -1,7 +1,7 @@
 """Keep each dvc.yaml stage's library deps equal to the modules its script imports.
 
 A stage depends on its script and on every src/attnrepro module the script imports,
-transitively (function-level imports too); the run engine (sweep.py, store.py) is left
+transitively (function-level imports too); the run engine (sweep.py, store.py, engine.py) is left
 out: it never changes a result. This rewrites the `src/attnrepro/*.py` entries of each
 stage's deps in place (comments and other deps stay); `--check` changes nothing and exits 1
 when a stage's list differs (tests/test_packaging.py runs it).
@@ -19,7 +19,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 PKG = REPO / "src" / "attnrepro"
-ENGINE = {"src/attnrepro/sweep.py", "src/attnrepro/store.py"}
+ENGINE = {"src/attnrepro/sweep.py", "src/attnrepro/store.py", "src/attnrepro/engine.py"}
 
 
 def _module_file(name: str) -> Path | None:
@@ -30,17 +30,17 @@ def _module_file(name: str) -> Path | None:
     return None
 
 
-def imported_modules(path: Path, seen: set[str] | None = None) -> set[str]:
-    """The src/attnrepro files `path` imports, transitively, as repo-relative paths."""
-    seen = set() if seen is None else seen
+def direct_imports(path: Path) -> set[str]:
+    """The src/attnrepro files `path` imports itself (module-level and inside functions), repo-relative."""
     here = "attnrepro." + ".".join(path.relative_to(PKG).with_suffix("").parts) if PKG in path.parents else ""
+    out = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         names: list[str] = []
         if isinstance(node, ast.ImportFrom):
             if node.level:
-                base = here.split(".")[: -node.level] if path.name != "__init__.py" else \
-                    here.split(".")[: len(here.split(".")) - node.level + 1]
-                base_name = ".".join(base + ([node.module] if node.module else []))
+                parts = here.split(".")
+                keep = len(parts) - node.level + (1 if path.name == "__init__.py" else 0)
+                base_name = ".".join(parts[:keep] + ([node.module] if node.module else []))
             elif (node.module or "").split(".")[0] == "attnrepro":
                 base_name = node.module
             else:
@@ -50,12 +50,18 @@ def imported_modules(path: Path, seen: set[str] | None = None) -> set[str]:
             names = [a.name for a in node.names if a.name.split(".")[0] == "attnrepro"]
         for name in names:
             f = _module_file(name)
-            if f is None:
-                continue
-            rel = str(f.relative_to(REPO))
-            if rel not in seen:
-                seen.add(rel)
-                imported_modules(f, seen)
+            if f is not None and f != path:
+                out.add(str(f.relative_to(REPO)))
+    return out
+
+
+def imported_modules(path: Path, seen: set[str] | None = None) -> set[str]:
+    """The src/attnrepro files `path` imports, transitively, as repo-relative paths."""
+    seen = set() if seen is None else seen
+    for rel in direct_imports(path):
+        if rel not in seen:
+            seen.add(rel)
+            imported_modules(REPO / rel, seen)
     return seen
 
 

@@ -127,13 +127,11 @@ def run_script(script, *args, cwd, env: dict | None = None, path: str | None = N
 
 
 def call_stage(name: str, *args, cwd) -> tuple[int, str, str]:
-    """Run stages/<name>.py's main() under config.run_stage in-process (see module doc)."""
+    """Run stages/<name>.py as its own __main__ in-process (see module doc)."""
     import contextlib
     import io
+    import runpy
 
-    from attnrepro.config import run_stage
-
-    mod = load_stage_module(name)
     out, err = io.StringIO(), io.StringIO()
     old_cwd, old_argv = os.getcwd(), sys.argv
     code = 0
@@ -141,7 +139,7 @@ def call_stage(name: str, *args, cwd) -> tuple[int, str, str]:
         os.chdir(cwd)
         sys.argv = [f"stages/{name}.py", *map(str, args)]
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            run_stage(mod.main)
+            runpy.run_path(str(REPO / "stages" / f"{name}.py"), run_name="__main__")
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 1
     finally:

@@ -1,7 +1,7 @@
 """benchmark + latency stage: statistics, FLOP convention, OOM as a data point, CPU fallback."""
 
-import importlib.util
 import json
+import runpy
 import sys
 from pathlib import Path
 
@@ -10,17 +10,15 @@ import torch
 import yaml
 
 from attnrepro import benchmark as bm
+from attnrepro.experiments import latency as lat
 
 ROOT = Path(__file__).resolve().parents[1]
 # one thread: on a shared, oversubscribed CPU two OpenMP threads can be 50x slower
 
 
-def load_stage(name):
-    spec = importlib.util.spec_from_file_location(f"stage_{name}", ROOT / "stages" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+def run_stage_script(name):
+    """The stage script as `python stages/<name>.py` runs it (argv from sys.argv)."""
+    runpy.run_path(str(ROOT / "stages" / f"{name}.py"), run_name="__main__")
 
 
 def test_fit_exponent_recovers_power_law():
@@ -35,8 +33,16 @@ def test_summarize_percentiles_and_cv():
     assert s["cv"] == pytest.approx(3.02765 / 5.5, rel=1e-4) and s["reps"] == 10
 
 
+@pytest.mark.parametrize("cold", [True, False])
+def test_measure_calls_and_keys(cold):
+    calls = []
+    out = bm.measure(lambda: calls.append(1), "cpu", warmup=2, reps=3, cold=cold)
+    assert len(calls) == int(cold) + 2 + 3 and out["reps"] == 3
+    assert ("cold_ms" in out) == cold
+
+
 def test_causal_flops_convention():
-    assert bm.causal_flops(512, 64, 8) == 4 * 512 ** 2 * 64 * 8 / 2
+    assert lat.causal_flops(512, 64, 8) == 4 * 512 ** 2 * 64 * 8 / 2
 
 
 @pytest.mark.parametrize("name,peak", [("NVIDIA H200", 989.4), ("NVIDIA H100 80GB HBM3", 989.4),
@@ -44,14 +50,14 @@ def test_causal_flops_convention():
                                        ("NVIDIA RTX A6000", 154.8), ("NVIDIA H100 NVL", None),
                                        ("NVIDIA GeForce GTX 1080", None), ("", None)])
 def test_peak_table(name, peak):
-    assert bm.peak_tflops(name) == peak
+    assert lat.peak_tflops(name) == peak
 
 
 def test_run_point_cpu_has_no_gpu_keys():
-    row = bm.run_point("sdpa", 64, heads=2, d_head=16, dtype=torch.float32, device="cpu", warmup=1, reps=3)
+    row = lat.run_point("sdpa", 64, heads=2, d_head=16, dtype=torch.float32, device="cpu", warmup=1, reps=3)
     assert row["oom"] == 0 and row["median_ms"] > 0 and row["reps"] == 3 and row["tflops"] > 0
     assert "peak_bytes" not in row and "frac_peak" not in row
-    naive = bm.run_point("naive", 64, heads=2, d_head=16, dtype=torch.float32, device="cpu", warmup=0, reps=2)
+    naive = lat.run_point("naive", 64, heads=2, d_head=16, dtype=torch.float32, device="cpu", warmup=0, reps=2)
     assert naive["nxn_bytes"] == 64 * 64 * 2 * 4
 
 
@@ -59,17 +65,17 @@ def test_oom_is_a_data_point(monkeypatch):
     def boom(*a, **k):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 64.00 GiB")
 
-    monkeypatch.setattr(bm, "attention", boom)
-    row = bm.run_point("naive", 128, heads=2, d_head=16, dtype=torch.float32, device="cpu", warmup=1, reps=3)
+    monkeypatch.setattr(lat, "attention", boom)
+    row = lat.run_point("naive", 128, heads=2, d_head=16, dtype=torch.float32, device="cpu", warmup=1, reps=3)
     assert row["oom"] == 1 and "median_ms" not in row
-    ok = bm.run_point("sdpa", 128, heads=2, d_head=16, dtype=torch.float32, device="cpu", warmup=0, reps=2)
+    ok = lat.run_point("sdpa", 128, heads=2, d_head=16, dtype=torch.float32, device="cpu", warmup=0, reps=2)
     assert ok["oom"] == 0  # the fused path is unaffected
 
 
 def test_other_errors_are_not_swallowed(monkeypatch):
-    monkeypatch.setattr(bm, "attention", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("bad shape")))
+    monkeypatch.setattr(lat, "attention", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("bad shape")))
     with pytest.raises(RuntimeError, match="bad shape"):
-        bm.run_point("naive", 32, heads=1, d_head=8, dtype=torch.float32, device="cpu", warmup=0, reps=1)
+        lat.run_point("naive", 32, heads=1, d_head=8, dtype=torch.float32, device="cpu", warmup=0, reps=1)
 
 
 def test_latency_stage_cpu_fallback_with_mocked_oom(tmp_path, monkeypatch):
@@ -77,18 +83,17 @@ def test_latency_stage_cpu_fallback_with_mocked_oom(tmp_path, monkeypatch):
     sec = dict(params["latency"], device="cpu", heads=2, d_head=16, cpu_n=[32, 64, 128], naive_cpu_n=[32, 64, 128],
                cpu_reps=3, cpu_warmup=1)
     (tmp_path / "params.yaml").write_text(yaml.safe_dump({"latency": sec}), encoding="utf-8")
-    stage = load_stage("latency")
-    real = bm.attention
+    real = lat.attention
 
     def attention_oom_at_128(q, k, v, **kw):
         if q.shape[-2] >= 128:
             raise torch.OutOfMemoryError("mocked")
         return real(q, k, v, **kw)
 
-    monkeypatch.setattr(bm, "attention", attention_oom_at_128)
+    monkeypatch.setattr(lat, "attention", attention_oom_at_128)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "argv", ["latency.py"])
-    stage.main()
+    run_stage_script("latency")
     m = json.loads((tmp_path / "metrics/latency.json").read_text())
     assert m["setup"]["cuda"] == 0 and m["setup"]["reps"] == 3
     assert "gpu_memory_bytes" not in m["device"] and not any(k.startswith("peak_tflops") for k in m["device"])
@@ -111,24 +116,22 @@ def test_latency_stage_cpu_fallback_with_mocked_oom(tmp_path, monkeypatch):
 def test_latency_stage_rejects_cuda_without_cuda(tmp_path, monkeypatch, capsys):
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    from attnrepro.config import run_stage
-
     params = yaml.safe_load((ROOT / "params.yaml").read_text(encoding="utf-8"))
     (tmp_path / "params.yaml").write_text(yaml.safe_dump({"latency": {**params["latency"], "device": "cuda"}}),
                                           encoding="utf-8")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "argv", ["latency.py"])
     with pytest.raises(SystemExit) as e:
-        run_stage(load_stage("latency").main)
+        run_stage_script("latency")
     assert e.value.code == 2 and "latency.device" in capsys.readouterr().err
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_point_has_peak_memory_and_events():
-    row = bm.run_point("naive", 1024, heads=8, d_head=64, dtype=torch.float16, device="cuda", warmup=2, reps=5)
+    row = lat.run_point("naive", 1024, heads=8, d_head=64, dtype=torch.float16, device="cuda", warmup=2, reps=5)
     assert row["oom"] == 0 and row["peak_bytes"] >= row["nxn_bytes"]
-    sdpa = bm.run_point("sdpa", 1024, heads=8, d_head=64, dtype=torch.float16, device="cuda", warmup=2, reps=5)
+    sdpa = lat.run_point("sdpa", 1024, heads=8, d_head=64, dtype=torch.float16, device="cuda", warmup=2, reps=5)
     assert sdpa["peak_bytes"] < row["peak_bytes"]  # the fused kernel never holds n x n
 
 

@@ -74,13 +74,15 @@ def test_seeds_are_bounded(seed, ok):
 
 
 def _registered_sections():
-    """(stage script, section, class expression) for every dvc.yaml stage using load_section."""
+    """(stage script, section, class expression) for every dvc.yaml stage using load_section
+    or Stage.section (`st.section(Cls, "name")`, attnrepro.stage)."""
     stages = yaml.safe_load((REPO / "dvc.yaml").read_text(encoding="utf-8")).get("stages", {})
     scripts = sorted({(REPO / "stages" / f"{n}.py") for n in stages} & set((REPO / "stages").glob("*.py")))
     found = []
     for path in scripts:
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "load_section"
+            if (isinstance(node, ast.Call) and (getattr(node.func, "id", None) == "load_section"
+                                                or getattr(node.func, "attr", None) == "section")
                     and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)):
                 found.append((path.stem, node.args[1].value, ast.unparse(node.args[0])))
     return found

@@ -85,9 +85,8 @@ def test_same_seed_same_state_dict():
     assert not torch.equal(sa["blocks.0.attn.qkv.weight"], c.state_dict()["blocks.0.attn.qkv.weight"])
 
 
-@pytest.mark.parametrize("impl", ["manual", "fused"])
-def test_causal_future_token_does_not_change_past_logits(impl):
-    m = make(impl=impl)
+def test_causal_future_token_does_not_change_past_logits():
+    m = make()
     x = tokens(T=10)
     y = x.clone()
     y[:, 6] = (y[:, 6] + 1) % 50
@@ -105,19 +104,6 @@ def test_non_causal_model_sees_the_future():
     y[:, 6] = (y[:, 6] + 1) % 50
     with torch.no_grad():
         assert not torch.allclose(m(x)[0][:, :6], m(y)[0][:, :6])
-
-
-@pytest.mark.parametrize("scaled", [True, False])
-def test_fused_equals_manual(scaled):
-    manual = make(scaled=scaled, impl="manual")
-    fused = make(scaled=scaled, impl="fused")
-    fused.load_state_dict(manual.state_dict())
-    x = tokens(T=12)
-    with torch.no_grad():
-        a, la = manual(x, x)
-        b, lb = fused(x, x)
-    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(la, lb, rtol=1e-5, atol=1e-6)
 
 
 def test_loss_ignores_minus_100():
@@ -150,14 +136,6 @@ def test_record_fills_last():
     assert all(a.last is None for a in m.attentions)
 
 
-def test_record_works_on_fused_model():
-    m = make(impl="fused")
-    m.set_record(True)
-    with torch.no_grad():
-        m(tokens())
-    assert all(a.last is not None and a.last["weights"] is not None for a in m.attentions)
-
-
 def test_longer_than_block_size_raises():
     m = make()
     with pytest.raises(ValueError, match="block_size"):
@@ -171,7 +149,9 @@ def test_invalid_config_rejected():
     with pytest.raises(ConfigError, match="bug"):
         TinyGPT(ModelConfig(**{**TINY, "bug": "nope"}))
     with pytest.raises(ConfigError, match="impl"):
-        TinyGPT(ModelConfig(**{**TINY, "impl": "fused", "bug": "mask_zero"}))
+        TinyGPT(ModelConfig(**{**TINY, "impl": "my_attention:attn", "bug": "mask_zero"}))
+    with pytest.raises(ConfigError, match="impl"):
+        TinyGPT(ModelConfig(**{**TINY, "impl": "fused"}))  # the SDPA kernel is attention.impl's job now
 
 
 def test_generate_greedy_and_seeded():

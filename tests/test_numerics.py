@@ -1,8 +1,8 @@
 """numerics: the fp32/fp16/bf16 facts of §1.6.4, §1.11.3, §1.16, §1.17 and the precision stage."""
 
-import importlib.util
 import json
 import math
+import runpy
 import sys
 from pathlib import Path
 
@@ -102,19 +102,16 @@ def test_backward_check_can_fail():
     assert (dq - q.grad).abs().max() > 1e-3
 
 
-def load_stage(name):
-    spec = importlib.util.spec_from_file_location(f"stage_{name}", ROOT / "stages" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up here
-    spec.loader.exec_module(mod)
-    return mod
+def run_stage_script(name):
+    """The stage script as `python stages/<name>.py` runs it (argv from sys.argv)."""
+    runpy.run_path(str(ROOT / "stages" / f"{name}.py"), run_name="__main__")
 
 
 def run_in(tmp_path, monkeypatch, section: dict):
     (tmp_path / "params.yaml").write_text(yaml.safe_dump({"precision": section}), encoding="utf-8")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "argv", ["precision.py"])
-    load_stage("precision").main()
+    run_stage_script("precision")
     return (tmp_path / "metrics/precision.json").read_bytes()
 
 
@@ -132,14 +129,12 @@ def test_precision_stage_small(tmp_path, monkeypatch):
 
 
 def test_precision_stage_bad_param(tmp_path, monkeypatch, capsys):
-    from attnrepro.config import run_stage
-
     params = yaml.safe_load((ROOT / "params.yaml").read_text(encoding="utf-8"))
     (tmp_path / "params.yaml").write_text(yaml.safe_dump({"precision": {**params["precision"], "dtypes": ["fp8"]}}),
                                           encoding="utf-8")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "argv", ["precision.py"])
     with pytest.raises(SystemExit) as e:
-        run_stage(load_stage("precision").main)
+        run_stage_script("precision")
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count("\n") == 1 and "precision.dtypes" in err

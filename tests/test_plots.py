@@ -63,10 +63,12 @@ def fixture_rows(path: str) -> list[dict]:
         return [{"step": s, "lr": 1e-3, "loss": 7 - s / 100, "entropy_l0": 0.9 if s != 100 else None,
                  "jacobian_fro_l0": 0.2 if s != 100 else None} for s in STEPS]
     if path == "plots/seeds/curves.csv":
-        seeds = pytest.importorskip("pandas") and _stage("seeds")
+        pytest.importorskip("pandas")
+        from attnrepro.experiments.comparison import curves
+
         hist = {(v, s): [{"step": t, "loss": 7 - t / 100 - s * 0.01, "entropy_l0": 0.9} for t in STEPS]
                 for v in _variants("train") for s in (1, 2, 3)}
-        return seeds.curves(hist, _variants("train"))
+        return curves(hist, _variants("train"))
     if path == "plots/seeds/gaps.csv":
         return [{"seed": s, "gap_d32_loss_final": 0.1 + s / 100, "gap_d32_val_loss_final": 0.1,
                  "gap_d256_loss_final": 1.4, "gap_d256_val_loss_final": 1.1, "gap_ratio_loss_final": 10.0,
@@ -81,12 +83,15 @@ def fixture_rows(path: str) -> list[dict]:
     if path == "plots/latency/median_ms.csv":
         rows = [{"impl": impl, "dtype": "fp32", "n": n, "oom": 0, "median_ms": n / 100, "p20_ms": n / 110,
                  "p80_ms": n / 90} for impl in ("sdpa", "naive") for n in (128, 256, 512)]
-        stage = _stage("latency")
-        return [{k: r[k] for k in stage.SERIES_COLUMNS} for r in stage.series_rows(rows)]
+        from attnrepro.experiments import latency
+
+        return [{k: r[k] for k in latency.SERIES_COLUMNS} for r in latency.series_rows(rows)]
     if path == "plots/reversal/losses.csv":
         hist = {v: [{"step": s, "train_loss": 2 - s / 200, "val_loss": 2 - s / 210,
                      "batch_loss": None if s == 0 else 1.0} for s in STEPS] for v in _variants("reversal")}
-        return _stage("reversal").wide_losses(hist)
+        from attnrepro.reversal import wide_losses
+
+        return wide_losses(hist)
     if path == "plots/charlm/losses.csv":
         return [{"step": s, "train_loss": 4 - s / 100, "val_loss": 4 - s / 110} for s in STEPS]
     if path == "plots/charlm/steps.csv":

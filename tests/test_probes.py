@@ -7,18 +7,15 @@ import torch
 
 from attnrepro.measure.weights import logit_std, normalized_entropy
 from attnrepro.model import ModelConfig, TinyGPT
+from attnrepro.benchmark import fit_exponent as loglog_slope
+from attnrepro.experiments.heads import fixed_sequences
+from attnrepro.experiments.init_sweep import init_model, predictions, random_batches, sweep_fit
 from attnrepro.measure.probes import (
     ablate_heads,
     attention_maps,
-    fixed_sequences,
     head_stats,
-    init_model,
-    loglog_slope,
     mean_loss,
     measure_init,
-    predictions,
-    random_batches,
-    sweep_fit,
 )
 from attnrepro.corpus_lm import renormalized_entropy, weight_symptoms
 from attnrepro.training import BatchSampler, train_loop

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attnrepro.attention import QKNorm, attention
+from attnrepro.attention import QKNorm, attention, fused_attention
 from attnrepro.config import ConfigError, from_dict
 from attnrepro.measure.weights import position_stats
 from attnrepro.model import ModelConfig, TinyGPT
@@ -87,14 +87,13 @@ def test_l2_gain_scales_the_scores_and_starts_at_henrys_value():
 @pytest.mark.parametrize("kind", ["layernorm", "l2"])
 @pytest.mark.parametrize("scaled", [True, False])
 def test_fused_path_agrees_with_the_manual_one(kind, scaled):
+    """The same QK-norm through PyTorch's SDPA kernel (attention.fused_attention) and the manual path."""
     torch.manual_seed(0)
-    cfg = ModelConfig(**TINY, qk_norm=kind, scaled=scaled)
-    manual = TinyGPT(cfg).double().eval()
-    fused = TinyGPT(ModelConfig(**{**cfg.__dict__, "impl": "fused"})).double().eval()
-    fused.load_state_dict(manual.state_dict())
-    x = torch.randint(0, 50, (2, 16))
-    with torch.no_grad():
-        assert torch.allclose(manual(x)[0], fused(x)[0], atol=1e-10)
+    layer = TinyGPT(ModelConfig(**TINY, qk_norm=kind, scaled=scaled)).double().blocks[0].attn
+    q, k, v = layer.project(torch.randn(2, 16, layer.cfg.d_model, dtype=torch.float64))
+    manual = attention(q, k, v, scaled=scaled, causal=True, qk_norm=layer.qk_norm()).out
+    fused = fused_attention(q, k, v, scaled=scaled, causal=True, qk_norm=layer.qk_norm())
+    assert torch.allclose(manual, fused, atol=1e-10)
 
 
 def test_qk_norm_model_trains_and_its_gain_learns():

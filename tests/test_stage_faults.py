@@ -3,7 +3,7 @@ outputs or, once its committed journal is rolled forward (io.recover, which ever
 first), all the new ones; never a half-written file. A folder the outputs cannot go to (read-only,
 or a file in the way) is one line, exit 2, and nothing moved; an unreadable input is one line too.
 
-The stage here is purpose-built on attnrepro.config.run_stage: three metrics files, a plots folder
+The stage here is purpose-built on attnrepro.stage.run_stage: three metrics files, a plots folder
 and a text file, written slowly enough to be killed in the middle."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ STAGE = r'''
 import os, signal, sys, time
 from pathlib import Path
 
-from attnrepro.config import run_stage
+from attnrepro.stage import run_stage
 from attnrepro.io import atomic_dir, write_json, write_text
 
 tag, delay = sys.argv[1], float(sys.argv[2])

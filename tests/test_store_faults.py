@@ -223,9 +223,10 @@ STAGE = textwrap.dedent("""
     import sys
     sys.path.insert(0, {tests!r})
     from test_sweep import tiny_inputs, tiny_spec
-    from attnrepro.config import run_stage
+    from attnrepro.stage import run_stage
     from attnrepro.io import write_json
-    from attnrepro.sweep import EngineConfig, run_sweep
+    from attnrepro.engine import EngineConfig
+    from attnrepro.sweep import run_sweep
 
     def main():
         specs = [tiny_spec(seed=s, steps={steps}) for s in range(2)]

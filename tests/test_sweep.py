@@ -30,7 +30,8 @@ from attnrepro.model import ModelConfig
 from attnrepro.runs import execute_to_bytes, run_key
 from attnrepro.runspec import RunSpec
 from attnrepro.store import RunStore
-from attnrepro.sweep import EngineConfig, RunsFailed, require_ok, run_sweep
+from attnrepro.engine import EngineConfig
+from attnrepro.sweep import RunsFailed, require_ok, run_sweep
 from attnrepro.training import OptimConfig
 
 pytestmark = pytest.mark.slow
@@ -177,7 +178,8 @@ SCRIPT = textwrap.dedent("""
     import sys
     sys.path.insert(0, {tests!r})
     from test_sweep import tiny_inputs, tiny_spec
-    from attnrepro.sweep import EngineConfig, run_sweep
+    from attnrepro.engine import EngineConfig
+    from attnrepro.sweep import run_sweep
     if __name__ == "__main__":  # worker processes are spawned: they import this file
         specs = [tiny_spec(seed=s, steps={steps}) for s in range({n})]
         run_sweep("t", specs, tiny_inputs(), EngineConfig(workers={workers}, scheduler="", store={store!r}))

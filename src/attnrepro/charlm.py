@@ -23,7 +23,9 @@ from typing import Mapping, Optional
 import torch
 
 from .config import UserError, require, require_positive
-from .model import ModelConfig, TinyGPT, generate
+from .envinfo import stage_environment
+from .measure.probes import sequence_maps
+from .model import ModelConfig, TinyGPT, generate, load_checkpoint
 from .runspec import Prepared, RunSpec, with_vocab
 from .training import BatchSampler, OptimConfig, TrainingLog, fixed_batches, mean_loss
 
@@ -178,6 +180,89 @@ def exact_lines(generated: str, sentences: list[str]) -> float:
         return 0.0
     known = set(sentences)
     return sum(ln in known for ln in lines) / len(lines)
+
+
+# ---------------------------------------------------------------- the stage's experiment
+
+@dataclass
+class CharText:
+    """The experiment's text and token streams, read and checked before any run is trained."""
+
+    sentences: list[str]
+    text: str
+    vocab: CharVocab
+    train_ids: torch.Tensor
+    val_ids: torch.Tensor
+    attn_ids: torch.Tensor
+
+
+def char_text(cfg: CharLMConfig) -> CharText:
+    """The sentence file as the run sees it; a prompt or attn_text character outside the vocabulary
+    is an error here, before training."""
+    sentences = read_sentences(cfg.text_file)
+    text = join_text(sentences)
+    vocab = CharVocab(text)
+    train_ids, val_ids = split_stream(text, cfg.repeat, cfg.val_fraction, vocab)
+    vocab.encode(cfg.prompt)  # fail early on a character outside the vocabulary
+    return CharText(sentences, text, vocab, train_ids, val_ids, vocab.encode(cfg.attn_text))
+
+
+@dataclass
+class CharLMResult:
+    metrics: dict  # metrics/charlm.json
+    evals: list[dict]  # step, train_loss, val_loss (plots/charlm/losses.csv)
+    steps: list[dict]  # step, loss: every training batch (plots/charlm/steps.csv)
+    samples: str  # plots/charlm/samples.txt
+    maps: torch.Tensor  # (n_layer, n_head, T, T) attention of the trained model on attn_text
+    checkpoint: Path  # the run's model.pt in the run store
+    env: dict  # metrics/env/charlm.json
+
+    def lines(self, cjk_font: bool) -> list[str]:
+        m, first, last = self.metrics, self.evals[0], self.evals[-1]
+        return [f"charlm: {m['params']} params, vocab {m['vocab_size']}, loss "
+                f"{m['initial_loss']:.4f}; train/val {first['train_loss']:.4f}/{first['val_loss']:.4f} -> "
+                f"{last['train_loss']:.4f}/{last['val_loss']:.4f}; greedy verbatim "
+                f"{m['greedy_verbatim_frac']:.2f}{'' if cjk_font else ' (no CJK font: indices on plots)'}"]
+
+
+def results(cfg: CharLMConfig, data: CharText, run) -> CharLMResult:
+    """The trained run (a finished attnrepro.sweep.RunRecord) measured: losses, continuations of the
+    prompt and how verbatim they are, attention maps on attn_text."""
+    model = load_checkpoint(run.path / "model.pt", "charlm run")
+    evals, steps = run.read("evals.json"), [{"step": r["step"], "loss": r["loss"]} for r in run.read("history.json")]
+    samples = continuations(model, data.vocab, cfg)
+    maps = sequence_maps(model, data.attn_ids)
+    future = torch.ones(len(data.attn_ids), len(data.attn_ids), dtype=torch.bool).triu(1)
+    first, last = evals[0], evals[-1]
+    text = data.text
+    metrics = {
+        "params": model.num_params(),
+        "vocab_size": len(data.vocab),
+        "text_chars": len(text),
+        "sentences": len(data.sentences),
+        "train_tokens": len(data.train_ids),
+        "val_tokens": len(data.val_ids),
+        "initial_loss": steps[0]["loss"],  # first training batch, before any update
+        "train_loss_step0": first["train_loss"],
+        "val_loss_step0": first["val_loss"],
+        "train_loss_final": last["train_loss"],
+        "val_loss_final": last["val_loss"],
+        "final_step": last["step"],
+        "greedy_verbatim_frac": verbatim_fraction(samples["greedy"], text * cfg.repeat),
+        "sampled_verbatim_frac": verbatim_fraction(samples["sampled"], text * cfg.repeat),
+        "greedy_exact_lines_frac": exact_lines(samples["greedy"], data.sentences),
+        "sampled_exact_lines_frac": exact_lines(samples["sampled"], data.sentences),
+        "attn_future_weight_max": maps[:, :, future].max().item(),
+    }
+    for r in evals:
+        metrics[f"train_loss_step{r['step']}"] = r["train_loss"]
+        metrics[f"val_loss_step{r['step']}"] = r["val_loss"]
+    samples_txt = (f"# prompt {cfg.prompt!r}, {cfg.gen_tokens} new tokens\n"
+                   f"## greedy\n{samples['greedy']}\n"
+                   f"## sampled (temperature {cfg.sample_temperature}, seed {cfg.sample_seed})\n"
+                   f"{samples['sampled']}\n")
+    return CharLMResult(metrics, evals, steps, samples_txt, maps, run.path / "model.pt",
+                        stage_environment("cpu", [run.read("env.json")]))
 
 
 @dataclass(frozen=True)

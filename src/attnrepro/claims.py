@@ -42,7 +42,6 @@ away (attnrepro.stats); without a distribution, by its `tol`.
 from __future__ import annotations
 
 import fnmatch
-import json
 import math
 import re
 from dataclasses import dataclass
@@ -50,6 +49,7 @@ from pathlib import Path
 from typing import Mapping, Optional
 
 from .config import UserError, read_yaml_mapping
+from .io import read_json
 from .expr import ExprError, MissingMetric, evaluate, fmt_number, lookups, parse, references
 from .stats import Band, flatten, from_summary
 
@@ -327,15 +327,6 @@ def _entry(raw, cls: str, exp: str, section: str, where: str) -> list[Claim]:
 
 
 # ---------------------------------------------------------------- metrics, distributions, machines
-
-def read_json(f: Path):
-    try:
-        return json.loads(f.read_bytes().decode("utf-8"))
-    except UnicodeDecodeError:
-        raise UserError(f"{f}: not UTF-8 text") from None
-    except json.JSONDecodeError as e:
-        raise UserError(f"{f}: not valid JSON ({e.msg}, line {e.lineno})") from None
-
 
 METRIC_FILES_EXCLUDED = ("claims", "claims_summary")
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
 import typing
 from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args, get_origin
@@ -200,48 +199,3 @@ def load_section(cls: type[T], section: str, path: str | Path = "params.yaml") -
     if section not in data:
         raise ConfigError(f"{section}: section missing from {path}")
     return from_dict(cls, data[section], prefix=section)
-
-
-class Terminated(BaseException):
-    """SIGTERM, raised in the main thread so that a stage ends as on Ctrl-C (nothing written)."""
-
-
-def _terminate(signum, frame):
-    raise Terminated()
-
-
-def run_stage(main) -> None:
-    """Run a stage entry point: its outputs replace the old ones all together or not at all
-    (io.stage_outputs); user errors become one line on stderr and exit 2; Ctrl-C exits 130 and
-    SIGTERM 143, each with one line and the previous outputs unchanged.
-
-    Before the outputs move in, every folder they go to is checked (check_writable), so a
-    read-only metrics/ stops the stage with nothing moved. An OSError naming a file (a folder
-    that cannot be written, a full disk, an input that cannot be read) is one line too:
-    "error: cannot write <path>: <reason>" (or "cannot read"), exit 2."""
-    import signal
-
-    from .io import OutputError, check_writable, os_error_line, stage_outputs
-
-    signal.signal(signal.SIGTERM, _terminate)
-    tx = None
-    try:
-        with stage_outputs() as tx:
-            main()
-            check_writable(tx.moves)
-    except (UserError, OutputError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
-    except (KeyboardInterrupt, Terminated) as e:
-        word = "interrupted" if isinstance(e, KeyboardInterrupt) else "terminated"
-        if tx is not None and tx.committed:  # the signal came while the outputs moved in (it was held)
-            print(f"{word} after the outputs were written (they are complete)", file=sys.stderr)
-        else:
-            print(f"{word}; nothing written (the previous outputs are unchanged)", file=sys.stderr)
-        sys.exit(130 if isinstance(e, KeyboardInterrupt) else 143)
-    except OSError as e:
-        line = os_error_line(e, tx.moves if tx is not None else [])
-        if line is None:
-            raise
-        print(f"error: {line}", file=sys.stderr)
-        sys.exit(2)

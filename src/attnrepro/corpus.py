@@ -11,6 +11,7 @@ Every file's SHA-256 is checked against the pinned value before it is used.
 from __future__ import annotations
 
 import base64
+import datetime
 import hashlib
 import http.client
 import json
@@ -266,3 +267,32 @@ def build(poems: list[str], vocab_size: int, val_fraction: float) -> tuple[Token
         "val_tokens": n_val,
     }
     return tok, {"train": ids[: len(ids) - n_val], "val": ids[len(ids) - n_val :]}, metrics
+
+
+@dataclass
+class PreparedCorpus:
+    """What the corpus stage writes: the poems (text.txt), the tokenizer (vocab.json), the token
+    arrays {train, val}, the provenance record and the corpus metrics."""
+
+    poems: list[str]
+    tok: Tokenizer
+    arrays: dict
+    provenance: dict
+    metrics: dict
+
+    def lines(self) -> list[str]:
+        """The stage's printed summary line."""
+        m = self.metrics
+        return [f"corpus: {m['poems']} poems, {m['chars']} characters, "
+                f"{m['distinct_chars']} distinct, vocabulary covers {m['coverage']:.1%}"]
+
+
+def prepare(cfg: CorpusConfig, raw: Path) -> PreparedCorpus:
+    """Fetch and verify the source files into `raw`, tokenize and split them; the provenance record
+    says where they came from, when, and how the split was made."""
+    prov = fetch(cfg, raw)
+    poems = load_poems([raw / name for name in cfg.files])
+    tok, arrays, metrics = build(poems, cfg.vocab_size, cfg.val_fraction)
+    prov["retrieved_at"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    prov["split"] = f"last {cfg.val_fraction:g} of the token stream is validation"
+    return PreparedCorpus(poems=poems, tok=tok, arrays=arrays, provenance=prov, metrics=metrics)

@@ -17,7 +17,7 @@ from .config import ArgumentParser, UserError, read_params
 def _store_root(arg: str | None, params: str) -> Path:
     if arg:
         return Path(arg)
-    from .sweep import engine_config
+    from .engine import engine_config
 
     return Path(engine_config(read_params(params) if Path(params).exists() else {}).store)
 

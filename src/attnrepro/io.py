@@ -426,7 +426,16 @@ def write_json(path, obj) -> None:
 
 
 def read_json(path):
-    return json.loads(Path(path).read_text(encoding="utf-8"))
+    """A JSON file's content; a file that is not UTF-8 or not JSON is one UserError line naming it."""
+    from .config import UserError
+
+    path = Path(path)
+    try:
+        return json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: not UTF-8 text") from None
+    except json.JSONDecodeError as e:
+        raise UserError(f"{path}: not valid JSON ({e.msg}, line {e.lineno})") from None
 
 
 def write_csv(path, rows: Sequence[Mapping], columns: Iterable[str] | None = None) -> None:

@@ -19,7 +19,8 @@ import decimal
 import json
 from dataclasses import asdict, dataclass, replace
 
-from .config import ArgumentParser, ConfigError, run_stage
+from .config import ArgumentParser, ConfigError
+from .stage import run_stage
 
 DTYPE_BYTES = {"fp64": 8, "fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
 

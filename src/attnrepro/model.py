@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .attention import BUGS, QKNorm, QKNormKind, attention, external_attention, fused_attention
+from .attention import BUGS, QKNorm, QKNormKind, attention, external_attention
 from .config import UserError, require
 
 
@@ -29,7 +29,7 @@ class ModelConfig:
     scaled: bool = True  # divide scores by sqrt(d_head)
     bug: str = "correct"  # injected failure mode, see attention.BUGS
     causal: bool = True
-    # manual | fused (F.scaled_dot_product_attention) | a callable with SDPA's signature, by its identity
+    # manual (attnrepro.attention) | a callable with SDPA's signature, by its identity
     # package.module:function@<source sha256> (params attention.impl; attnrepro.audit.load)
     impl: str = "manual"
     fused_qkv: bool = True  # one Linear(d, 3d) or three Linear(d, d)
@@ -73,13 +73,13 @@ class ModelConfig:
                 "null unless qk_norm is 'l2' (only that form has a gain)")
         require(self.qk_gain_init is None or (math.isfinite(self.qk_gain_init) and self.qk_gain_init > 0),
                 f"{prefix}.qk_gain_init", self.qk_gain_init, "a finite positive number, or null")
-        require(self.impl in ("manual", "fused") or ":" in self.impl, f"{prefix}.impl", self.impl,
-                "'manual', 'fused' or package.module:function")
+        require(self.impl == "manual" or ":" in self.impl, f"{prefix}.impl", self.impl,
+                "'manual' or package.module:function")
         require(
             self.impl == "manual" or self.bug == "correct",
             f"{prefix}.impl",
             self.impl,
-            "'manual' when a bug is injected (the fused kernel cannot inject bugs)",
+            "'manual' when a bug is injected (another implementation cannot inject the project's bugs)",
         )
 
 
@@ -109,7 +109,7 @@ class SelfAttention(nn.Module):
         self.attn_drop = nn.Dropout(cfg.dropout)
         self.record = False
         self.last: Optional[dict] = None  # weights and logits of the last recorded call
-        self.external = None if cfg.impl in ("manual", "fused") else _external(cfg.impl)
+        self.external = None if cfg.impl == "manual" else _external(cfg.impl)
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q, k, v split into heads: each (B, H, T, d_head)."""
@@ -134,9 +134,7 @@ class SelfAttention(nn.Module):
         if kv_cache is not None:
             k, v = kv_cache.append(k, v)
         norm = self.qk_norm()
-        if cfg.impl == "fused" and not self.record and not (self.training and cfg.dropout > 0):
-            y = fused_attention(q, k, v, scaled=cfg.scaled, causal=cfg.causal, qk_norm=norm)
-        elif self.external is not None:
+        if self.external is not None:
             res = external_attention(self.external, q, k, v, scaled=cfg.scaled, causal=cfg.causal, qk_norm=norm,
                                      dropout_p=cfg.dropout if self.training else 0.0, weights=self.record)
             if self.record:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +32,14 @@ class Report:
     markdown: str
     figures: dict[str, bytes]  # file name under report/figures/ -> PNG bytes (the report's own)
     results: list[ClaimResult]
+
+    def lines(self, out: str) -> list[str]:
+        """The stage's summary line (`out`: the report folder)."""
+        s = self.summary
+        return [f"conclusions {s['conclusion']['passed']}/{s['conclusion']['n']} hold, checksums "
+                f"{s['checksum']['passed']}/{s['checksum']['n']}, published values {s['value']['passed']}/"
+                f"{s['value']['n']} inside our band ({s['value']['unexplained']} unexplained); "
+                f"{s['conclusion']['skipped'] + s['value']['skipped']} skipped (need a GPU) -> {out}/REPORT.md"]
 
 
 @dataclass
@@ -439,3 +448,20 @@ def build(claims_path: Path, metrics_dir: Path, plots_dir: Path, pairs, smooth: 
     md += ["## Machine\n", env_markdown(envs)]
     summary = {cls: {k: v for k, v in c[cls].items()} for cls in CLASSES}
     return Report(claims_json(results), summary, "\n".join(md).rstrip() + "\n", figures, results)
+
+
+def run(cfg: ReportConfig, train, attention, out: str | Path) -> Report:
+    """The `report` stage's report of metrics/ and plots/ (in the working folder) for the report folder
+    `out` (figure links relative to it). train: params `train` (experiments.protocol.TrainConfig: the
+    scaled/unscaled pairs of the loss figures); attention: params `attention` (audit.load.AttentionConfig):
+    with an implementation other than the builtin, REPORT.md ends with its audit."""
+    from .audit.cli import report_section  # the audit is imported only when a report is built
+    from .audit.load import BUILTIN
+    from .experiments.comparison import pairs_by_dhead
+
+    pairs = sorted(pairs_by_dhead(train).items())
+    plots_href = Path(os.path.relpath(Path("plots").resolve(), Path(out).resolve())).as_posix()
+    rep = build(Path(cfg.claims), Path("metrics"), Path("plots"), pairs, smooth=cfg.smooth, plots_href=plots_href)
+    if attention.impl not in BUILTIN:  # the builtin's report stays as it was
+        rep.markdown += "\n" + report_section(attention.impl)
+    return rep

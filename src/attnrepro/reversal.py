@@ -22,14 +22,16 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Mapping
+from pathlib import Path
+from typing import Mapping, Sequence
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from .config import require, require_positive
-from .model import ModelConfig, SelfAttention, TinyGPT, generate
+from .envinfo import stage_environment
+from .model import ModelConfig, SelfAttention, TinyGPT, generate, load_checkpoint
 from .measure.probes import sequence_maps
 from .runspec import Prepared, RunSpec, with_vocab
 from .training import IndexedBatches, OptimConfig, TrainingLog
@@ -286,6 +288,74 @@ def evaluate_variant(model: TinyGPT, splits: dict, history: list[dict], cfg: Rev
     out["val_loss_start"] = history[0]["val_loss"]
     out["test_loss"] = answer_loss(model, test)
     return out, pred, maps
+
+
+# ---------------------------------------------------------------- the stage's experiment
+
+NAMES = {BOS: "BOS", SEP: "SEP", EOS: "EOS"}
+
+
+def wide_losses(histories: dict[str, list[dict]]) -> list[dict]:
+    """One row per evaluation step, one column per variant and loss (<variant>_train_loss, ...)."""
+    steps = sorted({r["step"] for hist in histories.values() for r in hist})
+    cols = {(name, r["step"]): r for name, hist in histories.items() for r in hist}
+    return [{"step": s, **{f"{name}_{k}": cols.get((name, s), {}).get(k) for name in histories
+                           for k in ("train_loss", "val_loss", "batch_loss")}} for s in steps]
+
+
+def token_labels(seq: torch.Tensor) -> list[str]:
+    """Axis labels of the model inputs of a sequence (digits, BOS, SEP, EOS)."""
+    return [NAMES.get(t, str(t)) for t in seq[:-1].tolist()]
+
+
+def prediction_rows(test: torch.Tensor, pred: torch.Tensor) -> list[dict]:
+    """One row per test sequence: prompt digits, true and predicted answer, whether all match."""
+    return [{"index": i, "prompt": " ".join(map(str, test[i, 1:PROMPT_LEN - 1].tolist())),
+             "truth": " ".join(map(str, test[i, PROMPT_LEN:].tolist())),
+             "predicted": " ".join(map(str, pred[i].tolist())),
+             "correct": int(bool((pred[i] == test[i, PROMPT_LEN:]).all()))}
+            for i in range(len(test))]
+
+
+@dataclass
+class ReversalResult:
+    metrics: dict  # metrics/reversal.json: config, then one section per variant
+    histories: dict[str, list[dict]]  # per variant: step, train_loss, val_loss, batch_loss
+    predictions: dict[str, list[dict]]  # per variant: prediction_rows on the test set
+    maps: dict[str, torch.Tensor]  # per variant: (n_layer, n_head, T, T) on test sample sample_index
+    labels: list[str]  # the maps' axis labels
+    checkpoints: dict[str, Path]  # per variant: its model.pt in the run store
+    env: dict  # metrics/env/reversal.json
+
+    boxes = list(zip(ALIGN_QUERIES, ALIGN_KEYS))  # the reverse-alignment cells of the maps
+
+    @property
+    def losses(self) -> list[dict]:
+        return wide_losses(self.histories)
+
+    def lines(self) -> list[str]:
+        return [f"{name}: digit_acc {m['digit_acc']:.4f} seq_acc {m['seq_acc']:.4f} "
+                f"align_l0 {m['align_l0']:.4f} align_l1 {m['align_l1']:.4f} "
+                f"prefix_change off {m['prefix_change_mask_off']:.6f} on {m['prefix_change_mask_on']:.1g}"
+                for name, m in ((name, self.metrics[name]) for name in self.histories)]
+
+
+def results(cfg: ReversalConfig, runs: Sequence) -> ReversalResult:
+    """Every variant's trained run (finished attnrepro.sweep.RunRecords, in cfg.variants order)
+    evaluated on the test set (evaluate_variant)."""
+    splits = make_splits(cfg.n_train, cfg.n_val, cfg.n_test, cfg.data_seed)
+    test = splits["test"]
+    metrics, histories, preds, maps, paths = {}, {}, {}, {}, {}
+    for name, rec in zip(cfg.variants, runs):
+        paths[name] = rec.path / "model.pt"
+        model = load_checkpoint(paths[name], f"reversal run {name}")
+        histories[name] = loss_rows(rec.read("evals.json"), rec.read("history.json"))
+        metrics[name], pred, maps[name] = evaluate_variant(model, splits, histories[name], cfg)
+        preds[name] = prediction_rows(test, pred)
+    config = {"n_train": cfg.n_train, "n_val": cfg.n_val, "n_test": cfg.n_test, "steps": cfg.steps,
+              "batch_size": cfg.batch_size, "lr": cfg.lr}
+    return ReversalResult({"config": config, **metrics}, histories, preds, maps, token_labels(test[cfg.sample_index]),
+                          paths, stage_environment("cpu", [r.read("env.json") for r in runs]))
 
 
 @dataclass(frozen=True)

@@ -45,9 +45,6 @@ class LogProgress:
     def set_postfix_str(self, text: str, refresh: bool = True) -> None:
         self.postfix = text
 
-    def set_postfix(self, refresh: bool = True, **kw) -> None:
-        self.postfix = ", ".join(f"{k}={v}" for k, v in kw.items())
-
     def refresh(self) -> None:
         self.last = now = time.monotonic()
         elapsed = now - self.t0

@@ -12,7 +12,7 @@
         stage(main, __doc__, engine=True)
 
 `stage` parses the arguments (--params, and --scheduler/--workers for a stage on the run
-engine), reads params.yaml, and runs `main` under config.run_stage: user errors are one
+engine), reads params.yaml, and runs `main` under `run_stage`: user errors are one
 line and exit 2, Ctrl-C and SIGTERM leave the previous outputs, and every output file the
 stage writes moves in together or not at all.
 """
@@ -20,11 +20,15 @@ stage writes moves in together or not at all.
 from __future__ import annotations
 
 import argparse
+import signal
+import sys
 from dataclasses import dataclass
 from typing import Callable, Optional, TypeVar
 
-from .config import ConfigError, from_dict, read_params, run_stage
+from .config import ConfigError, UserError, from_dict, read_params
+from .engine import add_engine_args, engine_config
 from .envinfo import setup_determinism
+from .io import OutputError, check_writable, os_error_line, stage_outputs
 from .runtime import resolve_device
 
 T = TypeVar("T")
@@ -44,8 +48,6 @@ class Stage:
     @property
     def engine(self):
         """The run engine's settings (params `engine`, the environment and --scheduler/--workers)."""
-        from .sweep import engine_config  # the engine is imported only by stages that run on it
-
         return engine_config(self.params, self.args.scheduler, self.args.workers)
 
     def pin(self, device: str, threads: int, key: str) -> str:
@@ -63,11 +65,50 @@ def stage(main: Callable[[Stage], None], doc: Optional[str], engine: bool = Fals
         ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
         ap.add_argument("--params", default="params.yaml", help="the params file (default params.yaml)")
         if engine:
-            from .sweep import add_engine_args
-
             add_engine_args(ap)
         arguments(ap)
         args = ap.parse_args()
         main(Stage(args, read_params(args.params)))
 
     run_stage(run)
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised in the main thread so that a stage ends as on Ctrl-C (nothing written)."""
+
+
+def _terminate(signum, frame):
+    raise Terminated()
+
+
+def run_stage(main) -> None:
+    """Run a stage entry point: its outputs replace the old ones all together or not at all
+    (io.stage_outputs); user errors become one line on stderr and exit 2; Ctrl-C exits 130 and
+    SIGTERM 143, each with one line and the previous outputs unchanged.
+
+    Before the outputs move in, every folder they go to is checked (check_writable), so a
+    read-only metrics/ stops the stage with nothing moved. An OSError naming a file (a folder
+    that cannot be written, a full disk, an input that cannot be read) is one line too:
+    "error: cannot write <path>: <reason>" (or "cannot read"), exit 2."""
+    signal.signal(signal.SIGTERM, _terminate)
+    tx = None
+    try:
+        with stage_outputs() as tx:
+            main()
+            check_writable(tx.moves)
+    except (UserError, OutputError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except (KeyboardInterrupt, Terminated) as e:
+        word = "interrupted" if isinstance(e, KeyboardInterrupt) else "terminated"
+        if tx is not None and tx.committed:  # the signal came while the outputs moved in (it was held)
+            print(f"{word} after the outputs were written (they are complete)", file=sys.stderr)
+        else:
+            print(f"{word}; nothing written (the previous outputs are unchanged)", file=sys.stderr)
+        sys.exit(130 if isinstance(e, KeyboardInterrupt) else 143)
+    except OSError as e:
+        line = os_error_line(e, tx.moves if tx is not None else [])
+        if line is None:
+            raise
+        print(f"error: {line}", file=sys.stderr)
+        sys.exit(2)

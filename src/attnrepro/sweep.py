@@ -14,7 +14,7 @@ RunRecord per spec. Where the runs execute:
 Every run pins its own seeds and thread count, so its result is byte-identical
 whichever way it ran. Results travel back to this process as bytes and are written
 to the store here: workers need the same attnrepro installed, not a shared disk
-(a worker whose code differs from ours is caught by the code digest in the key).
+(a worker whose numerics or torch version differs from ours is caught by the key it reports).
 
 Faults are data: a run that raises or loses its worker twice is a failed record
 with its reason (not stored: it is tried again next time); a diverged run is a
@@ -40,7 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
-from .config import ConfigError, UserError, require
+from .config import UserError
+from .engine import EngineConfig
 from .runs import execute_to_bytes, run_key
 from .runspec import RunSpec
 from .runtime import progress
@@ -49,53 +50,6 @@ from .store import RunStore
 PROGRESS_TOPIC = "attnrepro-progress"
 SCHEDULER_TIMEOUT = 20.0  # seconds to connect to a scheduler and hear it answer
 RESUBMIT_SETTLE = 2.0  # seconds to wait before resubmitting a run whose worker died
-
-
-@dataclass
-class EngineConfig:
-    workers: int  # local worker processes; 0 = one per CPU core; 1 = serial, in this process
-    scheduler: str  # address of an existing Dask scheduler; "" = a LocalCluster on this machine
-    store: str  # the run store folder
-
-    def validate(self, prefix: str = "engine") -> None:
-        require(self.workers >= 0, f"{prefix}.workers", self.workers, "an integer >= 0 (0: one per core)")
-        require(bool(self.store.strip()), f"{prefix}.store", self.store, "a folder for the run store")
-
-    @property
-    def n_workers(self) -> int:
-        if self.workers:
-            return self.workers
-        cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
-        return max(1, len(cores))  # the cores this process may use (a container or taskset may allow fewer)
-
-
-def engine_config(params: Mapping, scheduler: Optional[str] = None, workers: Optional[int] = None) -> EngineConfig:
-    """params.yaml's `engine` section; $ATTNREPRO_SCHEDULER / $ATTNREPRO_WORKERS override it,
-    and explicit arguments (a stage's --scheduler / --workers) override both."""
-    from .config import from_dict
-
-    section = dict(params.get("engine") or {})
-    if os.environ.get("ATTNREPRO_SCHEDULER") is not None:
-        section["scheduler"] = os.environ["ATTNREPRO_SCHEDULER"]
-    if os.environ.get("ATTNREPRO_WORKERS"):
-        try:
-            section["workers"] = int(os.environ["ATTNREPRO_WORKERS"])
-        except ValueError:
-            raise ConfigError(f"ATTNREPRO_WORKERS: got {os.environ['ATTNREPRO_WORKERS']!r}, expected an integer") from None
-    if scheduler is not None:
-        section["scheduler"] = scheduler
-    if workers is not None:
-        section["workers"] = workers
-    return from_dict(EngineConfig, section, prefix="engine")
-
-
-def add_engine_args(ap) -> None:
-    """--scheduler / --workers for a stage that runs a sweep."""
-    ap.add_argument("--scheduler", default=None, metavar="ADDRESS",
-                    help="run the sweep on an existing Dask scheduler, e.g. tcp://10.0.0.5:8786 "
-                         "(default: engine.scheduler in params.yaml, or $ATTNREPRO_SCHEDULER)")
-    ap.add_argument("--workers", type=int, default=None, metavar="N",
-                    help="local worker processes; 0 = one per core, 1 = serial (default: engine.workers)")
 
 
 @dataclass

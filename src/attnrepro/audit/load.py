@@ -204,7 +204,7 @@ class AttentionConfig:
 
     def check_checkpoint(self, model_impl: str, key: str) -> None:
         """A probe's checkpoint must have been trained with this implementation (rerun train otherwise)."""
-        want = self.model_impl(model_impl if model_impl in ("manual", "fused") else "manual")
+        want = self.model_impl(model_impl if model_impl == "manual" else "manual")
         if model_impl != want:
             raise UserError(f"{key}: trained with attention {model_impl!r}, but attention.impl gives {want!r} "
                             "(rerun the train stage)")

@@ -1,11 +1,20 @@
-"""The controlled comparison: loss gaps of scaled vs unscaled pairs, per d_head, and over seeds."""
+"""The controlled comparison: loss gaps of scaled vs unscaled pairs, per d_head (the train
+stage: run_train), and over seeds (the seeds stage: run_seeds)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
+import pandas as pd
+
+from ..audit.load import AttentionConfig
 from ..config import require
-from .protocol import TrainConfig, d_head_of
+from ..envinfo import stage_environment
+from ..stats import bootstrap_ratio, describe, distribution
+from ..engine import EngineConfig
+from ..sweep import require_ok, run_sweep
+from .protocol import TrainConfig, corpus_inputs, d_head_of, series
 
 
 @dataclass
@@ -42,3 +51,113 @@ def comparison(metrics: dict, pairs: dict[int, dict[bool, str]]) -> dict:
     return out
 
 
+@dataclass
+class TrainResult:
+    """What the train stage writes: every variant's run, per-step rows and sample, and the comparison."""
+    metrics: dict  # metrics/train.json: each variant's summary, and "comparison" (the gaps)
+    folders: dict[str, Path]  # variant -> its run's result folder in the run store (data/train/<variant>)
+    series: dict[str, list[dict]]  # variant -> per-step rows (plots/train/<variant>.csv)
+    samples: str  # plots/train/samples.md
+    env: dict  # metrics/env/train.json
+
+    def lines(self) -> list[str]:
+        out = []
+        for name in self.series:
+            s = self.metrics[name]
+            out.append(f"{name}: loss {s['loss_start']:.3f} -> {s['loss_final']:.3f}, val {s['val_loss_final']:.3f}, "
+                       f"entropy {s['entropy_final']:.4f}")
+        return out + [f"{k}: {v:.4f}" for k, v in self.metrics["comparison"].items()]
+
+
+def run_train(cfg: TrainConfig, attn: AttentionConfig, device: str, engine: EngineConfig) -> TrainResult:
+    """Every variant of train.variants at train.seed, with the attention `attn`, as one sweep."""
+    specs = [attn.apply(cfg.spec(name, cfg.seed, device)) for name in cfg.variants]
+    records = run_sweep("train", specs, corpus_inputs(), engine)
+    require_ok(records, "train")
+    runs = dict(zip(cfg.variants, records))
+    metrics = {name: rec.summary() for name, rec in runs.items()}
+    metrics["comparison"] = comparison(metrics, pairs_by_dhead(cfg))
+    samples = [f"## {name}\n\n```\n{(rec.path / 'sample.txt').read_text(encoding='utf-8').rstrip()}\n```\n"
+               for name, rec in runs.items()]
+    return TrainResult(
+        metrics=metrics, folders={name: rec.path for name, rec in runs.items()},
+        series={name: series(rec.read("history.json"), rec.read("evals.json")) for name, rec in runs.items()},
+        samples="# Samples from the prompt, one per variant\n\n" + "\n".join(samples),
+        env=stage_environment(device, [r.read("env.json") for r in records]))
+
+
+CURVES = ("loss", "entropy_l0", "jacobian_fro_l0", "logit_std_l0")
+
+
+def curves(histories: dict[tuple[str, int], list[dict]], variants) -> list[dict]:
+    """Per step: mean, min and max over seeds of each variant's curve (wide: one column per series)."""
+    df = pd.DataFrame([{"variant": v, "seed": s, **r} for (v, s), rows in histories.items() for r in rows])
+    cols = [c for c in CURVES if c in df]
+    g = df.groupby(["variant", "step"])[cols].agg(["mean", "min", "max"])
+    wide = pd.DataFrame(index=sorted(df["step"].unique()))
+    for v in variants:
+        for c in cols:
+            for stat in ("mean", "min", "max"):
+                wide[f"{v}_{c}_{stat}"] = g.loc[v][(c, stat)]
+    wide.index.name = "step"
+    return [{"step": int(step), **{k: (None if pd.isna(x) else float(x)) for k, x in row.items()}}
+            for step, row in wide.iterrows()]
+
+
+def headline(gaps: pd.DataFrame, small: int, large: int) -> dict:
+    """The gaps at the smallest and largest d_head and their ratio over seeds (one row per seed in
+    `gaps`), and the ratio of the mean gaps with a bootstrap interval."""
+    out = {"n_seeds": len(gaps)}
+    for key in ("loss_final", "val_loss_final"):
+        num, den = gaps[f"gap_d{large}_{key}"], gaps[f"gap_d{small}_{key}"]
+        for col in (f"gap_d{small}_{key}", f"gap_d{large}_{key}", f"gap_ratio_{key}"):
+            d = describe(gaps[col])
+            out[col] = {k: d[k] for k in ("mean", "sd", "min", "max", "ci95_lo", "ci95_hi")}
+        lo, hi = bootstrap_ratio(num, den)
+        out[f"gap_ratio_of_means_{key}"] = {"value": float(num.mean() / den.mean()), "ci95_lo": lo, "ci95_hi": hi}
+    return out
+
+
+@dataclass
+class SeedsResult:
+    """What the seeds stage writes."""
+    headline: dict  # metrics/seeds.json: the gaps and the gap ratio over seeds
+    dist: dict  # metrics/dist/train.json: every metric's distribution, and each seed's metrics
+    gaps: list[dict]  # plots/seeds/gaps.csv: each seed's gaps
+    curves: list[dict]  # plots/seeds/curves.csv: mean and range over seeds of each variant's curves
+    small: int  # the smallest and the largest d_head with a scaled and an unscaled variant
+    large: int
+    env: dict  # metrics/env/seeds.json
+
+    def line(self) -> str:
+        h, small, large = self.headline, self.small, self.large
+        r, g = h["gap_ratio_of_means_loss_final"], h["gap_ratio_loss_final"]
+        return (f"{h['n_seeds']} seeds: gap d{small} {h[f'gap_d{small}_loss_final']['mean']:.3f} "
+                f"(sd {h[f'gap_d{small}_loss_final']['sd']:.3f}), gap d{large} "
+                f"{h[f'gap_d{large}_loss_final']['mean']:.3f} (sd {h[f'gap_d{large}_loss_final']['sd']:.3f}); "
+                f"ratio of mean gaps {r['value']:.2f} [95% {r['ci95_lo']:.2f}, {r['ci95_hi']:.2f}]; "
+                f"per-seed ratio {g['mean']:.2f} [95% CI {g['ci95_lo']:.2f}, {g['ci95_hi']:.2f}]")
+
+
+def run_seeds(cfg: TrainConfig, seeds: list[int], device: str, engine: EngineConfig) -> SeedsResult:
+    """train.variants at every seed of `seeds` (paired), as one sweep; the comparison over seeds."""
+    keys = [(v, s) for s in seeds for v in cfg.variants]
+    records = run_sweep("seeds", [cfg.spec(v, s, device) for v, s in keys], corpus_inputs(), engine)
+    require_ok(records, "seeds")
+    by = dict(zip(keys, records))
+
+    pairs = pairs_by_dhead(cfg)
+    runs = {}
+    for s in seeds:
+        m = {v: by[(v, s)].summary() for v in cfg.variants}
+        runs[s] = {**m, "comparison": comparison(m, pairs)}
+    # a per-seed ratio with a noisy denominator has no meaningful t band: the gaps themselves have one,
+    # and the ratio of the mean gaps gets a bootstrap interval (headline)
+    dist = distribution(runs, exclude=("gap_ratio",))
+    gaps = pd.DataFrame([{"seed": s, **runs[s]["comparison"]} for s in seeds])
+    d_heads = sorted(d for d, p in pairs.items() if set(p) == {True, False})
+    small, large = d_heads[0], d_heads[-1]
+    histories = {(v, s): by[(v, s)].read("history.json") for v in cfg.variants for s in seeds}
+    return SeedsResult(headline=headline(gaps, small, large), dist=dist, gaps=gaps.to_dict("records"),
+                       curves=curves(histories, list(cfg.variants)), small=small, large=large,
+                       env=stage_environment(device, [r.read("env.json") for r in records]))

@@ -7,10 +7,15 @@ from dataclasses import dataclass
 from ..attention import BUGS
 from ..config import from_dict, require, require_positive
 from ..corpus_lm import LMData, LMMeasure
-from ..model import ModelConfig
+from ..measure.health import INTENDED, Probe, check_matrix
+from ..measure.probes import diag_weight_all_rows
+from ..model import ModelConfig, load_checkpoint
 from ..runspec import RunSpec
-from ..training import OptimConfig
-from .protocol import optim_config
+from ..stats import distribution
+from ..engine import EngineConfig
+from ..sweep import require_ok, run_sweep
+from ..training import OptimConfig, fixed_batches, load_tokens
+from .protocol import CORPUS, corpus_inputs, optim_config, vocab_size
 
 SYMPTOMS = ("loss_final", "grad_norm_final", "entropy", "diag_weight")  # what a failures run records
 
@@ -56,3 +61,68 @@ class FailuresConfig(OptimConfig):
             threads=self.threads, device=device, label=label or f"{bug} seed {seed}")
 
 
+@dataclass
+class FailuresResult:
+    """What the failures stage writes: the symptom table of `failures.seed` (with the check-by-variant
+    matrix), its seed distribution, the per-step histories and the runs' environment records."""
+
+    metrics: dict  # variant -> symptoms, check_<name> (1 = fires), check_<name>_value, checks_fired, ...
+    dist: dict  # stats.distribution over every seed
+    histories: dict  # variant -> per-step rows of the `failures.seed` run
+    seed_rows: list  # one row per variant and seed: the SYMPTOMS
+    check_rows: list  # one row per variant and check
+    fired: dict  # variant -> the names of the checks that fire
+    run_envs: list  # each run's env.json
+
+    def lines(self) -> list[str]:
+        """The stage's printed summary: one line per variant, then its spread over the seeds."""
+        out = []
+        for bug, m in self.metrics.items():
+            out.append(f"{bug:20s} loss {m['loss_start']:.3f} -> {m['loss_final']:.3f}  "
+                       f"grad {m['grad_norm_final']:.3f}  entropy {m['entropy']:.4f}  diag {m['diag_weight']:.3f}  "
+                       f"max row sum {m['max_row_sum']:.4f}  checks fired: {', '.join(self.fired[bug]) or 'none'}")
+        for bug in self.metrics:
+            st = {k: self.dist["stats"][f"{bug}.{k}"] for k in ("loss_final", "entropy", "diag_weight")}
+            out.append(f"{bug:20s} over {len(self.dist['seeds'])} seeds: " + "  ".join(
+                f"{k} {s['mean']:.4f} (sd {s['sd']:.4f}, {s['min']:.4f}-{s['max']:.4f})" for k, s in st.items()))
+        return out
+
+
+def run(cfg: FailuresConfig, device: str, engine: EngineConfig) -> FailuresResult:
+    """Every variant at `failures.seed` and each spread seed (the run engine: from the store or trained),
+    the second diagonal-weight protocol on each run's checkpoint, and the health checks of each
+    variant's attention function (run here, on this process's threads)."""
+    seeds = [cfg.seed, *cfg.spread_seeds]
+    specs = [cfg.spec(bug, seed, device) for seed in seeds for bug in cfg.variants]
+    records = run_sweep("failures", specs, corpus_inputs(), engine)
+    require_ok(records, "failures")
+    by = {(r.spec.model.bug, r.spec.seed): r for r in records}
+
+    mcfg = from_dict(ModelConfig, {**cfg.model, "vocab_size": vocab_size()}, prefix="failures.model")
+    matrix = check_matrix(cfg.variants, Probe(d_head=mcfg.d_head))
+    half = mcfg.block_size // 2
+    short = fixed_batches(load_tokens(CORPUS / "val.npy"), half, cfg.batch_size, cfg.val_batches, cfg.val_seed)
+    symptoms = {}  # (bug, seed) -> the run's symptoms, with the second diagonal-weight protocol
+    for (bug, seed), rec in by.items():
+        symptoms[(bug, seed)] = {k: v for k, v in rec.summary().items() if k != "params"}
+        symptoms[(bug, seed)]["diag_weight_all_rows_half_block"] = diag_weight_all_rows(
+            load_checkpoint(rec.path / "model.pt", f"failures run {bug} seed {seed}"), short)
+    metrics, histories, check_rows, fired = {}, {}, [], {}
+    for bug in cfg.variants:
+        m = dict(symptoms[(bug, cfg.seed)])
+        histories[bug] = by[(bug, cfg.seed)].read("history.json")
+        for name, res in matrix[bug].items():
+            m[name] = int(not res.passed)  # 1 = the check fires
+            m[f"{name}_value"] = res.measured
+            check_rows.append({"variant": bug, "check": name, "fires": int(not res.passed),
+                               "measured": res.measured, "threshold": res.threshold, "message": res.message})
+        fired[bug] = [n for n, r in matrix[bug].items() if not r.passed]
+        m["checks_fired"] = len(fired[bug])
+        m["caught_by_intended"] = int(INTENDED.get(bug) in fired[bug]) if bug != "correct" else int(not fired[bug])
+        metrics[bug] = m
+
+    seed_rows = [{"variant": bug, "seed": seed, **{k: symptoms[(bug, seed)][k] for k in SYMPTOMS}}
+                 for seed in seeds for bug in cfg.variants]
+    dist = distribution({seed: {bug: symptoms[(bug, seed)] for bug in cfg.variants} for seed in seeds})
+    return FailuresResult(metrics=metrics, dist=dist, histories=histories, seed_rows=seed_rows,
+                          check_rows=check_rows, fired=fired, run_envs=[r.read("env.json") for r in records])

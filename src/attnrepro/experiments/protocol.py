@@ -113,3 +113,9 @@ def d_head_of(cfg: TrainConfig, variant: str) -> int:
     return model_config(cfg.models, cfg.variants[variant], f"train.variants.{variant}").d_head
 
 
+def series(history: list[dict], evals: list[dict]) -> list[dict]:
+    """A run's per-step rows with the validation loss merged in at the steps where it was measured."""
+    val = {e["step"]: e["val_loss"] for e in evals}
+    return [{**r, "val_loss": val[r["step"]]} if r["step"] in val else r for r in history]
+
+

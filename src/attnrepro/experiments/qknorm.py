@@ -4,7 +4,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pandas as pd
+
 from ..config import require
+from ..envinfo import stage_environment
+from ..stats import describe, log_scale
+from ..engine import EngineConfig
+from ..sweep import require_ok, run_sweep
+from .protocol import TrainConfig, corpus_inputs, model_config
+
+METRICS = ("loss_final", "val_loss_final", "entropy_final", "jacobian_fro_final", "logit_std_step0",
+           "trained_logit_std_l0")  # and the layer-0 entropy at every train.diag_steps
 
 @dataclass
 class QKNormConfig:
@@ -18,3 +28,53 @@ class QKNormConfig:
                 "at least 3 different seeds")
 
 
+@dataclass
+class QKNormResult:
+    """What the qknorm stage writes."""
+    metrics: dict  # metrics/qknorm.json: per form and reference, seed statistics
+    rows: list[dict]  # plots/qknorm/per_seed.csv
+    curves: list[dict]  # plots/qknorm/curves.csv: mean training curves per form
+    forms: list[str]  # the references, then the forms
+    env: dict  # metrics/env/qknorm.json
+
+    def lines(self) -> list[str]:
+        out = []
+        for n in self.forms:
+            m = self.metrics[n]
+            out.append(f"{n:22s} loss {m['loss_final']['mean']:.3f} [{m['loss_final']['min']:.3f}, "
+                       f"{m['loss_final']['max']:.3f}]  entropy final {m['entropy_final']['mean']:.4f} "
+                       f"[{m['entropy_final']['min']:.4f}, {m['entropy_final']['max']:.4f}]  "
+                       f"logit std init {m['logit_std_step0']['mean']:.3g}")
+        return out
+
+
+def run(train: TrainConfig, cfg: QKNormConfig, device: str, engine: EngineConfig) -> QKNormResult:
+    """The references and every form of qknorm.forms at every seed of qknorm.seeds, as one sweep
+    under the train protocol; their statistics over seeds and mean training curves."""
+    for name in cfg.references:
+        require(name in train.variants, "qknorm.references", name, "names of train.variants")
+    variants = {**{r: train.variants[r] for r in cfg.references}, **cfg.forms}
+    models = {n: model_config(train.models, v, f"qknorm.forms.{n}") for n, v in variants.items()}
+    keys = [(n, s) for s in cfg.seeds for n in variants]
+    records = run_sweep("qknorm", [train.run(models[n], s, device, f"{n} seed {s}") for n, s in keys],
+                        corpus_inputs(), engine)
+    require_ok(records, "qknorm")
+    by = dict(zip(keys, records))
+
+    names = [*METRICS, *(f"entropy_step{s}" for s in sorted(train.diag_steps) if 0 < s < train.steps)]
+    rows = [{"form": n, "seed": s, **{k: by[(n, s)].summary()[k] for k in names}} for n, s in keys]
+    df = pd.DataFrame(rows)
+    metrics = {}
+    for n in variants:
+        g = df[df.form == n]
+        metrics[n] = {"seeds": len(g)}
+        for k in names:
+            st = describe(g[k], log=log_scale(k))
+            metrics[n][k] = {q: st[q] for q in ("mean", "sd", "min", "max", "ci95_lo", "ci95_hi")}
+    hist = pd.DataFrame([{"form": n, **r} for (n, s), rec in by.items() for r in rec.read("history.json")])
+    curves = hist.groupby(["form", "step"])[["loss", "entropy_l0"]].mean().unstack("form")
+    wide = [{"step": int(step), **{f"{n}_{c}": (None if pd.isna(row[(c, n)]) else float(row[(c, n)]))
+                                   for c in ("loss", "entropy_l0") for n in variants}}
+            for step, row in curves.iterrows()]
+    return QKNormResult(metrics=metrics, rows=rows, curves=wide, forms=list(variants),
+                        env=stage_environment(device, [r.read("env.json") for r in records]))

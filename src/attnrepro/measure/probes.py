@@ -1,65 +1,23 @@
-"""Measurements on fixed models: the init sweep (§1.3/§1.19.1), head portraits and
-ablation (§1.8.5-1.8.6). (The injected bugs' symptoms are measured inside their runs:
-attnrepro.corpus_lm.weight_symptoms.)
+"""Measurements of attention in fixed models: the logit scale at initialization (§1.3/§1.19.1),
+attention maps, per-head statistics and head ablation (§1.8.5-1.8.6), and the failures' second
+diagonal-weight protocol. (The injected bugs' symptoms are measured inside their runs:
+attnrepro.corpus_lm.weight_symptoms; the experiments using these: attnrepro.experiments.init_sweep,
+.heads and .failures.)
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
 from typing import Callable, Optional
 
 import numpy as np
 import torch
 
 from ..attention import causal_mask
-from ..config import require, require_positive
 from .weights import logit_std, normalized_entropy, position_stats
-from ..model import ModelConfig, TinyGPT
+from ..model import TinyGPT
 from ..training import mean_loss
 
-# ---------------------------------------------------------------- init sweep
-
-
-@dataclass
-class InitSweepConfig:
-    """params `init_sweep` (no defaults: params.yaml is the only source of values)."""
-
-    d_heads: list[int]
-    vocab_size: int
-    block_size: int
-    batch_size: int
-    n_batches: int
-    token_low: int  # tokens drawn from randint(token_low, vocab_size)
-    init_std: float  # sigma of the N(0, sigma^2) init, also the prediction's sigma
-    model_seed: int  # torch.manual_seed before building each model
-    batch_seed: int  # generator of the token batches (shared by every d_head)
-    threads: int
-
-    def validate(self, prefix: str = "init_sweep") -> None:
-        require(len(self.d_heads) >= 2 and all(d > 0 for d in self.d_heads), f"{prefix}.d_heads",
-                self.d_heads, "at least two positive integers")
-        require_positive(self, ("block_size", "batch_size", "n_batches", "threads"), prefix)
-        require(0 <= self.token_low < self.vocab_size, f"{prefix}.token_low", self.token_low,
-                f"in [0, vocab_size={self.vocab_size})")
-        require(math.isfinite(self.init_std) and self.init_std > 0, f"{prefix}.init_std", self.init_std,
-                "a finite positive number")
-
-
-def init_model(d_head: int, *, vocab_size: int, block_size: int, init_std: float, seed: int,
-               impl: str = "manual") -> TinyGPT:
-    """Single-head, single-layer TinyGPT at initialization, unscaled (raw q.k logits); `impl` its attention
-    (ModelConfig.impl)."""
-    cfg = ModelConfig(vocab_size=vocab_size, block_size=block_size, d_model=d_head, n_head=1, n_layer=1,
-                      scaled=False, init_std=init_std, impl=impl)
-    torch.manual_seed(seed)
-    return TinyGPT(cfg).eval()
-
-
-def random_batches(n: int, batch: int, block: int, low: int, high: int, seed: int) -> torch.Tensor:
-    """n token batches `randint(low, high, (batch, block))` from one seeded generator."""
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(low, high, (n, batch, block), generator=g)
+# ---------------------------------------------------------------- init scale
 
 
 @torch.no_grad()
@@ -93,62 +51,7 @@ def measure_init(model: TinyGPT, batches: torch.Tensor, tick: Optional[Callable[
     }
 
 
-def predictions(d_head: int, init_std: float) -> dict:
-    """Footnote sqrt(d) and the variance-propagation v*sqrt(d), v = d_model * sigma^2 (eq. 1.1-1.2)."""
-    v = d_head * init_std**2
-    return {"theory_sqrt_d": math.sqrt(d_head), "v": v, "pred_varprop": v * math.sqrt(d_head)}
-
-
-def loglog_slope(x, y) -> float:
-    """Least-squares slope of log y against log x."""
-    return float(np.polyfit(np.log(np.asarray(x, float)), np.log(np.asarray(y, float)), 1)[0])
-
-
-def sweep_fit(rows: list[dict]) -> dict:
-    """Which prediction fits: fitted slope vs 0.5 (footnote) and 1.5 (varprop), log ratios."""
-    d = [r["d_head"] for r in rows]
-    meas = [r["logit_std"] for r in rows]
-    lr_sqrt = [abs(math.log10(r["ratio_sqrt_d"])) for r in rows]
-    lr_var = [abs(math.log10(r["ratio_varprop"])) for r in rows]
-    return {
-        "slope_measured": loglog_slope(d, meas),
-        "slope_footnote": 0.5,
-        "slope_varprop": 1.5,
-        "max_abs_log10_ratio_footnote": max(lr_sqrt),
-        "max_abs_log10_ratio_varprop": max(lr_var),
-        "varprop_fits_better": int(max(lr_var) < min(lr_sqrt)),
-    }
-
-
 # ---------------------------------------------------------------- heads
-
-
-@dataclass
-class HeadsConfig:
-    """params `heads` (no defaults: params.yaml is the only source of values)."""
-
-    checkpoint: str  # a run's model.pt (the train stage's d32_scaled); its folder is the DVC dep
-    n_seqs: int
-    seq_len: int
-    seq_seed: int
-    ablation_batches: int
-    ablation_batch_size: int
-    ablation_seed: int
-    threads: int
-
-    def validate(self, prefix: str = "heads") -> None:
-        require(bool(self.checkpoint), f"{prefix}.checkpoint", self.checkpoint, "a checkpoint path")
-        require_positive(self, ("n_seqs", "seq_len", "ablation_batches", "ablation_batch_size", "threads"), prefix)
-        require(self.seq_len >= 2, f"{prefix}.seq_len", self.seq_len, "at least 2")
-
-
-def fixed_sequences(tokens: torch.Tensor, n: int, length: int, seed: int) -> torch.Tensor:
-    """n windows of `length` tokens at start positions drawn from a seeded generator."""
-    if len(tokens) <= length:
-        raise ValueError(f"token stream of {len(tokens)} is too short for sequences of {length}")
-    g = torch.Generator().manual_seed(seed)
-    starts = torch.randint(0, len(tokens) - length, (n,), generator=g)
-    return torch.stack([tokens[s: s + length] for s in starts.tolist()])
 
 
 @torch.no_grad()
@@ -180,13 +83,6 @@ def head_stats(maps: list[torch.Tensor]) -> list[dict]:
             rows.append({"layer": li, "head": h, "entropy": ent[h].item(),
                          **{k: pos[k][h].item() for k in ("diag", "prev", "distance", "distance_std")}})
     return rows
-
-
-def uniform_distance_std(seq_len: int) -> float:
-    """The centroid-distance spread of uniform causal attention over `seq_len` tokens: what the
-    growth of the row index alone gives (dist_i = i/2), the baseline a "conditional" head must beat."""
-    causal = torch.tril(torch.ones(seq_len, seq_len, dtype=torch.float64))
-    return position_stats(causal / causal.sum(-1, keepdim=True))["distance_std"].item()
 
 
 @torch.no_grad()
@@ -232,6 +128,3 @@ def ablate_heads(model: TinyGPT, batches, tick: Optional[Callable[[], None]] = N
     if mean_loss(model, batches) != base:
         raise RuntimeError("loss after restoring every head differs from the baseline")
     return base, rows
-
-
-# ---------------------------------------------------------------- failure symptoms

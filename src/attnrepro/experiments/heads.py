@@ -1,0 +1,121 @@
+"""What the heads of a trained model do (§1.8.5-1.8.6, exercise §1.20.3): params section `heads`.
+
+Per layer/head statistics of the attention maps on fixed validation sequences, head ablation
+on fixed validation batches (the measurements: attnrepro.measure.probes), their layer means,
+and the most "conditional" head against the uniform causal baseline.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..audit.load import AttentionConfig
+from ..config import UserError, require, require_positive
+from ..measure.probes import ablate_heads, attention_maps, head_stats
+from ..measure.weights import position_stats
+from ..model import load_checkpoint
+from ..runtime import progress
+from ..training import fixed_batches, load_tokens
+
+CORPUS = Path("data/corpus")
+STATS = ("entropy", "diag", "prev", "distance", "distance_std")
+
+
+@dataclass
+class HeadsConfig:
+    """params `heads` (no defaults: params.yaml is the only source of values)."""
+
+    checkpoint: str  # a run's model.pt (the train stage's d32_scaled); its folder is the DVC dep
+    n_seqs: int
+    seq_len: int
+    seq_seed: int
+    ablation_batches: int
+    ablation_batch_size: int
+    ablation_seed: int
+    threads: int
+
+    def validate(self, prefix: str = "heads") -> None:
+        require(bool(self.checkpoint), f"{prefix}.checkpoint", self.checkpoint, "a checkpoint path")
+        require_positive(self, ("n_seqs", "seq_len", "ablation_batches", "ablation_batch_size", "threads"), prefix)
+        require(self.seq_len >= 2, f"{prefix}.seq_len", self.seq_len, "at least 2")
+
+
+def fixed_sequences(tokens: torch.Tensor, n: int, length: int, seed: int) -> torch.Tensor:
+    """n windows of `length` tokens at start positions drawn from a seeded generator."""
+    if len(tokens) <= length:
+        raise ValueError(f"token stream of {len(tokens)} is too short for sequences of {length}")
+    g = torch.Generator().manual_seed(seed)
+    starts = torch.randint(0, len(tokens) - length, (n,), generator=g)
+    return torch.stack([tokens[s: s + length] for s in starts.tolist()])
+
+
+def uniform_distance_std(seq_len: int) -> float:
+    """The centroid-distance spread of uniform causal attention over `seq_len` tokens: what the
+    growth of the row index alone gives (dist_i = i/2), the baseline a "conditional" head must beat."""
+    causal = torch.tril(torch.ones(seq_len, seq_len, dtype=torch.float64))
+    return position_stats(causal / causal.sum(-1, keepdim=True))["distance_std"].item()
+
+
+@dataclass
+class HeadsResult:
+    metrics: dict  # l<L>h<H>.*, layer<L>.*, base_loss, ..., conditional
+    rows: list  # one row per layer and head: STATS, ablation_loss, ablation_delta
+    maps: list  # per layer the attention weights (n_seqs, n_head, seq_len, seq_len)
+    seqs: torch.Tensor  # the token sequences (n_seqs, seq_len) the maps are of
+    itos: list  # the corpus vocabulary (heatmap axes)
+
+    def lines(self) -> list[str]:
+        """The stage's printed summary: one line per head, then the most conditional head."""
+        out = [f"l{r['layer']}h{r['head']}  entropy {r['entropy']:.3f}  diag {r['diag']:.3f}  prev {r['prev']:.3f}  "
+               f"distance {r['distance']:.2f} (sd over positions {r['distance_std']:.2f})  "
+               f"ablation {r['ablation_delta']:+.4f}" for r in self.rows]
+        c = self.metrics["conditional"]
+        out.append(f"most conditional head: l{c['layer']}h{c['head']} (centroid sd {c['distance_std']:.2f}; "
+                   f"uniform attention {c['uniform_distance_std']:.2f})")
+        return out
+
+
+def run(cfg: HeadsConfig, attention: AttentionConfig) -> HeadsResult:
+    """The heads of `heads.checkpoint` (whose attention must be params `attention`'s) on the corpus'
+    validation stream."""
+    model = load_checkpoint(cfg.checkpoint, "heads.checkpoint")
+    attention.check_checkpoint(model.cfg.impl, "heads.checkpoint")
+    if cfg.seq_len > model.cfg.block_size:
+        raise UserError(f"heads.seq_len: got {cfg.seq_len}, expected at most the model's block_size "
+                        f"{model.cfg.block_size}")
+    itos = json.loads((CORPUS / "vocab.json").read_text(encoding="utf-8"))
+    val_ids = load_tokens(CORPUS / "val.npy")
+    seqs = fixed_sequences(val_ids, cfg.n_seqs, cfg.seq_len, cfg.seq_seed)
+    maps = attention_maps(model, seqs)
+    rows = head_stats(maps)
+
+    batches = fixed_batches(val_ids, model.cfg.block_size, cfg.ablation_batch_size, cfg.ablation_batches,
+                            cfg.ablation_seed)
+    bar = progress(len(rows), "heads ablation")
+    base, ablation = ablate_heads(model, batches, tick=lambda: bar.update(1))
+    bar.close()
+    for r, a in zip(rows, ablation):
+        r["ablation_loss"], r["ablation_delta"] = a["loss"], a["delta"]
+
+    metrics = {f"l{r['layer']}h{r['head']}": {k: r[k] for k in (*STATS, "ablation_delta")} for r in rows}
+    for li in range(model.cfg.n_layer):
+        lr = [r for r in rows if r["layer"] == li]
+        metrics[f"layer{li}"] = {k: float(np.mean([r[k] for r in lr])) for k in (*STATS, "ablation_delta")}
+    metrics.update({
+        "base_loss": base,
+        "layer1_minus_layer0_distance": (metrics["layer1"]["distance"] - metrics["layer0"]["distance"]
+                                         if model.cfg.n_layer > 1 else 0.0),
+        "max_prev": max(r["prev"] for r in rows),
+        "entropy_spread": max(r["entropy"] for r in rows) - min(r["entropy"] for r in rows),
+        "max_ablation_delta": max(r["ablation_delta"] for r in rows),
+        "n_positions": cfg.n_seqs * cfg.seq_len,
+    })
+    most = max(rows, key=lambda r: r["distance_std"])
+    metrics["conditional"] = {"layer": most["layer"], "head": most["head"], "distance_std": most["distance_std"],
+                              "uniform_distance_std": uniform_distance_std(cfg.seq_len)}
+    return HeadsResult(metrics=metrics, rows=rows, maps=maps, seqs=seqs, itos=itos)
