@@ -14,9 +14,11 @@ import argparse
 import statistics
 import subprocess
 import time
+from pathlib import Path
 
 import torch
 
+from attnrepro.config import from_dict, read_params
 from attnrepro.model import ModelConfig, TinyGPT
 from attnrepro.training import BatchSampler, OptimConfig, train_loop
 
@@ -40,11 +42,12 @@ def main() -> None:
     cfg = OptimConfig(steps=args.steps, batch_size=32, optimizer="adamw", lr=3e-3, betas=[0.9, 0.95],
                       weight_decay=0.1, decay="2d", schedule="cosine", warmup=100, min_lr_ratio=0.1, grad_clip=1.0)
     tokens = torch.randint(2, 1200, (200_000,), generator=torch.Generator().manual_seed(0))
+    small = from_dict(ModelConfig, {**read_params(Path(__file__).resolve().parents[1] / "params.yaml")["train"]["models"]["small"], "vocab_size": 1200}, prefix="small")
     times = {"bare": [], "diagnostics": []}
     for chunk in range(args.chunks):
         for name in ("bare", "diagnostics"):
             torch.manual_seed(0)
-            model = TinyGPT(ModelConfig())
+            model = TinyGPT(small)
             sampler = BatchSampler(tokens, 64, 32, seed=chunk)
             diag = set(range(0, cfg.steps, args.diag_every)) if name == "diagnostics" else set()
             seconds = train_loop(model, sampler, cfg, diag_steps=diag).seconds

@@ -126,6 +126,17 @@ def run_script(script, *args, cwd, env: dict | None = None, path: str | None = N
     )
 
 
+
+def tinygpt(**fields):
+    """A ModelConfig: params.yaml's train.models.small (the chapter's TinyGPT) with `fields` changed
+    (ModelConfig has no defaults: params.yaml states every model)."""
+    import yaml
+
+    from attnrepro.model import ModelConfig
+
+    small = yaml.safe_load((REPO / "params.yaml").read_text(encoding="utf-8"))["train"]["models"]["small"]
+    return ModelConfig(**{"vocab_size": 1200, **small, **fields})
+
 def call_stage(name: str, *args, cwd) -> tuple[int, str, str]:
     """Run stages/<name>.py as its own __main__ in-process (see module doc)."""
     import contextlib

@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import REPO
+from conftest import REPO, tinygpt
 
 from attnrepro.audit import checks, cost, diagnose, load
 from attnrepro.audit.cases import Case, tolerance
@@ -324,10 +324,10 @@ def test_a_check_that_hangs_later_is_stopped_by_the_time_limit(tmp_path, monkeyp
 # ---------------------------------------------------------------- attention.impl: the pipeline key
 
 def test_model_trains_through_a_users_callable():
-    from attnrepro.model import ModelConfig, TinyGPT
+    from attnrepro.model import TinyGPT
 
     identity = load.resolve("examples.attention.chunked:chunked_attention").identity
-    cfgs = [ModelConfig(vocab_size=50, block_size=40, d_model=32, n_head=2, n_layer=2, impl=impl, scaled=scaled)
+    cfgs = [tinygpt(vocab_size=50, block_size=40, d_model=32, n_head=2, n_layer=2, impl=impl, scaled=scaled)
             for impl in ("manual", identity) for scaled in (True, False)]
     x = torch.randint(0, 50, (3, 40), generator=torch.Generator().manual_seed(0))
     outs = []
@@ -340,7 +340,7 @@ def test_model_trains_through_a_users_callable():
     for (a, wa, la), (b, wb, lb) in zip(outs[:2], outs[2:]):
         assert torch.allclose(a, b, atol=1e-5) and torch.allclose(wa, wb, atol=1e-6) and torch.allclose(la, lb)
     torch.manual_seed(0)
-    wrong = TinyGPT(ModelConfig(vocab_size=50, block_size=40, d_model=32, n_head=2, n_layer=2,
+    wrong = TinyGPT(tinygpt(vocab_size=50, block_size=40, d_model=32, n_head=2, n_layer=2,
                                 impl=load.resolve("examples.attention.future_leak:attention").identity)).eval()
     assert not torch.allclose(wrong(x)[0], outs[0][0], atol=1e-3)  # a wrong implementation changes the model
 

@@ -3,6 +3,7 @@ one line on stderr naming the key and what was expected, and no outputs."""
 
 import ast
 import copy
+import dataclasses
 import typing
 
 import pytest
@@ -17,7 +18,7 @@ from attnrepro.training import OptimConfig
 from attnrepro.experiments.comparison import SeedsConfig
 from attnrepro.experiments.protocol import model_config
 
-from conftest import CHAPTER_OPTIM, REPO, call_stage, load_stage_module, output_files, run_script
+from conftest import CHAPTER_OPTIM, REPO, call_stage, load_stage_module, output_files, run_script, tinygpt
 
 PARAMS = yaml.safe_load((REPO / "params.yaml").read_text(encoding="utf-8"))
 
@@ -137,7 +138,14 @@ def test_literal_rejects_other_values():
 
 def test_model_d_model_not_divisible():
     with pytest.raises(ConfigError, match=r"m\.d_model: got 130, expected a multiple of n_head \(4\)"):
-        from_dict(ModelConfig, {"d_model": 130, "n_head": 4}, "m")
+        from_dict(ModelConfig, {**dataclasses.asdict(tinygpt()), "d_model": 130, "n_head": 4}, "m")
+
+
+def test_a_model_names_every_field():
+    fields = dataclasses.asdict(tinygpt())
+    fields.pop("init")
+    with pytest.raises(ConfigError, match=r"^m\.init: missing"):
+        from_dict(ModelConfig, fields, "m")
 
 
 def test_missing_params_file(tmp_path):

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from attnrepro.measure.debugger import STEPS, AttentionDebugger, AttentionWarning
-from attnrepro.model import ModelConfig, TinyGPT
+from attnrepro.model import TinyGPT
+from conftest import tinygpt
 
 
 def tiny(**kw) -> TinyGPT:
@@ -15,7 +16,7 @@ def tiny(**kw) -> TinyGPT:
     cfg = dict(vocab_size=40, block_size=16, d_model=32, n_head=2, n_layer=2, init_std=0.2)
     cfg.update(kw)
     torch.manual_seed(0)
-    return TinyGPT(ModelConfig(**cfg))
+    return TinyGPT(tinygpt(**cfg))
 
 
 def batch(seed=0):

@@ -34,7 +34,8 @@ REF_SEED = PARAMS["failures"]["seed"]
 def write_params(workdir, **overrides) -> None:
     params = copy.deepcopy(PARAMS)
     params["failures"].update(steps=4, batch_size=4, warmup=2, val_batches=2, loss_window=2, threads=1,
-                              device="cpu", model={"block_size": 16, "d_model": 16, "n_head": 2, "n_layer": 2},
+                              device="cpu", model={**PARAMS["failures"]["model"], "block_size": 16, "d_model": 16, "n_head": 2,
+                                     "n_layer": 2},
                               spread_seeds=[1])
     params["failures"].update(overrides)
     (workdir / "params.yaml").write_text(yaml.safe_dump(params, allow_unicode=True), encoding="utf-8")

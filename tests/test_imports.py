@@ -64,6 +64,48 @@ def test_the_graph_sees_function_level_imports():
     assert "src/attnrepro/audit/load.py" in g["src/attnrepro/model.py"]  # imported inside a function
 
 
+# docs/ARCHITECTURE.md's layers, top to bottom: a module imports only from its own layer and those
+# above it (the modules around them, config.py, io.py, stats.py, ..., belong to no layer).
+LAYERS = [
+    ("data", ["corpus.py", "tokenizer.py"]),
+    ("model", ["attention.py", "model.py", "kv_cache.py"]),
+    ("measure", ["measure/"]),
+    ("run", ["training.py", "runspec.py", "runs.py", "corpus_lm.py", "charlm.py", "reversal.py", "golden.py"]),
+    ("sweep", ["sweep.py", "store.py", "migrate.py", "engine.py"]),
+    ("experiments", ["experiments/"]),
+    ("stage", ["stage.py"]),
+    ("check/report", ["claims.py", "expr.py", "check.py", "report.py", "figures.py"]),
+]
+
+
+def layer_of(rel: str):
+    name = rel.removeprefix("src/attnrepro/")
+    for i, (_, mods) in enumerate(LAYERS):
+        if any(name == m or (m.endswith("/") and name.startswith(m)) for m in mods):
+            return i
+    return None
+
+
+def test_each_layer_imports_only_the_layers_above_it():
+    wrong = []
+    for mod, deps in graph().items():
+        a = layer_of(mod)
+        for d in deps:
+            b = layer_of(d)
+            if a is not None and b is not None and b > a:
+                wrong.append(f"{mod} ({LAYERS[a][0]}) imports {d} ({LAYERS[b][0]})")
+    assert wrong == []
+
+
+def test_every_documented_layer_module_exists():
+    for _, mods in LAYERS:
+        for m in mods:
+            assert (PKG / m).exists(), m
+    text = (REPO / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    for name, _ in LAYERS:
+        assert name in text, name
+
+
 def test_no_importlib_in_the_run_path():
     for name in RUN_PATH:
         assert "importlib" not in (PKG / name).read_text(encoding="utf-8"), name

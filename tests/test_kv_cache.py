@@ -12,7 +12,8 @@ import yaml
 from attnrepro import kv_cache as kvc
 from attnrepro.experiments import kv_cache as kvx
 from attnrepro import memory as mem
-from attnrepro.model import ModelConfig, TinyGPT, generate
+from attnrepro.model import TinyGPT, generate
+from conftest import tinygpt
 
 ROOT = Path(__file__).resolve().parents[1]
 # one thread: on a shared, oversubscribed CPU two OpenMP threads can be 50x slower
@@ -20,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def tiny(impl="manual", n_head=2, block=48, seed=0) -> TinyGPT:
     torch.manual_seed(seed)
-    cfg = ModelConfig(vocab_size=50, block_size=block, d_model=32, n_head=n_head, n_layer=2, impl=impl)
+    cfg = tinygpt(vocab_size=50, block_size=block, d_model=32, n_head=n_head, n_layer=2, impl=impl)
     return TinyGPT(cfg).eval()
 
 
@@ -101,7 +102,8 @@ def test_step_latency_cpu():
 
 def test_kv_cache_stage_small(tmp_path, monkeypatch):
     params = yaml.safe_load((ROOT / "params.yaml").read_text(encoding="utf-8"))
-    sec = dict(params["kv_cache"], model={"block_size": 64, "d_model": 32, "n_head": 2, "n_layer": 2},
+    sec = dict(params["kv_cache"], model={**params["kv_cache"]["model"], "block_size": 64, "d_model": 32, "n_head": 2,
+                                          "n_layer": 2},
                vocab_size=50, contexts=[8, 32], reps=2, warmup=0, gen_tokens=8, identity_tokens=16)
     (tmp_path / "params.yaml").write_text(yaml.safe_dump({"kv_cache": sec}), encoding="utf-8")
     monkeypatch.chdir(tmp_path)

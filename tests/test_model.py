@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from attnrepro.config import ConfigError
-from attnrepro.model import ModelConfig, TinyGPT, generate
+from attnrepro.model import TinyGPT, generate
+from conftest import tinygpt
 
 
 SMALL = dict(vocab_size=1200, block_size=64, d_model=128, n_head=4, n_layer=2)
@@ -16,7 +17,7 @@ TINY = dict(vocab_size=50, block_size=12, d_model=16, n_head=2, n_layer=2)
 
 def make(seed=0, **kw):
     torch.manual_seed(seed)
-    return TinyGPT(ModelConfig(**{**TINY, **kw})).eval()
+    return TinyGPT(tinygpt(**{**TINY, **kw})).eval()
 
 
 def tokens(B=2, T=10, vocab=50, seed=0):
@@ -26,13 +27,13 @@ def tokens(B=2, T=10, vocab=50, seed=0):
 
 @pytest.mark.parametrize("shape,expected", [(SMALL, 425_984), (LARGE, 1_376_256)])
 def test_parameter_count_checksum(shape, expected):
-    model = TinyGPT(ModelConfig(**shape))
+    model = TinyGPT(tinygpt(**shape))
     assert model.num_params() == expected
-    assert ModelConfig(**shape).d_head == shape["d_model"] // shape["n_head"]
+    assert tinygpt(**shape).d_head == shape["d_model"] // shape["n_head"]
 
 
 def test_architecture_spec():
-    m = TinyGPT(ModelConfig(**SMALL))
+    m = TinyGPT(tinygpt(**SMALL))
     a = m.attentions[0]
     assert a.qkv.bias is None and a.proj.bias is None
     mlp = m.blocks[0].mlp
@@ -42,17 +43,17 @@ def test_architecture_spec():
 
 
 def test_tied_head_shares_storage():
-    m = TinyGPT(ModelConfig(**SMALL))
+    m = TinyGPT(tinygpt(**SMALL))
     assert m.head.weight is m.tok_emb.weight
     assert m.head.weight.data_ptr() == m.tok_emb.weight.data_ptr()
-    untied = TinyGPT(ModelConfig(**{**SMALL, "tie_weights": False}))
+    untied = TinyGPT(tinygpt(**{**SMALL, "tie_weights": False}))
     assert untied.head.weight.data_ptr() != untied.tok_emb.weight.data_ptr()
     assert untied.num_params() == 425_984 + 1200 * 128
 
 
 def test_init_stds():
     torch.manual_seed(0)
-    m = TinyGPT(ModelConfig(**LARGE))
+    m = TinyGPT(tinygpt(**LARGE))
     resid = 0.02 / math.sqrt(2 * 2)
     checks = {
         "tok_emb.weight": 0.02,
@@ -145,13 +146,13 @@ def test_longer_than_block_size_raises():
 
 def test_invalid_config_rejected():
     with pytest.raises(ConfigError, match="d_model"):
-        TinyGPT(ModelConfig(**{**TINY, "d_model": 15}))
+        TinyGPT(tinygpt(**{**TINY, "d_model": 15}))
     with pytest.raises(ConfigError, match="bug"):
-        TinyGPT(ModelConfig(**{**TINY, "bug": "nope"}))
+        TinyGPT(tinygpt(**{**TINY, "bug": "nope"}))
     with pytest.raises(ConfigError, match="impl"):
-        TinyGPT(ModelConfig(**{**TINY, "impl": "my_attention:attn", "bug": "mask_zero"}))
+        TinyGPT(tinygpt(**{**TINY, "impl": "my_attention:attn", "bug": "mask_zero"}))
     with pytest.raises(ConfigError, match="impl"):
-        TinyGPT(ModelConfig(**{**TINY, "impl": "fused"}))  # the SDPA kernel is attention.impl's job now
+        TinyGPT(tinygpt(**{**TINY, "impl": "fused"}))  # the SDPA kernel is attention.impl's job now
 
 
 def test_generate_greedy_and_seeded():

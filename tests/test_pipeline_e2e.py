@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from attnrepro.model import ModelConfig, TinyGPT
+from attnrepro.model import TinyGPT
 
-from conftest import copy_repo, make_fake_corpus, tiny_train_section
+from conftest import copy_repo, make_fake_corpus, tiny_train_section, tinygpt
 
 pytestmark = pytest.mark.slow
 
@@ -90,7 +90,7 @@ def test_train_contract(pipeline):
         assert TRAIN_KEYS <= set(v), name
         assert all(isinstance(x, (int, float)) and math.isfinite(x) for x in v.values()), name
         shape = train["models"][train["variants"][name]["model"]]
-        assert v["params"] == TinyGPT(ModelConfig(vocab_size=40, **shape)).num_params()
+        assert v["params"] == TinyGPT(tinygpt(vocab_size=40, **shape)).num_params()
         assert v["loss_start"] == pytest.approx(math.log(40), abs=0.5)  # near-uniform at init
         assert 0 <= v["entropy_final"] <= 1
         for step in train["diag_steps"]:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from attnrepro.measure.weights import logit_std, normalized_entropy
-from attnrepro.model import ModelConfig, TinyGPT
+from attnrepro.model import TinyGPT
 from attnrepro.benchmark import fit_exponent as loglog_slope
 from attnrepro.experiments.heads import fixed_sequences
 from attnrepro.experiments.init_sweep import init_model, predictions, random_batches, sweep_fit
@@ -20,7 +20,7 @@ from attnrepro.measure.probes import (
 from attnrepro.corpus_lm import renormalized_entropy, weight_symptoms
 from attnrepro.training import BatchSampler, train_loop
 
-from conftest import optim
+from conftest import optim, tinygpt
 
 # ------------------------------------------------------------------ init sweep
 
@@ -90,7 +90,7 @@ def _tiny_model(**kw):
     torch.manual_seed(0)
     cfg = dict(vocab_size=30, block_size=16, d_model=32, n_head=4, n_layer=2, init_std=0.1)
     cfg.update(kw)
-    return TinyGPT(ModelConfig(**cfg))
+    return TinyGPT(tinygpt(**cfg))
 
 
 def _batches(n=2, vocab=30, seed=0):
@@ -189,7 +189,7 @@ def test_mask_zero_peeks_at_the_answer_on_unpredictable_tokens():
     final = {}
     for bug in ("correct", "mask_zero"):
         torch.manual_seed(0)
-        model = TinyGPT(ModelConfig(vocab_size=vocab, block_size=16, d_model=32, n_head=2, n_layer=1, bug=bug))
+        model = TinyGPT(tinygpt(vocab_size=vocab, block_size=16, d_model=32, n_head=2, n_layer=1, bug=bug))
         run = train_loop(model, BatchSampler(tokens, 16, 16, seed=0), cfg)
         final[bug] = sum(r["loss"] for r in run.history[-10:]) / 10
     assert final["correct"] > math.log(vocab) - 0.1

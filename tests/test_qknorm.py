@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -12,6 +13,7 @@ from attnrepro.attention import QKNorm, attention, fused_attention
 from attnrepro.config import ConfigError, from_dict
 from attnrepro.measure.weights import position_stats
 from attnrepro.model import ModelConfig, TinyGPT
+from conftest import tinygpt
 
 TINY = dict(vocab_size=50, block_size=16, d_model=64, n_head=2, n_layer=2)
 
@@ -29,7 +31,7 @@ def test_disabled_switch_is_todays_attention_bit_for_bit():
         assert torch.equal(res.out, ref.out) and torch.equal(res.weights, ref.weights)
     # and a model without the switch has no new parameters and the same init draw
     torch.manual_seed(0)
-    plain = TinyGPT(ModelConfig(**TINY))
+    plain = TinyGPT(tinygpt(**TINY))
     assert not any("norm" in n and "ln" not in n for n, _ in plain.named_parameters())
     assert not any("gain" in n for n, _ in plain.named_parameters())
 
@@ -37,9 +39,9 @@ def test_disabled_switch_is_todays_attention_bit_for_bit():
 @pytest.mark.parametrize("kind", ["layernorm", "l2"])
 def test_qk_norm_shares_the_init_draw_of_the_plain_model(kind):
     torch.manual_seed(3)
-    plain = TinyGPT(ModelConfig(**TINY)).state_dict()
+    plain = TinyGPT(tinygpt(**TINY)).state_dict()
     torch.manual_seed(3)
-    normed = TinyGPT(ModelConfig(**TINY, qk_norm=kind)).state_dict()
+    normed = TinyGPT(tinygpt(**TINY, qk_norm=kind)).state_dict()
     extra = set(normed) - set(plain)
     assert extra and all("q_norm" in n or "k_norm" in n or "qk_gain" in n for n in extra)
     assert all(torch.equal(plain[n], normed[n]) for n in plain)  # paired: same weights but the new ones
@@ -76,12 +78,13 @@ def test_l2_gain_scales_the_scores_and_starts_at_henrys_value():
     res = attention(q, k, v, scaled=False, causal=False, qk_norm=QKNorm("l2", gain=gain))
     cos = F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).transpose(-2, -1)
     assert torch.allclose(res.logits, 3.0 * cos)
-    m = TinyGPT(ModelConfig(**{**TINY, "block_size": 64}, qk_norm="l2"))
+    m = TinyGPT(tinygpt(**{**TINY, "block_size": 64}, qk_norm="l2"))
     assert m.blocks[0].attn.qk_gain.item() == pytest.approx(math.log2(64 ** 2 - 64))  # 11.98
-    m = TinyGPT(ModelConfig(**TINY, qk_norm="l2", qk_gain_init=5.0))
+    m = TinyGPT(tinygpt(**TINY, qk_norm="l2", qk_gain_init=5.0))
     assert m.blocks[1].attn.qk_gain.item() == 5.0
     with pytest.raises(ConfigError, match="qk_gain_init"):
-        from_dict(ModelConfig, {**TINY, "qk_norm": "layernorm", "qk_gain_init": 2.0}, prefix="m")
+        from_dict(ModelConfig, {**dataclasses.asdict(tinygpt(**TINY)), "qk_norm": "layernorm", "qk_gain_init": 2.0},
+                  prefix="m")
 
 
 @pytest.mark.parametrize("kind", ["layernorm", "l2"])
@@ -89,7 +92,7 @@ def test_l2_gain_scales_the_scores_and_starts_at_henrys_value():
 def test_fused_path_agrees_with_the_manual_one(kind, scaled):
     """The same QK-norm through PyTorch's SDPA kernel (attention.fused_attention) and the manual path."""
     torch.manual_seed(0)
-    layer = TinyGPT(ModelConfig(**TINY, qk_norm=kind, scaled=scaled)).double().blocks[0].attn
+    layer = TinyGPT(tinygpt(**TINY, qk_norm=kind, scaled=scaled)).double().blocks[0].attn
     q, k, v = layer.project(torch.randn(2, 16, layer.cfg.d_model, dtype=torch.float64))
     manual = attention(q, k, v, scaled=scaled, causal=True, qk_norm=layer.qk_norm()).out
     fused = fused_attention(q, k, v, scaled=scaled, causal=True, qk_norm=layer.qk_norm())
@@ -98,7 +101,7 @@ def test_fused_path_agrees_with_the_manual_one(kind, scaled):
 
 def test_qk_norm_model_trains_and_its_gain_learns():
     torch.manual_seed(0)
-    m = TinyGPT(ModelConfig(**TINY, qk_norm="l2"))
+    m = TinyGPT(tinygpt(**TINY, qk_norm="l2"))
     x = torch.randint(0, 50, (4, 16))
     _, loss = m(x, x)
     loss.backward()

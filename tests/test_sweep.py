@@ -26,13 +26,13 @@ import pytest
 
 from attnrepro.config import UserError
 from attnrepro.corpus_lm import LMData, LMMeasure, Sample
-from attnrepro.model import ModelConfig
 from attnrepro.runs import execute_to_bytes, run_key
 from attnrepro.runspec import RunSpec
 from attnrepro.store import RunStore
 from attnrepro.engine import EngineConfig
 from attnrepro.sweep import RunsFailed, require_ok, run_sweep
 from attnrepro.training import OptimConfig
+from conftest import tinygpt
 
 pytestmark = pytest.mark.slow
 BIN = Path(sys.executable).parent
@@ -53,13 +53,13 @@ def tiny_spec(seed: int = 0, steps: int = 12, **model) -> RunSpec:
     optim = OptimConfig(steps=steps, batch_size=4, optimizer="adamw", lr=1e-2, betas=[0.9, 0.95], weight_decay=0.1,
                         decay="2d", schedule="cosine", warmup=2, min_lr_ratio=0.1, grad_clip=1.0)
     return RunSpec(task="corpus_lm",
-                   model=ModelConfig(**{"vocab_size": None, "block_size": 8, "d_model": 16, "n_head": 2, "n_layer": 1,
+                   model=tinygpt(**{"vocab_size": None, "block_size": 8, "d_model": 16, "n_head": 2, "n_layer": 1,
                                         **model}),
                    optim=optim, seed=seed, batch_seed=seed, data=LMData(val_batches=2, val_seed=7),
-                   diag_steps=(0, 5), eval_every=4,
+                   diag_every=0, diag_steps=(0, 5), eval_every=4, eval_final=False,
                    measure=LMMeasure(loss_window=3, summary_steps=[0, 5], diagnostics=True, qk_scale=True,
-                                     sample=Sample(prompt="秦川", tokens=4, temperature=0.8, seed=0)),
-                   label=f"tiny seed {seed}")
+                                     symptoms=False, sample=Sample(prompt="秦川", tokens=4, temperature=0.8, seed=0)),
+                   threads=1, device="cpu", label=f"tiny seed {seed}")
 
 
 def engine(tmp_path, workers=2, scheduler="") -> EngineConfig:

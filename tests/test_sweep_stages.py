@@ -37,7 +37,7 @@ def repo(tmp_path_factory):
     p["corpus"].update(source="local", local_dir=str(root / "corpus"), files=files, vocab_size=40)
     p["train"] = tiny_train_section(p["train"])
     p["failures"].update(steps=4, batch_size=4, warmup=2, val_batches=2, loss_window=2, spread_seeds=[1, 2],
-                         model={"block_size": 16, "d_model": 16, "n_head": 2, "n_layer": 2})
+                         model={**p["failures"]["model"], "block_size": 16, "d_model": 16, "n_head": 2, "n_layer": 2})
     p["seeds"]["seeds"] = [11, 12, 13]
     p["critical"].update(d_heads=[8, 16, 32], min_d_model=16, seeds=[11, 12, 13], onset_rise=0.01)
     p["qknorm"]["seeds"] = [11, 12, 13]

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from attnrepro.model import ModelConfig, TinyGPT
+from attnrepro.model import TinyGPT
 from attnrepro.corpus_lm import chapter_summary, loss_summary
 from attnrepro.training import (
     BatchSampler,
@@ -21,7 +21,7 @@ from attnrepro.training import (
     train_loop,
 )
 
-from conftest import optim
+from conftest import optim, tinygpt
 
 
 TINY = dict(vocab_size=12, block_size=8, d_model=16, n_head=2, n_layer=1)
@@ -34,7 +34,7 @@ def stream(n=400, period=5):
 
 def tiny_model(seed=0, **kw):
     torch.manual_seed(seed)
-    return TinyGPT(ModelConfig(**{**TINY, **kw}))
+    return TinyGPT(tinygpt(**{**TINY, **kw}))
 
 
 def test_lr_warmup_linear_then_cosine_to_floor():

@@ -25,9 +25,9 @@ import torch
 from .config import UserError, require, require_positive
 from .envinfo import stage_environment
 from .measure.probes import sequence_maps
-from .model import ModelConfig, TinyGPT, generate, load_checkpoint
+from .model import ModelConfig, TinyGPT, generate, load_checkpoint, mean_loss
 from .runspec import Prepared, RunSpec, with_vocab
-from .training import BatchSampler, OptimConfig, TrainingLog, fixed_batches, mean_loss
+from .training import BatchSampler, OptimConfig, TrainingLog, fixed_batches
 
 
 @dataclass
@@ -82,11 +82,13 @@ class CharLMConfig:
                     f"a layer index in [0, {self.n_layer})")
 
     def model_config(self, vocab_size: Optional[int]) -> ModelConfig:
+        """The document's model (see the module docstring): separate q/k/v without bias, an output
+        projection with bias, ReLU FFN, dropout, an untied head with bias, PyTorch's default init."""
         return ModelConfig(
             vocab_size=vocab_size, block_size=self.block_size, d_model=self.d_model, n_head=self.n_head,
-            n_layer=self.n_layer, fused_qkv=False, qkv_bias=False, proj_bias=True,
-            mlp_ratio=self.mlp_ratio, activation="relu", dropout=self.dropout, tie_weights=False,
-            head_bias=True, init="torch")
+            n_layer=self.n_layer, scaled=True, bug="correct", causal=True, impl="manual", fused_qkv=False,
+            qkv_bias=False, proj_bias=True, mlp_ratio=self.mlp_ratio, activation="relu", dropout=self.dropout,
+            tie_weights=False, head_bias=True, init_std=0.02, init="torch", qk_norm="none", qk_gain_init=None)
 
 
 def read_sentences(path) -> list[str]:
@@ -146,7 +148,8 @@ def run_spec(cfg: CharLMConfig, text: bytes) -> tuple[RunSpec, dict[str, bytes]]
                    batch_seed=cfg.batch_seed,
                    data=CharLMData(repeat=cfg.repeat, val_fraction=cfg.val_fraction, eval_batches=cfg.eval_batches,
                                    eval_seed=cfg.eval_seed),
-                   eval_every=cfg.eval_every, eval_final=True, threads=cfg.threads, device="cpu", label="charlm")
+                   diag_every=0, diag_steps=(), eval_every=cfg.eval_every, eval_final=True, measure=None,
+                   threads=cfg.threads, device="cpu", label="charlm")
     return spec, {"text": text}
 
 

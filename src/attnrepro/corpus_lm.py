@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import io
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Mapping, Optional
 
 import numpy as np
@@ -31,10 +31,10 @@ import torch
 
 from .attention import causal_mask
 from .measure.weights import normalized_entropy, position_stats
-from .model import TinyGPT, generate
+from .model import TinyGPT, generate, mean_loss
 from .runspec import Prepared, RunSpec, with_vocab
 from .tokenizer import Tokenizer
-from .training import BatchSampler, TrainingLog, evaluate, fixed_batches, mean_loss, qk_scale
+from .training import BatchSampler, TrainingLog, evaluate, fixed_batches, qk_scale
 
 
 def loss_summary(history: list[dict], window: int) -> dict:
@@ -82,11 +82,11 @@ class Sample:
 class LMMeasure:
     """What a corpus_lm run measures after training, besides its loss summary."""
     loss_window: int  # loss_final = mean training loss of the last loss_window steps
-    summary_steps: list[int] = field(default_factory=list)  # diagnostics of these steps go into the summary
-    diagnostics: bool = False  # the chapter's §9 contract (chapter_summary) on the validation batches
-    qk_scale: bool = False  # ... with the q/k scale before and after training
-    symptoms: bool = False  # the failure symptoms of the attention weights (weight_symptoms)
-    sample: Optional[Sample] = None  # a generated sample, written to sample.txt
+    summary_steps: list[int]  # diagnostics of these steps go into the summary
+    diagnostics: bool  # the chapter's §9 contract (chapter_summary) on the validation batches
+    qk_scale: bool  # ... with the q/k scale before and after training
+    symptoms: bool  # the failure symptoms of the attention weights (weight_symptoms)
+    sample: Optional[Sample]  # a generated sample, written to sample.txt
 
 
 @dataclass

@@ -52,14 +52,15 @@ _SMALL = dict(vocab_size=None, block_size=16, d_model=32, n_head=2, n_layer=2, s
 _OPTIM = OptimConfig(steps=STEPS, batch_size=4, optimizer="adamw", lr=3e-3, betas=[0.9, 0.95], weight_decay=0.1,
                      decay="2d", schedule="cosine", warmup=4, min_lr_ratio=0.1, grad_clip=1.0)
 _LM_DATA = LMData(val_batches=2, val_seed=7)
-_CHAPTER = LMMeasure(loss_window=4, summary_steps=[0, 12], diagnostics=True, qk_scale=True,
+_CHAPTER = LMMeasure(loss_window=4, summary_steps=[0, 12], diagnostics=True, qk_scale=True, symptoms=False,
                      sample=Sample(prompt="\u79e6\u5ddd", tokens=6, temperature=0.8, seed=0))
-_SYMPTOMS = LMMeasure(loss_window=4, symptoms=True)
+_SYMPTOMS = LMMeasure(loss_window=4, summary_steps=[], diagnostics=False, qk_scale=False, symptoms=True, sample=None)
 
 
 def _lm(model: dict, measure: LMMeasure, label: str, **spec) -> RunSpec:
     return RunSpec(task="corpus_lm", model=ModelConfig(**{**_SMALL, **model}), optim=_OPTIM, seed=0, batch_seed=0,
-                   data=_LM_DATA, diag_every=6, eval_every=8, eval_final=True, measure=measure, label=label, **spec)
+                   data=_LM_DATA, diag_every=6, diag_steps=(), eval_every=8, eval_final=True, measure=measure,
+                   threads=1, device="cpu", label=label, **spec)
 
 
 def cases() -> dict[str, RunSpec]:
@@ -76,7 +77,8 @@ def cases() -> dict[str, RunSpec]:
         optim=replace(_OPTIM, betas=[0.9, 0.999], decay="all", schedule="constant", warmup=0, min_lr_ratio=1.0,
                       grad_clip=None),
         seed=1, batch_seed=2, data=CharLMData(repeat=20, val_fraction=0.1, eval_batches=2, eval_seed=3),
-        eval_every=8, eval_final=True, label="char LM")
+        diag_every=0, diag_steps=(), eval_every=8, eval_final=True, measure=None, threads=1, device="cpu",
+        label="char LM")
     out["reversal"] = RunSpec(
         task="reversal",
         model=ModelConfig(**{**_SMALL, "vocab_size": VOCAB, "block_size": SEQ_LEN, "fused_qkv": False,
@@ -85,7 +87,8 @@ def cases() -> dict[str, RunSpec]:
         optim=replace(_OPTIM, optimizer="adam", betas=[0.9, 0.999], weight_decay=0.0, decay="all",
                       schedule="constant", warmup=0, min_lr_ratio=1.0),
         seed=42, batch_seed=1, data=ReversalData(n_train=256, n_val=64, n_test=64, data_seed=0),
-        eval_every=8, eval_final=True, label="digit reversal")
+        diag_every=0, diag_steps=(), eval_every=8, eval_final=True, measure=None, threads=1, device="cpu",
+        label="digit reversal")
     return out
 
 

@@ -45,9 +45,14 @@ class Migration:
                 f"of another numerics version left as they are, {len(self.damaged)} damaged or legacy skipped")
 
 
-def _exact_bools(material: dict) -> dict:
+# what a corpus_lm measurement left out meant before every field was stated
+LEGACY_MEASURE = {"summary_steps": [], "diagnostics": False, "qk_scale": False, "symptoms": False, "sample": None}
+
+
+def _legacy_material(material: dict) -> dict:
     """Records before numerics versions went through the metrics rounding, which writes booleans as
-    0 and 1: give the fields typed bool their booleans back (nothing else was changed)."""
+    0 and 1: give the fields typed bool their booleans back; and a corpus_lm measurement then named
+    only what it switched on (LEGACY_MEASURE: the rest). Nothing else differs."""
     def fix(cls, d):
         if not isinstance(d, dict):
             return d
@@ -61,8 +66,8 @@ def _exact_bools(material: dict) -> dict:
     task = TASKS.get(material.get("task"))
     m = fix(RunSpec, material)
     m["model"] = fix(ModelConfig, m.get("model"))
-    if task is not None and task.measure is not None:
-        m["measure"] = fix(task.measure, m.get("measure"))
+    if task is not None and task.measure is not None and isinstance(m.get("measure"), dict):
+        m["measure"] = fix(task.measure, {**LEGACY_MEASURE, **m["measure"]})
     return m
 
 
@@ -87,7 +92,7 @@ def migrate(store: RunStore, progress=lambda i, n: None) -> Migration:
             if task not in NUMERICS or version != NUMERICS[task]:
                 out.other_version += 1
                 continue
-            material = record["spec"] if "numerics" in record else _exact_bools(record["spec"])
+            material = record["spec"] if "numerics" in record else _legacy_material(record["spec"])
             spec = spec_from_material(material, record.get("label", ""))
         except (Damaged, OSError, KeyError, ValueError, ConfigError) as e:
             out.damaged.append((path.name, str(e) or type(e).__name__))

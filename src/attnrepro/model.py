@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Optional
 
+import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -21,34 +22,36 @@ from .config import UserError, require
 
 @dataclass
 class ModelConfig:
-    vocab_size: Optional[int] = 1200  # None in a run's spec: the task takes it from the data
-    block_size: int = 64
-    d_model: int = 128
-    n_head: int = 4
-    n_layer: int = 2
-    scaled: bool = True  # divide scores by sqrt(d_head)
-    bug: str = "correct"  # injected failure mode, see attention.BUGS
-    causal: bool = True
+    """TinyGPT's settings. No defaults: params.yaml states every model (train.models, failures.model,
+    kv_cache.model) and the companion experiments state theirs in their modules."""
+    vocab_size: Optional[int]  # None in a run's spec: the task takes it from the data
+    block_size: int
+    d_model: int
+    n_head: int
+    n_layer: int
+    scaled: bool  # divide scores by sqrt(d_head)
+    bug: str  # injected failure mode, see attention.BUGS
+    causal: bool
     # manual (attnrepro.attention) | a callable with SDPA's signature, by its identity
     # package.module:function@<source sha256> (params attention.impl; attnrepro.audit.load)
-    impl: str = "manual"
-    fused_qkv: bool = True  # one Linear(d, 3d) or three Linear(d, d)
-    qkv_bias: bool = False
-    proj_bias: bool = False
-    mlp_ratio: int = 2
-    activation: Literal["gelu", "relu"] = "gelu"
-    dropout: float = 0.0
-    tie_weights: bool = True
-    head_bias: bool = False
-    init_std: float = 0.02
+    impl: str
+    fused_qkv: bool  # one Linear(d, 3d) or three Linear(d, d)
+    qkv_bias: bool
+    proj_bias: bool
+    mlp_ratio: int
+    activation: Literal["gelu", "relu"]
+    dropout: float
+    tie_weights: bool
+    head_bias: bool
+    init_std: float
     # gpt2: N(0, init_std), residual projections N(0, init_std/sqrt(2 n_layer));
     # normal: every weight N(0, init_std); torch: PyTorch's own defaults
-    init: Literal["gpt2", "normal", "torch"] = "gpt2"
+    init: Literal["gpt2", "normal", "torch"]
     # QK-norm (attention.QKNorm): none | layernorm (LayerNorm on q and k, ViT-22B) | l2 (unit q
     # and k times a learned gain, Henry et al. 2020). `scaled` still decides the 1/sqrt(d_head).
-    qk_norm: QKNormKind = "none"
+    qk_norm: QKNormKind
     # initial gain of the l2 form; null = Henry et al.'s log2(block^2 - block) (11.98 at block 64)
-    qk_gain_init: Optional[float] = None
+    qk_gain_init: Optional[float]
 
     @property
     def d_head(self) -> int:
@@ -256,6 +259,16 @@ def sample_next(logits: torch.Tensor, temperature: float, top_k: Optional[int] =
         kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     return torch.multinomial(F.softmax(logits, dim=-1), 1, generator=generator)
+
+
+@torch.no_grad()
+def mean_loss(model: TinyGPT, batches) -> float:
+    """Mean loss over fixed batches, in eval mode (no dropout); the training mode is restored."""
+    was_training = model.training
+    model.eval()
+    losses = [model(x, y)[1].item() for x, y in batches]
+    model.train(was_training)
+    return float(np.mean(losses))
 
 
 def load_checkpoint(path, key: str = "checkpoint") -> TinyGPT:

@@ -97,10 +97,10 @@ class ReversalConfig:
     def model_config(self, variant: str) -> ModelConfig:
         v = self.variants[variant]
         return ModelConfig(
-            vocab_size=VOCAB, block_size=SEQ_LEN, d_model=self.d_model, n_head=v.n_head,
-            n_layer=self.n_layer, causal=v.causal, fused_qkv=False, qkv_bias=True, proj_bias=True,
-            mlp_ratio=self.mlp_ratio, activation="gelu", dropout=0.0, tie_weights=False,
-            head_bias=True, init_std=self.init_std, init="normal")
+            vocab_size=VOCAB, block_size=SEQ_LEN, d_model=self.d_model, n_head=v.n_head, n_layer=self.n_layer,
+            scaled=True, bug="correct", causal=v.causal, impl="manual", fused_qkv=False, qkv_bias=True,
+            proj_bias=True, mlp_ratio=self.mlp_ratio, activation="gelu", dropout=0.0, tie_weights=False,
+            head_bias=True, init_std=self.init_std, init="normal", qk_norm="none", qk_gain_init=None)
 
 
 # ---------------------------------------------------------------- data
@@ -152,8 +152,8 @@ def run_spec(cfg: ReversalConfig, variant: str) -> RunSpec:
                    seed=cfg.seed, batch_seed=cfg.batch_seed,
                    data=ReversalData(n_train=cfg.n_train, n_val=cfg.n_val, n_test=cfg.n_test,
                                      data_seed=cfg.data_seed),
-                   eval_every=cfg.eval_every, eval_final=True, threads=cfg.threads, device="cpu",
-                   label=f"reversal {variant}")
+                   diag_every=0, diag_steps=(), eval_every=cfg.eval_every, eval_final=True, measure=None,
+                   threads=cfg.threads, device="cpu", label=f"reversal {variant}")
 
 
 @torch.no_grad()

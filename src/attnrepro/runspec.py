@@ -26,15 +26,15 @@ class RunSpec:
     optim: OptimConfig
     seed: int  # torch.manual_seed before the model is built: the init draw (and dropout)
     batch_seed: int  # the batch order's own generator
-    data: Any = None  # the task's data settings (its TASKS entry names the type)
-    diag_every: int = 0  # steps whose own forward records attention diagnostics: every N from 0 (0: none) ...
-    diag_steps: tuple[int, ...] = ()  # ... and these (a rule, not a list of every step: see DiagSchedule)
-    eval_every: int = 0  # evaluate the task's fixed data every N steps (0: never)
-    eval_final: bool = False  # ... and after the last step
-    measure: Any = None  # the task's post-training measurements (its TASKS entry names the type)
-    threads: int = 1
-    device: str = "cpu"
-    label: str = field(default="", compare=False)  # a name to show; not part of the key
+    data: Any  # the task's data settings (its TASKS entry names the type)
+    diag_every: int  # steps whose own forward records attention diagnostics: every N from 0 (0: none) ...
+    diag_steps: tuple[int, ...]  # ... and these (a rule, not a list of every step: see DiagSchedule)
+    eval_every: int  # evaluate the task's fixed data every N steps (0: never)
+    eval_final: bool  # ... and after the last step
+    measure: Any  # the task's post-training measurements (its TASKS entry names the type; None: none)
+    threads: int
+    device: str
+    label: str = field(compare=False)  # a name to show; not part of the key
 
     def __post_init__(self):
         # every field through its type's coercion: two specs of one run serialize to one key

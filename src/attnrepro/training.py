@@ -125,16 +125,6 @@ def load_tokens(path) -> torch.Tensor:
 
 
 @torch.no_grad()
-def mean_loss(model: TinyGPT, batches) -> float:
-    """Mean loss over fixed batches, in eval mode (no dropout); the training mode is restored."""
-    was_training = model.training
-    model.eval()
-    losses = [model(x, y)[1].item() for x, y in batches]
-    model.train(was_training)
-    return float(np.mean(losses))
-
-
-@torch.no_grad()
 def evaluate(model: TinyGPT, batches) -> dict:
     """Mean loss and per-layer attention diagnostics over fixed batches."""
     was_training = model.training

@@ -10,9 +10,9 @@ import pandas as pd
 
 from ..audit.load import AttentionConfig
 from ..config import require
+from ..engine import EngineConfig
 from ..envinfo import stage_environment
 from ..stats import bootstrap_ratio, describe, distribution
-from ..engine import EngineConfig
 from ..sweep import require_ok, run_sweep
 from .protocol import TrainConfig, corpus_inputs, d_head_of, series
 
@@ -24,7 +24,6 @@ class SeedsConfig:
     def validate(self, prefix: str = "seeds") -> None:
         require(len(self.seeds) >= 3 and len(set(self.seeds)) == len(self.seeds), f"{prefix}.seeds", self.seeds,
                 "at least 3 different seeds (a spread needs them)")
-
 
 
 def pairs_by_dhead(cfg: TrainConfig) -> dict[int, dict[bool, str]]:

@@ -34,7 +34,6 @@ class CriticalConfig:
                 "a positive number of nats")
 
 
-
 def critical_model(base: dict, d_head: int, min_d_model: int, **switches) -> ModelConfig:
     """A model of the critical-d_head sweep (exercise 2): the preset `base` with d_model the smallest multiple
     of d_head that is at least min_d_model, and n_head = d_model / d_head (vocab_size None, from the data)."""

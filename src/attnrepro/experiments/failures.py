@@ -46,7 +46,7 @@ class FailuresConfig(OptimConfig):
         for key in ("bug", "vocab_size"):
             require(key not in self.model, f"{prefix}.model.{key}", self.model.get(key),
                     "not set here (bug comes from variants, vocab_size from the corpus)")
-        from_dict(ModelConfig, {**self.model, "vocab_size": None}, prefix=f"{prefix}.model")
+        from_dict(ModelConfig, {**self.model, "bug": "correct", "vocab_size": None}, prefix=f"{prefix}.model")
 
     def spec(self, bug: str, seed: int, device: str, model: dict | None = None, label: str = "",
              **optim) -> RunSpec:
@@ -57,7 +57,9 @@ class FailuresConfig(OptimConfig):
             task="corpus_lm", model=from_dict(ModelConfig, fields, prefix="failures.model"),
             optim=optim_config(self, "failures", **optim), seed=seed, batch_seed=seed,
             data=LMData(val_batches=self.val_batches, val_seed=self.val_seed),
-            measure=LMMeasure(loss_window=self.loss_window, symptoms=True),
+            diag_every=0, diag_steps=(), eval_every=0, eval_final=False,
+            measure=LMMeasure(loss_window=self.loss_window, summary_steps=[], diagnostics=False, qk_scale=False,
+                              symptoms=True, sample=None),
             threads=self.threads, device=device, label=label or f"{bug} seed {seed}")
 
 
@@ -98,7 +100,7 @@ def run(cfg: FailuresConfig, device: str, engine: EngineConfig) -> FailuresResul
     require_ok(records, "failures")
     by = {(r.spec.model.bug, r.spec.seed): r for r in records}
 
-    mcfg = from_dict(ModelConfig, {**cfg.model, "vocab_size": vocab_size()}, prefix="failures.model")
+    mcfg = from_dict(ModelConfig, {**cfg.model, "bug": "correct", "vocab_size": vocab_size()}, prefix="failures.model")
     matrix = check_matrix(cfg.variants, Probe(d_head=mcfg.d_head))
     half = mcfg.block_size // 2
     short = fixed_batches(load_tokens(CORPUS / "val.npy"), half, cfg.batch_size, cfg.val_batches, cfg.val_seed)

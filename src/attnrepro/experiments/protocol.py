@@ -101,9 +101,9 @@ class TrainConfig(OptimConfig):
             task="corpus_lm", model=model, optim=optim_config(self, "train", **optim), seed=seed, batch_seed=seed,
             data=LMData(val_batches=self.val_batches, val_seed=self.val_seed),
             diag_every=self.diag_every, diag_steps=tuple(sorted({s for s in self.diag_steps if s < self.steps})),
-            eval_every=self.val_every,
+            eval_every=self.val_every, eval_final=False,
             measure=LMMeasure(loss_window=self.loss_window, summary_steps=sorted(self.diag_steps), diagnostics=True,
-                              qk_scale=True, sample=Sample(prompt=self.sample_prompt, tokens=self.sample_tokens,
+                              qk_scale=True, symptoms=False, sample=Sample(prompt=self.sample_prompt, tokens=self.sample_tokens,
                                                            temperature=self.sample_temperature,
                                                            seed=self.sample_seed)),
             threads=self.threads, device=device, label=label)

@@ -13,9 +13,9 @@ import numpy as np
 import torch
 
 from ..attention import causal_mask
+from ..model import TinyGPT, mean_loss
 from .weights import logit_std, normalized_entropy, position_stats
-from ..model import TinyGPT
-from ..training import mean_loss
+
 
 # ---------------------------------------------------------------- init scale
 
