@@ -6,15 +6,14 @@ import pytest
 import torch
 
 from attnrepro.measure.weights import logit_std, normalized_entropy
-from attnrepro.model import TinyGPT
-from attnrepro.benchmark import fit_exponent as loglog_slope
+from attnrepro.benchmark import fit_exponent
+from attnrepro.model import TinyGPT, mean_loss
 from attnrepro.experiments.heads import fixed_sequences
 from attnrepro.experiments.init_sweep import init_model, predictions, random_batches, sweep_fit
 from attnrepro.measure.probes import (
     ablate_heads,
     attention_maps,
     head_stats,
-    mean_loss,
     measure_init,
 )
 from attnrepro.corpus_lm import renormalized_entropy, weight_symptoms
@@ -53,8 +52,8 @@ def test_predictions_arithmetic():
     assert p["pred_varprop"] == pytest.approx(p["v"] * 8.0)
     assert p["theory_sqrt_d"] == 8.0
     ds = [16, 32, 64, 128]
-    assert loglog_slope(ds, [predictions(d, 0.02)["pred_varprop"] for d in ds]) == pytest.approx(1.5)
-    assert loglog_slope(ds, [math.sqrt(d) for d in ds]) == pytest.approx(0.5)
+    assert fit_exponent(ds, [predictions(d, 0.02)["pred_varprop"] for d in ds]) == pytest.approx(1.5)
+    assert fit_exponent(ds, [math.sqrt(d) for d in ds]) == pytest.approx(0.5)
 
 
 def test_measured_init_scale_follows_variance_propagation_not_the_footnote():

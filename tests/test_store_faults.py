@@ -263,7 +263,7 @@ def _workers_ignore_sigint(pid: int) -> bool:
         except OSError:
             continue
         sig_ign = int(next(ln.split()[1] for ln in status.splitlines() if ln.startswith("SigIgn")), 16)
-        ignoring += b"resource_tracker" not in cmd and bool(sig_ign & (1 << (signal.SIGINT - 1)))
+        ignoring += b"resource_tracker import main" not in cmd and bool(sig_ign & (1 << (signal.SIGINT - 1)))
     return ignoring >= 2
 
 

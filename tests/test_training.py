@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from attnrepro.model import TinyGPT
+from attnrepro.model import TinyGPT, mean_loss
 from attnrepro.corpus_lm import chapter_summary, loss_summary
 from attnrepro.training import (
     BatchSampler,
@@ -16,7 +16,6 @@ from attnrepro.training import (
     fixed_batches,
     lr_at,
     make_optimizer,
-    mean_loss,
     qk_scale,
     train_loop,
 )

@@ -22,7 +22,7 @@ from .config import ArgumentParser, UserError
 PLUGINS: dict[str, tuple[str, str, str]] = {
     "kv": ("attnrepro.memory", "main", "KV-cache / attention-matrix memory calculator (eq. 1.20-1.21)"),
     "audit": ("attnrepro.audit.cli", "main", "run the chapter's battery against your attention implementation"),
-    "store": ("attnrepro.housekeeping", "store_main", "verify the run store (sizes, SHA-256) or clean it (gc)"),
+    "store": ("attnrepro.housekeeping", "store_main", "verify the run store (sizes, SHA-256), clean it (gc) or re-key it (migrate)"),
     "staging": ("attnrepro.housekeeping", "staging_main",
                 "finish or discard the move of a stage killed while putting its outputs in place"),
 }

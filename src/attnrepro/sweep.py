@@ -35,6 +35,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +51,7 @@ from .store import RunStore
 PROGRESS_TOPIC = "attnrepro-progress"
 SCHEDULER_TIMEOUT = 20.0  # seconds to connect to a scheduler and hear it answer
 RESUBMIT_SETTLE = 2.0  # seconds to wait before resubmitting a run whose worker died
+QUIET_TRACKER = "ignore:resource_tracker:UserWarning"
 
 
 @dataclass
@@ -290,6 +292,10 @@ def _run_dask(todo, inputs, engine: EngineConfig, store: RunStore, records: dict
             if engine.scheduler:
                 client = connect(engine.scheduler)
             else:
+                # Workers ended on Ctrl-C leave semaphores that multiprocessing's resource tracker (a
+                # process of its own, started with this process's -W options) cleans up with a warning
+                if QUIET_TRACKER not in sys.warnoptions:
+                    sys.warnoptions.append(QUIET_TRACKER)
                 cluster = LocalCluster(n_workers=min(engine.n_workers, len(todo)), threads_per_worker=1,
                                        processes=True, dashboard_address=":0", silence_logs=logging.ERROR,
                                        preload=["attnrepro.sweep"])  # dask_setup below
@@ -360,8 +366,8 @@ def shutdown_quietly(client, cluster, futures, before: tuple[set[int], set[int]]
     import psutil
     from distributed.deploy.spec import SpecCluster
 
-    for name in list(logging.root.manager.loggerDict):
-        if name.split(".")[0] in ("distributed", "tornado"):
+    for name in [*logging.root.manager.loggerDict, "asyncio"]:  # asyncio: a worker interrupted while its
+        if name.split(".")[0] in ("distributed", "tornado", "asyncio"):  # nanny started it logs a traceback
             logging.getLogger(name).disabled = True
     steps = [lambda: client.cancel(futures), lambda: client.close(timeout=10)] if client is not None else []
     steps += [lambda: cluster.close(timeout=10)] if cluster is not None else []
@@ -387,6 +393,6 @@ def _is_resource_tracker(proc) -> bool:
     import psutil
 
     try:
-        return any("resource_tracker" in part for part in proc.cmdline())
+        return any("resource_tracker import main" in part for part in proc.cmdline())
     except psutil.Error:
         return True
