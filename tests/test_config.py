@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from attnrepro import config
-from attnrepro.config import ConfigError, from_dict, load_section
+from attnrepro.config import ConfigError, from_dict
 from attnrepro.corpus import CorpusConfig
 from attnrepro.model import ModelConfig
 from attnrepro.training import OptimConfig
@@ -24,14 +24,14 @@ PARAMS = yaml.safe_load((REPO / "params.yaml").read_text(encoding="utf-8"))
 
 
 def test_real_params_corpus_section():
-    cfg = load_section(CorpusConfig, "corpus", REPO / "params.yaml")
+    cfg = from_dict(CorpusConfig, PARAMS["corpus"], "corpus")
     assert cfg.source in ("npm", "url", "local")
     assert len(cfg.files) == 4 and cfg.vocab_size == 1200
 
 
 def test_real_params_train_section():
     train = load_stage_module("train")
-    cfg = load_section(train.TrainConfig, "train", REPO / "params.yaml")
+    cfg = from_dict(train.TrainConfig, PARAMS["train"], "train")
     assert set(cfg.variants) == {"d32_unscaled", "d32_scaled", "d256_unscaled", "d256_scaled"}
     assert isinstance(cfg.lr, float) and cfg.betas == [0.9, 0.95]
     for name in cfg.variants:
@@ -75,15 +75,14 @@ def test_seeds_are_bounded(seed, ok):
 
 
 def _registered_sections():
-    """(stage script, section, class expression) for every dvc.yaml stage using load_section
-    or Stage.section (`st.section(Cls, "name")`, attnrepro.stage)."""
+    """(stage script, section, class expression) for every dvc.yaml stage's Stage.section calls
+    (`st.section(Cls, "name")`, attnrepro.stage)."""
     stages = yaml.safe_load((REPO / "dvc.yaml").read_text(encoding="utf-8")).get("stages", {})
     scripts = sorted({(REPO / "stages" / f"{n}.py") for n in stages} & set((REPO / "stages").glob("*.py")))
     found = []
     for path in scripts:
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if (isinstance(node, ast.Call) and (getattr(node.func, "id", None) == "load_section"
-                                                or getattr(node.func, "attr", None) == "section")
+            if (isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "section"
                     and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)):
                 found.append((path.stem, node.args[1].value, ast.unparse(node.args[0])))
     return found
@@ -94,7 +93,7 @@ def test_real_params_every_registered_stage(stage, section, cls_expr):
     """Every stage registered in dvc.yaml loads its section of the real params.yaml."""
     mod = load_stage_module(stage)
     cls = eval(cls_expr, vars(mod))  # e.g. "corpus.CorpusConfig" or "TrainConfig"
-    load_section(cls, section, REPO / "params.yaml")
+    from_dict(cls, PARAMS[section], section)
 
 
 def test_registered_sections_include_the_spine():

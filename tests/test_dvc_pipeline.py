@@ -211,7 +211,7 @@ def _config_class(stage: str):
 
     tree = ast.parse((REPO / "stages" / f"{stage}.py").read_text(encoding="utf-8"))
     exprs = {ast.unparse(n.args[0]) for n in ast.walk(tree) if isinstance(n, ast.Call)
-             and (getattr(n.func, "id", None) in ("load_section", "from_dict") or getattr(n.func, "attr", None) == "section")
+             and (getattr(n.func, "id", None) == "from_dict" or getattr(n.func, "attr", None) == "section")
              and n.args and ast.unparse(n.args[0]).endswith("Config")}
     return [eval(e, vars(load_stage_module(stage))) for e in sorted(exprs)]
 

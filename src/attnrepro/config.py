@@ -191,11 +191,3 @@ def read_yaml_mapping(path: str | Path, missing: str, error: type[UserError] = C
 
 def read_params(path: str | Path = "params.yaml") -> dict:
     return read_yaml_mapping(path, "params file not found")
-
-
-def load_section(cls: type[T], section: str, path: str | Path = "params.yaml") -> T:
-    """Load and validate `section` of params.yaml into dataclass `cls`."""
-    data = read_params(path)
-    if section not in data:
-        raise ConfigError(f"{section}: section missing from {path}")
-    return from_dict(cls, data[section], prefix=section)
