@@ -28,7 +28,7 @@ start=$SECONDS
 bash scripts/setup_env.sh
 source .venv/bin/activate
 echo "==> setup: $((SECONDS - start)) s"
-for stage in "${stages[@]}" report; do
+for stage in "${stages[@]}" report headline; do
     t0=$SECONDS
     dvc repro --force --single-item "$stage"
     echo "==> stage $stage: $((SECONDS - t0)) s"

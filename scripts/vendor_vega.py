@@ -42,8 +42,10 @@ PAGE = """<!DOCTYPE html>
          vendor/vega/LICENSE.*), so this page needs no network. Rebuilt by scripts/vendor_vega.py. -->
 {scripts}
     <style>
-        body {{ font-family: sans-serif; }}
+        body {{ font-family: sans-serif; display: flex; flex-wrap: wrap; align-items: flex-start; gap: 8px; }}
         table {{ border-spacing: 15px; }}
+        body > div {{ flex: 0 0 auto; }}
+        body > div img {{ max-width: 560px; height: auto; }}
     </style>
 </head>
 <body>

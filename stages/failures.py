@@ -47,7 +47,7 @@ def main(st: Stage) -> None:
     write_json("metrics/failures.json", result.metrics)
     write_json("metrics/dist/failures.json", result.dist)
     write_csv("plots/failures/seeds.csv", result.seed_rows)
-    write_json("metrics/env/failures.json", stage_environment(device, result.run_envs))
+    write_json("metrics/env/failures.json", stage_environment(device, result.records))
     write_csv("plots/failures/checks.csv", result.check_rows)
     failures_figure(result.histories, Path("plots/failures/training.png"))
     for line in result.lines():

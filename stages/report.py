@@ -5,8 +5,9 @@ distributions), metrics/env/*.json (machine records), plots/train/<variant>.csv
 (training curves) and every PNG under plots/<stage>/; writes metrics/claims.json
 (per claim: class, verdict, value, published, band, z; a plain output),
 metrics/claims_summary.json (counts per class: the DVC metric) and report/
-(REPORT.md and the figures drawn here; the stages' own PNGs are linked). With
-params attention.impl set, REPORT.md ends with that implementation's audit.
+(REPORT.md, laid out like a paper in the chapter's order, with the figures drawn here
+and links to the stages' own PNGs; REPORT.html, the same report with every figure
+embedded). With params attention.impl set, the report ends with that implementation's audit.
 Deterministic: same metrics -> byte-identical outputs.
 
 The report never fails because a claim fails: it records the verdicts. The gate
@@ -39,6 +40,7 @@ def main(st: Stage) -> None:
         for name, data in sorted(rep.figures.items()):
             (tmp / "figures" / name).write_bytes(data)
         (tmp / "REPORT.md").write_text(rep.markdown, encoding="utf-8")
+        (tmp / "REPORT.html").write_text(rep.html, encoding="utf-8")
     write_json(st.args.claims_json, rep.claims_json)
     write_json(Path(st.args.claims_json).with_name("claims_summary.json"), rep.summary)
     for line in rep.lines(st.args.out):

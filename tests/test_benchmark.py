@@ -148,5 +148,5 @@ def test_train_overhead_refuses_to_time_a_dvc_repro_that_is_no_no_op(tmp_path):
     script = Path(__file__).resolve().parents[1] / "benchmarks" / "train_overhead.py"
     p = subprocess.run([sys.executable, str(script), "--dvc", "--steps", "1", "--chunks", "1"], cwd=tmp_path,
                        capture_output=True, text=True, env=env, timeout=300)
-    assert p.returncode == 1 and "stages are stale" in p.stderr and p.stdout == "", p.stderr
+    assert p.returncode == 2 and "lists 1 stale stage (s)" in p.stderr and p.stdout == "", p.stderr
     assert not (tmp_path / "ran").exists()

@@ -1,8 +1,11 @@
 """`attnrepro check`: exact on the reference's machine, statistical elsewhere, conclusions recomputed.
 
-Every test builds its own temporary git repository: a small claims file, a two-stage
-dvc.yaml, params, metrics, a seed distribution and machine records committed as the
-reference; the workspace is then changed the way a rerun (or a tamperer) would.
+Every test builds its own temporary git repository: a small claims file, a four-stage
+dvc.yaml, params, metrics, a seed distribution, machine records and dvc.lock committed as
+the reference; the workspace is then changed the way a rerun (or a tamperer) would. The
+live machine is `live` (a fixture: the Intel machine the reference was made on), and
+`check` records the workspace in dvc.lock first, as `dvc repro` would (test_check_lock.py
+covers outputs edited after the run).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import yaml
 
 from attnrepro.cli import main
 from attnrepro.stats import distribution
+from test_check_lock import relock
 
 INTEL = {"cpu": "Intel Xeon", "torch": "2.13.0+cpu", "python": "3.11.7", "torch_threads": 1, "device": "cpu",
          "cuda_available": 0}
@@ -52,31 +56,51 @@ def dump(path: Path, data) -> None:
     path.write_text(json.dumps(data, indent=2), encoding="utf-8")
 
 
-@pytest.fixture
-def repo(tmp_path) -> Path:
-    root = tmp_path / "r"
-    root.mkdir()
-    git(root, "init", "-q")
+def write_repo(root: Path) -> Path:
+    """The reference, committed: claims, params, a four-stage dvc.yaml, metrics, seeds, env records, dvc.lock."""
+    root.mkdir(parents=True)
+    git(root, "init", "-q", "-b", "main")
     (root / "claims.yaml").write_text(yaml.safe_dump(CLAIMS), encoding="utf-8")
-    (root / "params.yaml").write_text(yaml.safe_dump({"train": {"lr": 0.003}, "init": {"seed": 0}}), encoding="utf-8")
+    (root / "params.yaml").write_text(yaml.safe_dump({"train": {"lr": 0.003, "seed": 0}, "init": {"seed": 0}}),
+                                      encoding="utf-8")
     (root / "dvc.yaml").write_text(yaml.safe_dump({"stages": {
-        "sweep": {"cmd": "x", "metrics": ["metrics/sweep.json"]},
-        "train": {"cmd": "x", "params": ["train"], "metrics": ["metrics/train.json"]},
-        "init": {"cmd": "x", "params": ["init"], "metrics": ["metrics/init.json"]},
-        "latency": {"cmd": "x", "metrics": ["metrics/latency.json"]}}}), encoding="utf-8")
+        "sweep": {"cmd": "x", "metrics": ["metrics/sweep.json"], "outs": ["metrics/env/sweep.json"]},
+        "train": {"cmd": "x", "params": ["train"], "metrics": ["metrics/train.json"],
+                  "outs": ["metrics/env/train.json", "metrics/dist/train.json", "plots/train"]},
+        "init": {"cmd": "x", "params": ["init"], "metrics": ["metrics/init.json"], "outs": ["metrics/env/init.json"]},
+        "latency": {"cmd": "x", "metrics": ["metrics/latency.json"], "outs": ["metrics/env/latency.json"]}}}),
+        encoding="utf-8")
     dump(root / "metrics/train.json", SEEDS[0])
     dump(root / "metrics/dist/train.json", distribution(SEEDS))
     dump(root / "metrics/init.json", {"logit_std": 0.0705, "parity": 4e-16})
     dump(root / "metrics/latency.json", {"cpu_ms": 3.0})
     dump(root / "metrics/sweep.json", {"gap": 0.2})
+    (root / "plots/train").mkdir(parents=True)
+    (root / "plots/train/loss.csv").write_text("step,loss\n0,5.5\n100,3.7\n", encoding="utf-8")
     for f in ("train", "init", "latency", "sweep"):
         dump(root / f"metrics/env/{f}.json", INTEL)
+    relock(root)
     git(root, "add", "-A")
     git(root, "commit", "-q", "-m", "reference")
     return root
 
 
-def check(root: Path, capsys, *args: str) -> tuple[int, str]:
+@pytest.fixture
+def live(monkeypatch) -> dict:
+    """The machine the check runs on (envinfo.environment's answer): the reference's, until a test moves it."""
+    machine = dict(INTEL)
+    monkeypatch.setattr("attnrepro.check.live_environment", lambda device: machine)
+    return machine
+
+
+@pytest.fixture
+def repo(tmp_path, live) -> Path:
+    return write_repo(tmp_path / "r")
+
+
+def check(root: Path, capsys, *args: str, lock: bool = True) -> tuple[int, str]:
+    if lock:  # the workspace as a run made it: dvc.lock records its outputs and params
+        relock(root)
     rc = main(["check", "--root", str(root), *args])
     out = capsys.readouterr()
     return rc, out.out + out.err
@@ -89,7 +113,9 @@ def edit(root: Path, file: str, change) -> None:
     dump(p, data)
 
 
-def another_machine(root: Path) -> None:
+def another_machine(root: Path, live: dict) -> None:
+    """The run was made here, on an AMD machine (the reference on an Intel one)."""
+    live.update(AMD)
     for f in ("train", "init", "latency", "sweep"):
         dump(root / f"metrics/env/{f}.json", AMD)
 
@@ -109,44 +135,44 @@ def test_same_machine_same_params_any_change_fails(repo, capsys):
     assert "metric train.scaled.loss_final = 3.7 drifted from 3.7 (exact)" in out
 
 
-def test_another_machine_inside_the_seed_band_passes(repo, capsys):
-    another_machine(repo)
+def test_another_machine_inside_the_seed_band_passes(repo, live, capsys):
+    another_machine(repo, live)
     edit(repo, "train", lambda d: d["scaled"].__setitem__("loss_final", 3.72))
     rc, out = check(repo, capsys)
     assert rc == 0, out
     assert "statistical verdict (another machine (cpu: Intel Xeon -> AMD EPYC)): init, latency, sweep, train" in out
 
 
-def test_another_machine_outside_the_seed_band_fails(repo, capsys):
-    another_machine(repo)
+def test_another_machine_outside_the_seed_band_fails(repo, live, capsys):
+    another_machine(repo, live)
     edit(repo, "train", lambda d: d["scaled"].__setitem__("loss_final", 3.9))
     rc, out = check(repo, capsys)
     assert rc == 1 and "metric train.scaled.loss_final = 3.9 is outside the reference band" in out
 
 
-def test_bands_are_family_wise_so_a_rerun_that_moves_a_few_sd_passes(repo, capsys):
+def test_bands_are_family_wise_so_a_rerun_that_moves_a_few_sd_passes(repo, live, capsys):
     """Measured here: the same seed on another CPU moved single metrics by up to 4 seed sd, so each
     band is the prediction interval at alpha 0.05 / (metrics in its family), Bonferroni."""
     from attnrepro.stats import Band
 
-    another_machine(repo)
+    another_machine(repo, live)
     d = Band.of([v["scaled"]["entropy"] for v in SEEDS.values()], log=True)
     edit(repo, "train", lambda m: m["scaled"].__setitem__("entropy", math.exp(d.mean + 4.5 * d.sd)))
     rc, out = check(repo, capsys)
     assert rc == 0, out  # 4.5 sd: outside the uncorrected 3.04 sd, inside the family-wise band
 
 
-def test_collapsed_entropy_is_judged_on_the_log_scale(repo, capsys):
+def test_collapsed_entropy_is_judged_on_the_log_scale(repo, live, capsys):
     """x10 on a value near zero is far outside; an absolute tolerance of 0.02 would have let it pass."""
-    another_machine(repo)
+    another_machine(repo, live)
     edit(repo, "train", lambda d: d["unscaled"].__setitem__("entropy", d["unscaled"]["entropy"] * 10))
     rc, out = check(repo, capsys)
     assert rc == 1 and "train.unscaled.entropy" in out and "outside the reference band" in out
 
 
-def test_tampered_loss_fails_the_recomputed_conclusion(repo, capsys):
+def test_tampered_loss_fails_the_recomputed_conclusion(repo, live, capsys):
     """Setting the unscaled loss to the scaled one breaks the conclusion, whatever a stored field says."""
-    another_machine(repo)
+    another_machine(repo, live)
     edit(repo, "train", lambda d: d["unscaled"].__setitem__("loss_final", d["scaled"]["loss_final"]))
     rc, out = check(repo, capsys)
     assert rc == 1 and "conclusion train.unscaled_worse fails" in out
@@ -156,12 +182,14 @@ def test_a_conclusion_that_fails_on_one_reference_seed_fails(repo, capsys):
     seeds = json.loads(json.dumps(SEEDS))
     seeds["3"]["unscaled"]["entropy"] = 0.02
     dump(repo / "metrics/dist/train.json", distribution({int(k): v for k, v in seeds.items()}))
+    relock(repo)
+    git(repo, "commit", "-qam", "a reference with one seed that does not collapse")
     rc, out = check(repo, capsys, "--mode", "statistical")
     assert rc == 1 and "conclusion train.collapse fails" in out and "holds on 4 of 5 seeds" in out
 
 
-def test_parameter_count_plus_one_fails_the_checksum(repo, capsys):
-    another_machine(repo)
+def test_parameter_count_plus_one_fails_the_checksum(repo, live, capsys):
+    another_machine(repo, live)
     edit(repo, "train", lambda d: d["scaled"].__setitem__("params", 1001))
     rc, out = check(repo, capsys)
     assert rc == 1 and "checksum train.params.scaled.params fails" in out
@@ -172,8 +200,8 @@ def test_published_values_are_reported_never_gated(repo, capsys):
     assert rc == 0 and "published   0 of 1 published values inside our band or tolerance; of the others 1 unexplained" in out
 
 
-def test_metrics_without_a_distribution_use_their_drift_rule(repo, capsys):
-    another_machine(repo)
+def test_metrics_without_a_distribution_use_their_drift_rule(repo, live, capsys):
+    another_machine(repo, live)
     edit(repo, "init", lambda d: d.update(logit_std=0.0706, parity=8e-16))  # +0.14%, 4 eps
     assert check(repo, capsys)[0] == 0
     edit(repo, "init", lambda d: d.update(logit_std=0.0720))  # +2%
@@ -184,11 +212,11 @@ def test_metrics_without_a_distribution_use_their_drift_rule(repo, capsys):
     assert rc == 1 and "init.parity" in out
 
 
-def test_exact_mode_compares_sweep_summaries_and_distributions(repo, capsys):
+def test_exact_mode_compares_sweep_summaries_and_distributions(repo, live, capsys):
     edit(repo, "sweep", lambda d: d.update(gap=0.25))
     rc, out = check(repo, capsys)
     assert rc == 1 and "metric sweep.gap = 0.25 drifted from 0.2 (exact)" in out
-    another_machine(repo)
+    another_machine(repo, live)
     assert check(repo, capsys)[0] == 0  # elsewhere a summary over seeds is reported, not gated
     for f in ("train", "init", "latency", "sweep"):
         dump(repo / f"metrics/env/{f}.json", INTEL)
@@ -209,15 +237,16 @@ def test_timings_are_reported_not_gated(repo, capsys):
 
 
 def test_other_params_make_the_verdict_statistical(repo, capsys):
-    (repo / "params.yaml").write_text(yaml.safe_dump({"train": {"lr": 0.001}, "init": {"seed": 0}}), encoding="utf-8")
+    (repo / "params.yaml").write_text(yaml.safe_dump({"train": {"lr": 0.001, "seed": 0}, "init": {"seed": 0}}),
+                                      encoding="utf-8")
     edit(repo, "train", lambda d: d["scaled"].__setitem__("loss_final", 3.72))
     rc, out = check(repo, capsys)
     assert rc == 0 and "statistical verdict (other params (train)): train" in out
     assert "exact verdict (same machine and params as the reference): init, latency, sweep" in out
 
 
-def test_a_multi_seed_rerun_is_judged_by_welch(repo, capsys):
-    another_machine(repo)
+def test_a_multi_seed_rerun_is_judged_by_welch(repo, live, capsys):
+    another_machine(repo, live)
     near = {s: json.loads(json.dumps(v)) for s, v in SEEDS.items()}
     for v in near.values():
         v["scaled"]["loss_final"] += 0.001

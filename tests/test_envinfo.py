@@ -1,15 +1,21 @@
-"""The environment record: versions (torch, CUDA, cuDNN, numpy, dvc), the git revision of the code
+"""The environment record: versions (torch, CUDA, cuDNN, numpy, scipy, pandas, matplotlib, dask,
+distributed, dvc), the git revision of the code
 that ran and whether it was dirty, and the GPU torch actually uses (matched in NVML by PCI
 address, not NVML's device 0). Deterministic on one machine; the GPU paths skip on CPU."""
 
 from __future__ import annotations
 
 import subprocess
+import sys
+import types
 
 import pytest
 import torch
 
 from attnrepro import envinfo
+
+
+NUMERIC_LIBRARIES = ("numpy", "scipy", "pandas", "matplotlib", "dask", "distributed")
 
 
 def test_record_has_the_versions_and_is_deterministic():
@@ -19,6 +25,10 @@ def test_record_has_the_versions_and_is_deterministic():
     import numpy
 
     assert env["numpy"] == numpy.__version__ and env["cuda_version"] == torch.version.cuda
+    from importlib.metadata import version
+
+    for dist in NUMERIC_LIBRARIES:  # every library a number passes through, by its installed version
+        assert env[dist] == version(dist), dist
     if torch.version.cuda is None:  # a CPU build: no CUDA, no cuDNN
         assert env["cuda_version"] is None and env["cudnn_version"] is None
     assert isinstance(env["dvc"], str) and env["dvc"][0].isdigit()
@@ -79,6 +89,79 @@ def test_match_nvml_device(torch_pci, index, visible, expected):
 def test_gpu_info_without_nvidia_is_empty_or_matches():
     info = envinfo.gpu_info("cpu" if not torch.cuda.is_available() else "cuda")
     assert info == {} or {"gpu_name", "gpu_pci_bus_id", "gpu_nvml_index"} <= set(info)
+
+
+def test_gpu_info_without_nvml_is_empty(monkeypatch):
+    """nvidia-ml-py is an optional extra (pyproject.toml's `gpu`): without pynvml the record has no GPU
+    fields, and nothing raises."""
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # `import pynvml` raises ImportError
+    assert envinfo.gpu_info("cuda") == {} and envinfo.gpu_info("cuda:1") == {}
+    assert not any(k.startswith("gpu_") for k in envinfo.environment("cuda"))
+
+
+class FakeNVML(types.ModuleType):
+    """pynvml's calls that gpu_info makes, over two devices (NVML order: by PCI address)."""
+
+    NVML_CLOCK_SM = 1
+
+    def __init__(self):
+        super().__init__("pynvml")
+        self.calls = []
+        self.devices = [dict(name=b"Fake A", bus="00000000:18:00.0", mem=16 * 2**30, clock=1410),
+                        dict(name="Fake B", bus="00000000:3B:00.0", mem=80 * 2**30, clock=1980)]
+
+    def nvmlInit(self):
+        self.calls.append("init")
+
+    def nvmlShutdown(self):
+        self.calls.append("shutdown")
+
+    def nvmlDeviceGetCount(self):
+        return len(self.devices)
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return self.devices[i]
+
+    def nvmlDeviceGetPciInfo(self, h):
+        return types.SimpleNamespace(busId=h["bus"].encode())
+
+    def nvmlDeviceGetName(self, h):
+        return h["name"]
+
+    def nvmlSystemGetDriverVersion(self):
+        return b"999.1"
+
+    def nvmlDeviceGetMemoryInfo(self, h):
+        return types.SimpleNamespace(total=h["mem"])
+
+    def nvmlDeviceGetMaxClockInfo(self, h, clock):
+        assert clock == self.NVML_CLOCK_SM
+        return h["clock"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the fake NVML stands in for a GPU torch cannot see")
+def test_gpu_info_through_nvml(monkeypatch):
+    """With pynvml installed (the gpu extra) the GPU path reads the device CUDA_VISIBLE_DEVICES names:
+    name, driver, memory, PCI address, SM clock (bytes or str from NVML alike), and shuts NVML down."""
+    nvml = FakeNVML()
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    assert envinfo.gpu_info("cuda") == {"gpu_name": "Fake B", "gpu_driver": "999.1", "gpu_memory_bytes": 80 * 2**30,
+                                        "gpu_pci_bus_id": "0000:3b:00.0", "gpu_nvml_index": 1,
+                                        "gpu_max_sm_clock_mhz": 1980}
+    assert nvml.calls == ["init", "shutdown"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-8f2a5c1e")  # undecided: no record rather than the wrong GPU
+    assert envinfo.gpu_info("cuda") == {} and nvml.calls[-1] == "shutdown"
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert envinfo.gpu_info("cuda")["gpu_name"] == "Fake A"
+    assert envinfo.environment("cuda")["gpu_name"] == "Fake A"
+
+
+def test_real_nvml_has_what_gpu_info_calls():
+    """Where nvidia-ml-py is installed, its pynvml has every call FakeNVML stands in for."""
+    pynvml = pytest.importorskip("pynvml", reason="nvidia-ml-py not installed (the optional gpu extra)")
+    for name in [n for n in vars(FakeNVML) if n.startswith("nvml") or n.startswith("NVML")]:
+        assert hasattr(pynvml, name), name
 
 
 @pytest.mark.gpu

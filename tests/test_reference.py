@@ -1,7 +1,8 @@
 """The committed reference run, as CI sees it on a fresh clone.
 
 - metrics/claims.json and claims_summary.json equal a fresh evaluation of claims.yaml on
-  the committed metrics, and every gated claim (conclusion, checksum) passes;
+  the committed metrics; every checksum holds, and every conclusion that does not is listed
+  in REPORT.md as not reproduced;
 - tampering with copies of the committed metrics is caught by `attnrepro check` in its
   statistical mode (the verdict a run from another machine gets), and a change inside the
   seed band is not.
@@ -19,6 +20,7 @@ import pytest
 from attnrepro.claims import claims_json, counts, evaluate_all, load, load_dists, load_envs, load_metrics_dir
 from attnrepro.cli import main
 from attnrepro.stats import from_summary
+from test_check_lock import relock
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -41,21 +43,29 @@ def test_committed_claims_equal_a_fresh_evaluation():
     assert summary == {k: v for k, v in counts(results).items()}
 
 
-def test_every_gated_claim_of_the_reference_passes():
-    failing = [(r.claim.id, r.status, r.detail) for r in evaluate() if r.gated_failure]
-    assert not failing
+def test_every_checksum_holds_and_each_failing_conclusion_is_reported_not_reproduced():
+    results = evaluate()
+    assert not [(r.claim.id, r.detail) for r in results if r.claim.cls == "checksum" and r.gated_failure]
+    report = (REPO / "report/REPORT.md").read_text(encoding="utf-8")
+    listed = report.split("**not reproduced** here", 1)[1].split("\n\n", 2)[1] if "**not reproduced**" in report else ""
+    failing = [r.claim.id for r in results if r.claim.cls == "conclusion" and r.gated_failure]
+    assert all(f"`{c}`" in listed for c in failing) and listed.count("\n- ") + listed.startswith("- ") == len(failing)
 
 
 @pytest.fixture
-def reference(tmp_path) -> Path:
-    """A git repository holding a copy of the committed reference (metrics, params, claims, dvc.yaml)."""
+def reference(tmp_path, monkeypatch) -> Path:
+    """A git repository holding a copy of the committed reference (metrics, params, claims, dvc.yaml and
+    a dvc.lock recording them); the check runs on the machine the reference was made on."""
     root = tmp_path / "ref"
     root.mkdir()
     for f in ("claims.yaml", "params.yaml", "dvc.yaml"):
         shutil.copy(REPO / f, root / f)
     shutil.copytree(REPO / "metrics", root / "metrics")
+    relock(root)
     for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "reference"]):
         subprocess.run(["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@t", *args], check=True)
+    made_on = json.loads((root / "metrics/env/train.json").read_text(encoding="utf-8"))
+    monkeypatch.setattr("attnrepro.check.live_environment", lambda device: made_on)
     return root
 
 
@@ -67,6 +77,7 @@ def tamper(root: Path, variant: str, key: str, fn) -> None:
 
 
 def check(root: Path, capsys) -> tuple[int, str]:
+    relock(root)  # the tampered metrics as a run would record them: the check's other gates must catch it
     rc = main(["check", "--root", str(root), "--mode", "statistical"])
     out = capsys.readouterr()
     return rc, out.out + out.err
@@ -105,3 +116,21 @@ def test_parameter_count_plus_one_fails(reference, capsys):
     # the same on every seed, so no band: judged exactly at full precision (the distribution's
     # summary keeps 6 significant digits, 1,376,256 reads 1.37626e6 there)
     assert "metric train.d32_scaled.params = 425,985 drifted from 425,984 (exact)" in out, out
+
+
+def test_a_conclusion_the_reference_does_not_reproduce_must_not_start_to_hold(reference, capsys):
+    claims = json.loads((reference / "metrics/claims.json").read_text(encoding="utf-8"))
+    assert claims["train.d256_jacobian_vanishes"]["pass"] == 0  # the chapter's four orders: not reproduced here
+    rc, out = check(reference, capsys)
+    assert rc == 0 and "not reproduced, as on the reference: " in out and "train.d256_jacobian_vanishes" in out
+    for f in ("metrics/train.json", "metrics/dist/train.json"):  # the Jacobian now falls 10^5-fold on every seed
+        p = reference / f
+        data = json.loads(p.read_text(encoding="utf-8"))
+        for run in ([data] if f.endswith("/train.json") and "dist" not in f else data["runs"].values()):
+            u = run["d256_unscaled"]
+            u["jacobian_fro_step1480"] = u["jacobian_fro_step0"] * 1e-5
+        if "stats" in data:  # and the seed mean the conclusion is evaluated on
+            data["stats"]["d256_unscaled.jacobian_fro_step1480"]["mean"] = 3e-6
+        p.write_text(json.dumps(data), encoding="utf-8")
+    rc, out = check(reference, capsys)
+    assert rc == 1 and "conclusion train.d256_jacobian_vanishes holds on this run, but not on the reference" in out

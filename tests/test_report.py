@@ -70,9 +70,9 @@ def test_report_stage_is_deterministic_and_complete(tmp_path):
     first = snapshot(root)
     p = run_stage(root)
     assert p.returncode == 0, p.stderr
-    assert snapshot(root) == first  # byte-identical, figures included
+    assert snapshot(root) == first  # byte-identical, figures and the HTML included
 
-    assert {"report/REPORT.md", "report/figures/train_loss.png", "report/figures/train_diagnostics.png",
+    assert {"report/REPORT.md", "report/REPORT.html", "report/figures/train_loss.png", "report/figures/train_diagnostics.png",
             "metrics/claims.json", "metrics/claims_summary.json"} <= set(first)
     md = first["report/REPORT.md"].decode()
     for name in ("train_loss.png", "train_diagnostics.png"):
@@ -80,13 +80,29 @@ def test_report_stage_is_deterministic_and_complete(tmp_path):
     # a stage's figure is linked where it lies, and the link resolves from report/
     assert "(../plots/init_sweep/sweep.png)" in md and (root / "report" / "../plots/init_sweep/sweep.png").is_file()
     assert not any(f.startswith("report/figures/init_sweep") for f in first)
-    assert "## §2 train (§1.4, §1.7.7, §1.12.1)" in md and "## Machine" in md and "Test CPU" in md
+    # laid out like a paper: verdict and headline first, one numbered section per experiment in the chapter's
+    # order (no heading twice), each with its design, cost and answer; the machine in one line and an appendix
+    headings = [line for line in md.splitlines() if line.startswith("## ")]
+    assert len(headings) == len(set(headings)), headings
+    assert headings[0] == "## Verdict" and headings[-1] == "## Appendix: machine records"
+    numbered = [h for h in headings if h[3].isdigit()]
+    assert [int(h[3:].split(".")[0]) for h in numbered] == list(range(1, len(numbered) + 1))
+    order = [next(i for i, h in enumerate(numbered) if word in h) for word in
+             ("Corpus", "controlled comparison", "initialisation", "heads of", "KV cache", "bugs", "O(n²)",
+              "precision", "Exercises 1-2", "Exercise 3", "QK-norm", "Sensitivity", "reversal", "character LM")]
+    assert order == sorted(order), numbered
+    assert md.count("**Design.**") == md.count("**Cost.**") == md.count("**Answer.**") == len(numbered)
+    assert "**Machine:** Test CPU" in md and "`attnrepro check`" in md
+    train = md.split(next(h for h in numbered if "controlled comparison" in h), 1)[1].split("\n## ", 1)[0]
+    assert "(figures/train_loss.png)" in train and "| d32_unscaled.params |" in train  # figure and table inline
+    init = md.split(next(h for h in numbered if "initialisation" in h), 1)[1].split("\n## ", 1)[0]
+    assert "(../plots/init_sweep/sweep.png)" in init  # a stage's figure in its own section
     assert "| class | claims | hold / inside | fail / outside | skipped |" in md
     assert "❌" in md and "✅" in md and "unexplained" in md
 
     claims = json.loads(first["metrics/claims.json"])
     # the fixture's losses (4.0 .. 4.3) break the d256 gap conclusion, recomputed from the raw losses
-    assert claims["train.d256_gap_large"]["pass"] == 0 and claims["train.d256_gap_large"]["class"] == "conclusion"
+    assert claims["train.d256_unscaled_behind"]["pass"] == 0 and claims["train.d256_unscaled_behind"]["class"] == "conclusion"
     assert claims["train.params.d32_scaled.params"] == {"class": "checksum", "pass": 1, "skipped": 0,
                                                         "value": 425984, "published": 425984}
     assert claims["corpus.pinned.poems"]["pass"] == 1
@@ -108,7 +124,8 @@ def test_report_changes_when_a_metric_changes(tmp_path):
     assert run_stage(root).returncode == 0
     after = snapshot(root)
     assert after["report/REPORT.md"] != before["report/REPORT.md"]
-    assert json.loads(after["metrics/claims.json"])["train.d256_gap_large"]["pass"] == 1
+    assert after["report/REPORT.html"] != before["report/REPORT.html"]
+    assert json.loads(after["metrics/claims.json"])["train.d256_unscaled_behind"]["pass"] == 1
 
 
 def test_report_stage_bad_params_one_line(tmp_path):
@@ -129,6 +146,11 @@ def test_dvc_plots_show_renders_the_top_level_plots(tmp_path):
     shutil.copy(REPO / "dvc.yaml", root / "dvc.yaml")
     shutil.copy(REPO / "params.yaml", root / "params.yaml")
     subprocess.run([dvc, "init", "--no-scm", "-q"], cwd=root, check=True, timeout=60)
+    shutil.copytree(REPO / ".dvc" / "plots", root / ".dvc" / "plots", dirs_exist_ok=True)  # the project's templates
+    from attnrepro import headline  # the page's tables (stage headline) from this workspace's files
+
+    headline.write_tables(root / headline.VIEWS_DIR,
+                          headline.views(lambda p: headline.read_rows(root / p), skip_missing=True))
     p = subprocess.run([dvc, "plots", "show", "-o", "html"], cwd=root, capture_output=True, text=True,
                        timeout=120)
     assert p.returncode == 0, p.stderr
@@ -158,7 +180,8 @@ def test_report_stanza_depends_on_every_stage_output_it_reads():
                 path = next(iter(o)) if isinstance(o, dict) else o
                 outputs.add(path.replace("${key}", "*"))
     deps = set(stages["report"]["deps"])
-    reads = {p for p in outputs if p not in ("metrics/claims.json", "metrics/claims_summary.json") and (
+    reads = {p for p in outputs if p not in ("metrics/claims.json", "metrics/claims_summary.json",
+                                             "metrics/headline.json") and (
         (p.startswith("metrics/") and p.endswith(".json")) or (p.startswith("plots/") and p.endswith(".png")))}
     missing = [p for p in sorted(reads)
                if p not in deps and not any(p.startswith(d.rstrip("/") + "/") for d in deps)]
@@ -169,3 +192,22 @@ def test_report_stanza_depends_on_every_stage_output_it_reads():
     assert not stray, f"report deps that no stage outputs: {stray}"
     for stage in ("heads", "failures", "precision", "kv_cache", "latency", "train", "init_sweep", "reversal", "charlm"):
         assert f"metrics/{stage}.json" in deps and f"metrics/env/{stage}.json" in deps, stage
+
+
+def test_report_per_seed_table_from_the_distribution(tmp_path):
+    """Each seed's value of the headline metrics, with this run, their mean and sd (metrics/dist/train.json)."""
+    root = make_workspace(tmp_path / "w")
+    train = json.loads((root / "metrics" / "train.json").read_text())
+    runs = {}
+    for k, seed in enumerate(("20261014", "1", "2")):
+        runs[seed] = {v: {"loss_final": train[v]["loss_final"] + 0.01 * k} for v in VARIANTS}
+    from attnrepro.stats import distribution
+
+    (root / "metrics" / "dist").mkdir()
+    (root / "metrics" / "dist" / "train.json").write_text(json.dumps(distribution({int(s): r for s, r in runs.items()})))
+    p = run_stage(root)
+    assert p.returncode == 0, p.stderr
+    md = (root / "report" / "REPORT.md").read_text(encoding="utf-8")
+    assert "| metric | this run | seed 1 | seed 2 | seed 20261014 | mean | sd |" in md
+    row = next(line for line in md.splitlines() if line.startswith("| d32_unscaled.loss_final |"))
+    assert row == "| d32_unscaled.loss_final | 4 | 4.01 | 4.02 | 4 | 4.01 | 0.01 |"

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
+from attnrepro import stats
+
 import pytest
 
 from attnrepro.stats import (Band, bootstrap_ratio, describe, distribution, first_crossing, from_summary, onset,
@@ -65,3 +69,52 @@ def test_distribution_of_runs():
     d = distribution(runs, exclude=("gap_ratio",))
     assert d["seeds"] == [0, 1, 2] and set(d["stats"]) == {"a.loss", "a.entropy_x"}
     assert "log_mean" in d["stats"]["a.entropy_x"] and "log_mean" not in d["stats"]["a.loss"]
+
+
+# ---------------------------------------------------------------- modes
+
+def test_two_clear_modes_are_found_and_split_at_the_gap():
+    values = {s: v for s, v in enumerate([1.0, 1.1, 0.9, 1.05, 0.95, 1.02, 3.0, 3.1, 0.98, 1.01])}
+    m = stats.find_modes(values, alpha=0.01)
+    assert m.groups == [[0, 1, 2, 3, 4, 5, 8, 9], [6, 7]] and m.p < 0.01
+    f = m.frequencies()
+    assert [x["n"] for x in f] == [8, 2] and f[1]["frac"] == 0.2
+    assert f[1]["ci95_lo"] < 0.2 < f[1]["ci95_hi"] and f[1]["ci95_lo"] > 0.02  # exact binomial interval
+
+
+def test_one_normal_sample_is_one_mode_at_about_the_stated_rate():
+    rng = np.random.default_rng(1)
+    found = [len(stats.find_modes(dict(enumerate(rng.normal(size=10))), alpha=0.05).groups) > 1
+             for _ in range(400)]
+    assert 0.02 <= np.mean(found) <= 0.09  # the test's false-positive rate is its alpha
+
+
+def test_the_gap_test_is_scale_free_and_works_on_the_log_scale():
+    x = [0.7737, 0.5663, 0.8521, 0.8196, 0.833, 0.80, 0.79, 0.55, 0.81, 0.84]
+    lin = stats.find_modes(dict(enumerate(x)), alpha=0.05)
+    scaled = stats.find_modes(dict(enumerate(1000 * v for v in x)), alpha=0.05)
+    assert lin.ratio == pytest.approx(scaled.ratio) and lin.groups == scaled.groups
+    assert lin.groups == [[1, 7], [0, 2, 3, 4, 5, 6, 8, 9]]
+    assert stats.find_modes(dict(enumerate(x)), alpha=0.05, log=True).ratio != pytest.approx(lin.ratio)
+
+
+def test_too_few_or_identical_values_are_one_mode():
+    assert stats.find_modes({0: 1.0, 1: 5.0, 2: 5.1}).groups == [[0, 1, 2]]
+    assert stats.find_modes(dict(enumerate([2.0] * 6))).groups == [[0, 1, 2, 3, 4, 5]]
+
+
+def test_a_gap_metric_gets_the_modes_both_of_its_variants_make():
+    assert stats.common_refinement([[[0, 1, 2], [3, 4]], [[0, 1], [2, 3, 4]]]) == [[0, 1], [2], [3, 4]]
+    assert stats.common_refinement([[[0, 1, 2, 3]], [[0, 1, 2, 3]]]) == [[0, 1, 2, 3]]
+
+
+def test_a_band_over_modes_is_per_mode_not_one_normal_band():
+    vals = [1.0, 1.1, 0.9, 3.0, 3.1]
+    one, two = stats.describe(vals), stats.describe(vals, groups=[[0, 1, 2], [3, 4]])
+    assert "modes" not in one and [m["n"] for m in two["modes"]] == [3, 2]
+    assert two["mode_sd"] == pytest.approx(math.sqrt((0.01 + 0.0 + 0.01 + 0.0025 + 0.0025) / 3))
+    b1, b2 = stats.from_summary(one), stats.from_summary(two)
+    assert b1.contains(2.0) and not b2.contains(2.0)  # between the modes: normal band yes, modes no
+    assert b2.contains(1.0) and b2.contains(3.05)
+    assert two["mean"] == one["mean"] and two["sd"] == one["sd"]  # effects in seed sd unchanged
+    assert b2.z(3.05) == pytest.approx(0.0)  # from the nearest mode

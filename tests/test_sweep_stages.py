@@ -39,6 +39,7 @@ def repo(tmp_path_factory):
     p["failures"].update(steps=4, batch_size=4, warmup=2, val_batches=2, loss_window=2, spread_seeds=[1, 2],
                          model={**p["failures"]["model"], "block_size": 16, "d_model": 16, "n_head": 2, "n_layer": 2})
     p["seeds"]["seeds"] = [11, 12, 13]
+    p["seeds"]["mode_statistic"] = "entropy_step3"  # a step the tiny runs record
     p["critical"].update(d_heads=[8, 16, 32], min_d_model=16, seeds=[11, 12, 13], onset_rise=0.01)
     p["qknorm"]["seeds"] = [11, 12, 13]
     p["sensitivity"].update(seeds=[11, 12], choices={k: p["sensitivity"]["choices"][k]

@@ -265,7 +265,7 @@ def results(cfg: CharLMConfig, data: CharText, run) -> CharLMResult:
                    f"## sampled (temperature {cfg.sample_temperature}, seed {cfg.sample_seed})\n"
                    f"{samples['sampled']}\n")
     return CharLMResult(metrics, evals, steps, samples_txt, maps, run.path / "model.pt",
-                        stage_environment("cpu", [run.read("env.json")]))
+                        stage_environment("cpu", [run]))
 
 
 @dataclass(frozen=True)

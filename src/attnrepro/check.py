@@ -1,105 +1,57 @@
 """`attnrepro check`: does this run reproduce the committed reference run?
 
-The reference is what a git revision holds (default HEAD): metrics/*.json, the seed
-distributions metrics/dist/*.json, the machine records metrics/env/*.json and
-params.yaml. Each stage's metrics file gets one of two verdicts:
+The reference is what a git revision holds (default HEAD; attnrepro.reference): claims.yaml,
+metrics/*.json, the seed distributions metrics/dist/*.json, the machine records
+metrics/env/*.json, params.yaml and metrics/claims.json. The working tree supplies only the
+run: its metrics, which must still be what dvc.lock recorded (else "edited after the run"),
+and its env records, which must describe this machine (the live one) unless the user says
+where the run was made (--made-on). Claims or params edited in the working tree are listed
+in the first lines and never used. Each stage's metrics file gets one of two verdicts:
 
-  exact        this run was made on the reference's kind of machine (same CPU model, torch,
-               Python, thread count, device) with the same params: every metric must be
-               identical (timings aside), as reruns on one machine are byte-identical.
+  exact        the run was made on the reference's kind of machine (same CPU model, torch,
+               Python, device as the reference's record, by the live machine; the thread
+               count the stage ran with) with the same params: every metric must be identical
+               (timings aside), as reruns on one machine are byte-identical.
   statistical  otherwise (another CPU changes the float order; other params): a metric with
                a seed distribution must fall in its prediction interval for one new run at
                alpha = 0.05 family-wise (Bonferroni over the headline metrics, and again over
                the others; `families`), on the log scale for attention statistics
-               (attnrepro.stats); where this run has a distribution of its own (the seeds
-               rerun), it must also pass Welch's t-test against the reference's seeds, as
-               MLPerf judges convergence; a metric without a distribution stays within its
-               drift tolerance in claims.yaml.
+               (attnrepro.stats); where this run has seeds of its own (the seeds rerun), their
+               summary is recomputed from the per-seed values and must also pass Welch's t-test
+               against the reference's seeds, as MLPerf judges convergence; a metric without a
+               distribution stays within its drift tolerance in the reference's claims.yaml.
 
-Then the claims of claims.yaml: every conclusion and every checksum must hold,
-recomputed from the raw metrics (values are reported, never gated). The first line of
-the output is the verdict.
+Then the reference's claims, recomputed from the raw metrics of this run and of the
+reference's seeds: every checksum must hold; every conclusion must come out as on the
+reference (its metrics/claims.json): one the reference reproduces must hold, one it reports
+"not reproduced" must not start to hold on this run unnoticed (something moved). Values are
+reported, never gated. The first line of the output is the verdict.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import re
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
-import yaml
 
-from .claims import (Expectations, ClaimResult, Tol, band, counts, evaluate_all, load, load_dists, load_envs,
-                     load_metrics_dir, METRIC_FILES_EXCLUDED, cuda_run)
+from .claims import (Expectations, ClaimResult, Tol, band, counts, evaluate_all, evaluate_claim, load,
+                     load_dists, load_envs, load_metrics_dir, seed_values, cuda_run)
 from .config import UserError, read_params
 from .expr import fmt_number
-from .stats import ALPHA, Band, flatten
+from .reference import (Reference, Revision, claims_changes, listed, lock_problems, params_changes,
+                        pipeline_stages, reference)
+from .stats import ALPHA, Band
 
 # what decides whether a rerun must be byte-identical: the machine's float order and the software
 MACHINE_KEYS = ("cpu", "cpu_capability", "torch", "python", "torch_threads", "device", "cuda_available", "cuda_version",
                 "cudnn_version", "gpu_name", "runs_on")
-
-
-# ---------------------------------------------------------------- the reference, from git
-
-class Revision:
-    """Files as committed at a git revision."""
-
-    def __init__(self, rev: str, root: Path):
-        self.rev, self.root = rev, root
-        try:
-            self._git("rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
-        except UserError:
-            raise UserError(f"--rev: {rev!r} is not a commit in {root.resolve()}") from None
-
-    def _git(self, *args) -> str:
-        p = subprocess.run(["git", "-C", str(self.root), *args], capture_output=True)
-        if p.returncode != 0:
-            err = p.stderr.decode("utf-8", "replace").strip().splitlines()
-            raise UserError(f"git {' '.join(args)}: {err[-1] if err else 'failed'}")
-        return p.stdout.decode("utf-8", "replace")
-
-    def files(self, folder: str) -> list[str]:
-        return sorted(n for n in self._git("ls-tree", "--name-only", self.rev, f"{folder}/").split("\n")
-                      if n.endswith(".json"))
-
-    def json(self, path: str):
-        try:
-            return json.loads(self._git("show", f"{self.rev}:{path}"))
-        except json.JSONDecodeError:
-            raise UserError(f"{self.rev}:{path}: not valid JSON") from None
-
-    def yaml(self, path: str) -> dict:
-        try:
-            return yaml.safe_load(self._git("show", f"{self.rev}:{path}")) or {}
-        except UserError:
-            return {}
-
-
-@dataclass
-class Reference:
-    metrics: dict  # flat <file>.<key> -> number
-    dists: dict  # file -> {"stats", "runs"}
-    envs: dict  # file -> machine record
-    params: dict
-
-
-def reference(rev: str, root: Path, metrics_dir: str) -> Reference:
-    r = Revision(rev, root)
-    metrics, dists, envs = {}, {}, {}
-    for name in r.files(metrics_dir):
-        stem = Path(name).stem
-        if stem not in METRIC_FILES_EXCLUDED:
-            metrics.update(flatten(r.json(name), f"{stem}."))
-    for name in r.files(f"{metrics_dir}/dist"):
-        dists[Path(name).stem] = r.json(name)
-    for name in r.files(f"{metrics_dir}/env"):
-        envs[Path(name).stem] = r.json(name)
-    return Reference(metrics, dists, envs, r.yaml("params.yaml"))
+# what says which machine and build made an env record: the live machine's must agree
+IDENTITY_KEYS = ("cpu", "cpu_capability", "torch", "python")
+# how a stage ran on that machine: only its env record knows
+RUN_KEYS = ("torch_threads", "device", "runs_on")
 
 
 def _resolve(text: str, params: dict) -> str:
@@ -114,17 +66,14 @@ def _resolve(text: str, params: dict) -> str:
 
 def stage_params(root: Path, params: dict) -> dict[str, set[str]]:
     """{metrics file: the params sections its stage and the stages upstream of it read} (dvc.yaml)."""
-    try:
-        stages = (yaml.safe_load((root / "dvc.yaml").read_text(encoding="utf-8")) or {}).get("stages", {})
-    except (OSError, yaml.YAMLError):
-        return {}
+    stages = pipeline_stages(root)
     own, outs, deps = {}, {}, {}
     for name, st in stages.items():
         st = st.get("do", st)
-        own[name] = {str(p if isinstance(p, str) else next(iter(p))).split(".")[0] for p in st.get("params", [])}
+        own[name] = {str(p if isinstance(p, str) else next(iter(p))).split(".")[0] for p in st.get("params") or []}
         outs[name] = [str(o if isinstance(o, str) else next(iter(o)))
-                      for k in ("outs", "metrics", "plots") for o in st.get(k, [])]
-        deps[name] = [_resolve(str(d if isinstance(d, str) else next(iter(d))), params) for d in st.get("deps", [])]
+                      for k in ("outs", "metrics", "plots") for o in st.get(k) or []]
+        deps[name] = [_resolve(str(d if isinstance(d, str) else next(iter(d))), params) for d in st.get("deps") or []]
 
     def upstream(name, seen):
         for other, paths in outs.items():
@@ -140,6 +89,89 @@ def stage_params(root: Path, params: dict) -> dict[str, set[str]]:
             if p.startswith("metrics/") and p.endswith(".json") and p.count("/") == 1:
                 out[Path(p).stem] = sections
     return out
+
+
+# ---------------------------------------------------------------- the machine the run was made on
+
+def live_environment(device: str) -> dict:
+    """This machine, as envinfo records it (tests replace it)."""
+    from .envinfo import environment
+
+    return environment(device)
+
+
+def machine(env: Optional[dict]) -> dict:
+    return {k: (env or {}).get(k) for k in MACHINE_KEYS}
+
+
+def _described(env: dict, live: dict) -> Optional[str]:
+    """Where an env record does not describe the live machine: "cpu AMD EPYC; this machine: Intel Xeon"."""
+    keys = IDENTITY_KEYS + (("cuda_available", "gpu_name") if str(env.get("device", "")).startswith("cuda") else ())
+    k = next((k for k in keys if env.get(k) != live.get(k)), None)
+    return None if k is None else f"{k} {env.get(k)}; this machine: {live.get(k)}"
+
+
+@dataclass
+class Machines:
+    of: dict[str, dict]  # metrics file -> the machine its results come from (MACHINE_KEYS)
+    problems: list[str]
+    notes: list[str]  # for the first lines (--made-on)
+
+
+def machines(files, envs: dict, ref_envs: dict, made_on: Optional[str], live: Callable[[str], dict],
+             env_dir: str) -> Machines:
+    """The machine each metrics file's results come from. An env record equal to the reference's is
+    the reference's own (its stage was not rerun): its machine. Another record must describe the
+    live machine (cpu, capability, torch, python; CUDA and the GPU for a CUDA stage), whose values are used, with the threads,
+    device and store provenance of the record; unless --made-on says the run was made elsewhere:
+    then the records are taken as they are. A stage without a record is a problem, and judged as
+    made like the reference (never the lenient mode by default). Raises UserError for a record
+    of another machine without --made-on."""
+    out = Machines({}, [], [])
+    elsewhere = {}
+    for f, env in sorted(envs.items()):
+        why = None if env == ref_envs.get(f) else _described(env, live(str(env.get("device", "cpu"))))
+        if why:
+            elsewhere[f] = why
+    first = next(iter(elsewhere.items()), None)
+    if made_on is None and first:
+        raise UserError(f"{env_dir}/{first[0]}.json says the run was made on another machine ({first[1]}"
+                        + (f"; and {len(elsewhere) - 1} more records" if len(elsewhere) > 1 else "")
+                        + '): judge it here only by saying where it was made: --made-on "<machine>"')
+    if made_on is not None:
+        out.notes.append(f"made on: {made_on} (--made-on): " + (f"its env records name another machine ({first[1]})"
+                                                               if first else "its env records describe this machine"))
+    for f in sorted(files):
+        env = envs.get(f)
+        if env is None and f in ref_envs:
+            out.problems.append(f"{env_dir}/{f}.json is missing: the machine {f} ran on is unknown (judged as the "
+                                "reference's)")
+        if env is None or env == ref_envs.get(f) or made_on is not None:
+            out.of[f] = machine(env if env is not None else ref_envs.get(f))
+        else:
+            out.of[f] = {**machine(live(str(env.get("device", "cpu")))), **{k: env.get(k) for k in RUN_KEYS}}
+    return out
+
+
+def decide_modes(files, m: Machines, ref: Reference, params: dict, sections: dict, mode: str):
+    """Per metrics file: exact or statistical, and why statistical."""
+    modes, why = {}, {}
+    for file in sorted(files):
+        reasons = []
+        if mode == "statistical":
+            reasons.append("asked for (--mode statistical)")
+        elif mode == "auto":
+            mine, theirs = m.of[file], machine(ref.envs.get(file))
+            diff = [k for k in MACHINE_KEYS if mine[k] != theirs[k]]
+            if diff:
+                reasons.append("another machine (" + ", ".join(f"{k}: {theirs[k]} -> {mine[k]}" for k in diff) + ")")
+            changed = sorted(s for s in sections.get(file, {file}) if params.get(s) != ref.params.get(s))
+            if changed:
+                reasons.append("other params (" + ", ".join(changed) + ")")
+        modes[file] = "statistical" if reasons else "exact"
+        if reasons:
+            why[file] = "; ".join(reasons)
+    return modes, why
 
 
 # ---------------------------------------------------------------- verdicts per metric
@@ -172,10 +204,6 @@ class Row:
 
 def _same(a, b) -> bool:
     return a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
-
-
-def machine(env: Optional[dict]) -> dict:
-    return {k: (env or {}).get(k) for k in MACHINE_KEYS}
 
 
 def families(keys, ref: "Reference", headline: list[str]) -> dict[str, float]:
@@ -216,9 +244,9 @@ def compare(cur: dict, ref: Reference, cur_dists: dict, exp: Expectations, modes
             b = None  # against the full-precision value (the stored summary keeps 6 significant digits, too few for a 7-digit count)
         if b is not None:
             ok = b.contains(c, alpha)
-            mine = band(cur_dists, key)
-            if mine is not None and cur_dists.get(file) != ref.dists.get(file):  # this run has seeds of its own
-                p = b.welch(mine)
+            mine = own_seeds(cur_dists, key, b.log)
+            if mine is not None and _runs(cur_dists, file) != _runs(ref.dists, file):  # this run has seeds of its own
+                p = b.welch(mine) if mine.log == b.log else 0.0  # a log-scale metric at or below 0: no seed band's
                 rows.append(Row(key, r, c, "band+welch", "ok" if ok and p >= alpha else "OUTSIDE", b, alpha, p))
             else:
                 rows.append(Row(key, r, c, "band", "ok" if ok else "OUTSIDE", b, alpha))
@@ -229,8 +257,20 @@ def compare(cur: dict, ref: Reference, cur_dists: dict, exp: Expectations, modes
             rows.append(Row(key, r, c, tol.text(), "ok" if tol.ok(c, r) else "DRIFT"))
     for file in sorted({k.split(".", 1)[0] for k in keys}):
         if modes.get(file) == "exact" and file in ref.dists and cur_dists.get(file) != ref.dists[file]:
-            rows.append(Row(f"dist/{file}", None, None, "exact", "DRIFT"))
+            rows.append(Row(f"dist/{file}", None, None, "exact", "DRIFT" if file in cur_dists else "MISSING"))
     return rows
+
+
+def _runs(dists: dict, file: str) -> Optional[dict]:
+    return (dists.get(file) or {}).get("runs")
+
+
+def own_seeds(dists: dict, key: str, log: bool) -> Optional[Band]:
+    """This run's own seeds of a metric, summarised from its per-seed values (never its stored summary)."""
+    vals = seed_values(dists, key)
+    if len(vals) < 2:
+        return None
+    return Band.of(vals, log=log and all(v > 0 for v in vals))
 
 
 # ---------------------------------------------------------------- the check
@@ -242,7 +282,11 @@ class Outcome:
     modes: dict[str, str]  # metrics file -> exact | statistical
     why: dict[str, str]  # metrics file -> why statistical
     headline: list[str]
+    label: str = "HEAD"  # the reference revision, as the verdict names it
+    notes: list[str] = field(default_factory=list)  # the first lines: where the run was made, what the tree changes
     problems: list[str] = field(default_factory=list)
+    not_reproduced: list[str] = field(default_factory=list)  # conclusions the reference does not reproduce either
+    provenance: list[str] = field(default_factory=list)  # which code made each stage's results
 
     @property
     def ok(self) -> bool:
@@ -250,72 +294,170 @@ class Outcome:
 
 
 def run_check(rev: str = "HEAD", root: str | Path = ".", metrics_dir: str = "metrics",
-              claims_path: str | Path = "claims.yaml", mode: str = "auto") -> Outcome:
-    root = Path(root)
-    exp = load(root / claims_path)
+              claims_path: str | Path = "claims.yaml", mode: str = "auto", made_on: Optional[str] = None,
+              base: Optional[str] = None) -> Outcome:
+    root, claims_path = Path(root), Path(claims_path).as_posix()
+    revision = Revision(rev, root, base)
+    ref = reference(revision, metrics_dir, claims_path)
+    exp = ref.expectations
     cur = load_metrics_dir(root / metrics_dir)
     cur_dists = load_dists(root / metrics_dir / "dist")
     envs = load_envs(root / metrics_dir / "env")
-    ref = reference(rev, root, metrics_dir)
     params = read_params(root / "params.yaml")
-    sections = stage_params(root, params)
+    files = {k.split(".", 1)[0] for k in set(cur) | set(ref.metrics)}
+    seen: dict[str, dict] = {}
 
-    modes, why = {}, {}
-    for file in sorted({k.split(".", 1)[0] for k in set(cur) | set(ref.metrics)}):
-        reasons = []
-        if mode == "statistical":
-            reasons.append("asked for (--mode statistical)")
-        elif mode == "auto":
-            if machine(envs.get(file)) != machine(ref.envs.get(file)):
-                diff = [k for k in MACHINE_KEYS if machine(envs.get(file))[k] != machine(ref.envs.get(file))[k]]
-                reasons.append("another machine (" + ", ".join(
-                    f"{k}: {machine(ref.envs.get(file))[k]} -> {machine(envs.get(file))[k]}" for k in diff) + ")")
-            changed = sorted(s for s in sections.get(file, {file}) if params.get(s) != ref.params.get(s))
-            if changed:
-                reasons.append("other params (" + ", ".join(changed) + ")")
-        modes[file] = "statistical" if reasons else "exact"
-        if reasons:
-            why[file] = "; ".join(reasons)
+    def live(device: str) -> dict:
+        if device not in seen:
+            seen[device] = live_environment(device)
+        return seen[device]
+
+    m = machines(files, envs, ref.envs, made_on, live, f"{metrics_dir}/env")
+    modes, why = decide_modes(files, m, ref, params, stage_params(root, params), mode)
 
     rows = compare(cur, ref, cur_dists, exp, modes, envs)
-    results = evaluate_all(exp, cur, cur_dists, envs)
-    out = Outcome(rows, results, modes, why, exp.headline)
-    for r in rows:
-        if r.verdict == "MISSING":
-            out.problems.append(f"metric {r.key} is in {rev} but missing from this run")
-        elif r.verdict == "OUTSIDE" and r.p is not None and r.p < r.alpha:
-            out.problems.append(f"metric {r.key}: this run's seeds differ from the reference's (Welch p = {r.p:.3g}, "
-                                f"alpha {r.alpha:.2g})")
-        elif r.verdict == "OUTSIDE":
-            out.problems.append(f"metric {r.key} = {fmt_number(r.cur)} is outside the reference band {r.band_text()}")
-        elif r.verdict == "DRIFT" and r.key.startswith("dist/"):
-            out.problems.append(f"metrics/{r.key}.json (the seed distribution) differs from {rev}'s")
-        elif r.verdict == "DRIFT":
-            out.problems.append(f"metric {r.key} = {fmt_number(r.cur)} drifted from {fmt_number(r.ref)} ({r.how})")
+    results = evaluate_all(exp, cur, ref.dists, envs)  # conclusions: on this run and the reference's seeds
+    out = Outcome(rows, results, modes, why, exp.headline, ref.label)
+    out.notes = m.notes + changes(revision, ref, root, claims_path, params, cur_dists, metrics_dir)
+    out.provenance, numerics = provenance(envs)
+    out.problems = lock_problems(root, metrics_dir) + m.problems + numerics + metric_problems(rows, ref.name)
     for res in results:
-        if res.gated_failure:
-            c = res.claim
+        c = res.claim
+        if c.cls == "conclusion" and not_reproduced(c.id, ref.verdicts):
+            if starts_to_hold(c, cur, envs, ref):  # a finding of the reference changed: something moved
+                out.problems.append(f"conclusion {c.id} holds on this run, but not on the reference's run "
+                                    f"({ref.name}), which reports it not reproduced: {c.text}")
+            elif res.status == "fail":
+                out.not_reproduced.append(c.id)
+        elif res.gated_failure:
             detail = res.detail or (f"{fmt_number(res.value)} vs published {fmt_number(c.published)} ({c.tol.text()})"
                                     if c.is_cell else "is false")
             out.problems.append(f"{c.cls} {c.id} fails: {c.text} — {detail}")
     return out
 
 
+def metric_problems(rows: list[Row], label: str) -> list[str]:
+    out = []
+    for r in rows:
+        if r.key.startswith("dist/") and r.failure:
+            out.append(f"metrics/{r.key}.json (the seed distribution) "
+                       + ("is missing" if r.verdict == "MISSING" else f"differs from {label}'s"))
+        elif r.verdict == "MISSING":
+            out.append(f"metric {r.key} is in {label} but missing from this run")
+        elif r.verdict == "OUTSIDE" and r.p is not None and r.p < r.alpha:
+            out.append(f"metric {r.key}: this run's seeds differ from the reference's (Welch p = {r.p:.3g}, "
+                       f"alpha {r.alpha:.2g})")
+        elif r.verdict == "OUTSIDE":
+            out.append(f"metric {r.key} = {fmt_number(r.cur)} is outside the reference band {r.band_text()}")
+        elif r.verdict == "DRIFT":
+            out.append(f"metric {r.key} = {fmt_number(r.cur)} drifted from {fmt_number(r.ref)} ({r.how})")
+    return out
+
+
+def changes(revision: Revision, ref: Reference, root: Path, claims_path: str, params: dict, cur_dists: dict,
+            metrics_dir: str) -> list[str]:
+    """The first lines: what the working tree (and HEAD's commits, against an older revision) change of the
+    reference. The verdict uses the revision's files whatever they say."""
+    lines = []
+    try:
+        tree = load(root / claims_path)
+    except UserError as e:
+        tree = None
+        if (root / claims_path).exists():
+            lines.append(f"{claims_path} in the working tree does not load ({e}); the verdict uses {ref.name}'s")
+    diff = claims_changes(ref.expectations, tree) if tree is not None else {}
+    if diff:
+        lines.append(f"{claims_path} differs from {ref.name}'s; the verdict uses {ref.name}'s:")
+        lines += [f"  {what:<9} {listed(items)}" for what, items in diff.items()]
+    moved_params = params_changes(ref.params, params)
+    if moved_params:
+        lines.append(f"params.yaml differs from {ref.name}'s: {listed(moved_params, 4)}")
+    own = sorted(f for f in cur_dists if f in ref.dists and _runs(cur_dists, f) != _runs(ref.dists, f))
+    if own:
+        lines.append(f"seed distributions differ from {ref.name}'s (bands and conclusions use {ref.name}'s): "
+                     + ", ".join(f"{metrics_dir}/dist/{f}.json" for f in own))
+    committed = revision.changed_since([claims_path, "params.yaml", "dvc.yaml", metrics_dir])
+    if committed:
+        lines.append(f"HEAD's commits change the reference since {ref.name}: {listed(committed)}")
+    return lines
+
+
+def starts_to_hold(claim, cur: dict, envs: dict, ref: Reference) -> bool:
+    """Does a conclusion the reference does not reproduce hold on this run, where it does not on the
+    reference's own run? (Both without seeds: on the reference's seeds it fails by construction.)"""
+    return evaluate_claim(claim, cur, {}, envs).passed and not evaluate_claim(claim, ref.metrics, {}, ref.envs).passed
+
+
+def provenance(envs: dict[str, dict]) -> tuple[list[str], list[str]]:
+    """Which code made each stage's results (its environment record): the revision, whether it had
+    uncommitted changes, and the numerics versions its runs were keyed under. A result whose runs
+    were keyed under other numerics than the code at HEAD declares (runs.NUMERICS) is not the code at
+    HEAD's: a problem. Returns (lines, problems)."""
+    from .runs import NUMERICS
+
+    made: dict[str, list[str]] = {}
+    problems = []
+    for file, env in sorted(envs.items()):
+        rev = env.get("git_revision")
+        who = "an unknown revision" if not rev else rev[:10] + (" with uncommitted changes" if env.get("git_dirty") else "")
+        made.setdefault(who, []).append(file)
+        used = env.get("numerics") or {}
+        moved = {t: (v, NUMERICS.get(t)) for t, v in used.items() if NUMERICS.get(t) != v}
+        if moved:
+            problems.append(f"metrics/{file}.json comes from runs keyed under other numerics than the code at HEAD's ("
+                            + ", ".join(f"{t}: {a} -> {b}" for t, (a, b) in moved.items())
+                            + "): its results are not this code's; `dvc repro` retrains them")
+    lines = [f"made by {who}: {', '.join(files)}" for who, files in made.items()]
+    return lines, problems
+
+
+def not_reproduced(claim_id: str, verdicts: dict) -> bool:
+    """Does the reference report this conclusion of the chapter not reproduced? Then a run must not
+    reproduce it either (the gate keeps the reference's findings, both ways)."""
+    e = verdicts.get(claim_id)
+    return isinstance(e, dict) and e.get("pass") == 0 and e.get("skipped") == 0
+
+
 def _cell(x) -> str:
     return "—" if x is None else fmt_number(x)
 
 
-def render(o: Outcome, rev: str, show_all: bool = False) -> str:
+def as_json(o: Outcome) -> dict:
+    """The verdict for scripts (`attnrepro check --json`): verdict, reference, first lines, problems,
+    each metrics file's mode, claim counts, conclusions not reproduced, provenance, and every gated
+    metric that failed."""
+    return {"verdict": "PASS" if o.ok else "FAIL", "reference": o.label, "notes": o.notes, "problems": o.problems,
+            "modes": o.modes, "why_statistical": o.why, "claims": counts(o.results),
+            "not_reproduced": o.not_reproduced, "provenance": o.provenance,
+            "failed_metrics": [{"key": r.key, "run": r.cur, "reference": r.ref, "how": r.how, "verdict": r.verdict}
+                               for r in o.rows if r.failure]}
+
+
+def render_md(o: Outcome, show_all: bool = False) -> str:
+    """The verdict as a Markdown document (`attnrepro check --md`, e.g. a pull request's comment): the
+    first lines as a heading and a quote, then the tables of `render`."""
+    text = render(o, show_all=show_all).split("\n")
+    head, rest = text[0], text[1:]
+    cut = next((i for i, line in enumerate(rest) if line.startswith("|")), len(rest))
+    summary = [line for line in rest[:cut] if line.strip()]
+    return "\n".join([f"### {head}", "", "```", *summary, "```", "", *rest[cut:]]).rstrip() + "\n"
+
+
+def render(o: Outcome, rev: Optional[str] = None, show_all: bool = False) -> str:
     c = counts(o.results)
     gated = [r for r in o.rows if r.verdict not in ("info", "new", "skipped")]
     exact = sorted(f for f, m in o.modes.items() if m == "exact")
     stat = sorted(f for f, m in o.modes.items() if m == "statistical")
     lines = [f"check: {'PASS' if o.ok else 'FAIL'} — this run "
-             + ("reproduces" if o.ok else "does not reproduce") + f" the reference ({rev})"
-             + ("" if o.ok else f": {len(o.problems)} problem(s), listed below"), ""]
+             + ("reproduces" if o.ok else "does not reproduce") + f" the reference ({rev or o.label})"
+             + ("" if o.ok else f": {len(o.problems)} problem(s), listed below")]
+    lines += [f"  {n}" for n in o.notes] + [""]
     lines.append(f"  conclusions {c['conclusion']['passed']} of {c['conclusion']['n'] - c['conclusion']['skipped']} hold"
                  f" (each on this run, and on every reference seed and the seed mean where a stage has seeds)"
                  + (f", {c['conclusion']['skipped']} skipped (need a GPU)" if c['conclusion']['skipped'] else ""))
+    if o.not_reproduced:
+        lines.append(f"              {len(o.not_reproduced)} not reproduced, as on the reference: "
+                     + ", ".join(o.not_reproduced))
     lines.append(f"  checksums   {c['checksum']['passed']} of {c['checksum']['n'] - c['checksum']['skipped']} hold")
     lines.append(f"  metrics     {sum(not r.failure for r in gated)} of {len(gated)} within their reference "
                  f"({sum(r.how.startswith('band') for r in gated)} against a seed band, "
@@ -334,6 +476,8 @@ def render(o: Outcome, rev: str, show_all: bool = False) -> str:
     if stat:
         lines.append(f"    (prediction interval of one run, alpha = {ALPHA} family-wise: Bonferroni over the headline "
                      "metrics and again over the others)")
+    if o.provenance:
+        lines += [f"  provenance: {o.provenance[0]}"] + [f"              {x}" for x in o.provenance[1:]]
     if o.problems:
         lines += ["", "problems:"] + [f"- {p}" for p in o.problems]
     by_key = {r.key: r for r in o.rows}
@@ -350,7 +494,7 @@ def render(o: Outcome, rev: str, show_all: bool = False) -> str:
                   "| --- | --- | --- | --- | --- | --- |"]
         lines += [f"| {r.key} | {_cell(r.cur)} | {_cell(r.ref)} | {r.band_text()} | {r.how} | {r.verdict} |"
                   for r in shown]
-    claims = [r for r in o.results if show_all or r.gated_failure]
+    claims = [r for r in o.results if show_all or (r.gated_failure and r.claim.id not in o.not_reproduced)]
     if claims:
         lines += ["", "claims" if show_all else "claims that failed", "",
                   "| claim | class | result | detail |", "| --- | --- | --- | --- |"]

@@ -22,10 +22,11 @@ cells are claims `<id>.<row>.<col>`. A table may carry `tol` (how close a cell m
 when no seed distribution exists), `requires: cuda`, `note`, and `explain: {cell or "*":
 {by: [metric keys], moved_by: [sensitivity rows], note: ...}}` (the measurement in this
 repository that explains a deviation; a value outside its band with no explanation is
-reported "unexplained"). `moved_by` cites rows <variant>.<metric>.<choice> of the
-sensitivity stage: the explanation stands only while each row moves the number toward the
-published figure by more than MOVE_SD seed sd and at least half-way there (on the log scale
-where the seed band is on it); on a run where one does not, the cell is "unexplained".
+reported "unexplained"); a table with rows may carry `match: <regex>` (see Matching).
+`moved_by` cites rows <variant>.<metric>.<choice> of the sensitivity stage: the
+explanation stands only while each row moves the number toward the published figure by
+more than MOVE_SD seed sd and at least half-way there (on the log scale where the seed
+band is on it); on a run where one does not, the cell is "unexplained".
 
 Tolerance grammar (Tol): exact | ±x | ±x% | ×x (within x times either way) |
 <= N eps32 / <= N eps64 (float noise: N machine epsilons, whatever the reference) | info
@@ -37,6 +38,24 @@ every seed and on the seed means: it holds only if it holds on all of them. A va
 whose metric has a seed distribution is judged by where the published figure falls in
 it: inside the 95% prediction interval of one new run, or k seed standard deviations
 away (attnrepro.stats); without a distribution, by its `tol`.
+
+Printed precision. A published figure stands for every number that rounds to it as printed:
+"1.20" for [1.195, 1.205], "42" for [41.5, 42.5], "3.4e38" for [3.35e38, 3.45e38]
+(half a unit of the last digit in the YAML text, Claim.published_half). A value cell passes
+when ours lies in that interval, when the interval meets our band (prediction interval or
+`interval`), or when the interval's point closest to ours passes the `tol`. Checksums and
+conclusions are not widened: `exact` stays exact.
+
+Matching. Some rows carry no identity across training runs (head 2 of one run is not head 2
+of another). `match: "l(\\d+)h\\d+"` names them: every row must match the regex, and rows
+whose first group agree (here the layer) form a group; groups are of equal size. Each
+time the claims are evaluated, the published rows of a group are matched one-to-one with
+ours (same row names, same group) by the assignment of least total cost (the Hungarian
+method), the cost of a pair being the sum over columns of |ours - published| / the sd of
+the published column over all the table's rows (so each column weighs by how much rows
+differ in it, whatever its unit; a table's single `tol` would let the widest column
+decide). Each cell is then judged against the matched row of ours, which its result names
+(ClaimResult.matched).
 """
 
 from __future__ import annotations
@@ -44,14 +63,18 @@ from __future__ import annotations
 import fnmatch
 import math
 import re
+import statistics
 from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Mapping, Optional
+
+import yaml
 
 from .config import UserError, read_yaml_mapping
 from .io import read_json
 from .expr import ExprError, MissingMetric, evaluate, fmt_number, lookups, parse, references
-from .stats import Band, flatten, from_summary
+from .stats import Band, flatten, from_summary, percentile_of
 
 CLASSES = ("conclusion", "checksum", "value")
 ID_RE = re.compile(r"^[a-z0-9_]+$")
@@ -131,6 +154,7 @@ class Claim:
     text: str
     expr: str  # a comparison (expression claims) or a numeric expression (table cells)
     published: Optional[float] = None  # table cells: the source's figure
+    published_half: float = 0.0  # half a unit of its last printed digit (0: exact)
     tol: Optional[Tol] = None
     requires: Optional[str] = None
     note: str = ""
@@ -138,6 +162,9 @@ class Claim:
     evidence_note: str = ""
     moved_by: tuple[str, ...] = ()  # sensitivity rows that must move it half-way to the published figure
     interval: Optional[tuple[str, str]] = None  # expressions of our interval for this number (lo, hi)
+    match: Optional["Match"] = None  # a matched table's cell: its row is matched with one of ours
+    row: str = ""  # table cells: the published row and column
+    col: str = ""
 
     @property
     def gate(self) -> bool:
@@ -146,6 +173,41 @@ class Claim:
     @property
     def is_cell(self) -> bool:
         return self.published is not None
+
+    @property
+    def published_range(self) -> tuple[float, float]:
+        """The numbers the published figure stands for: its rounding interval for a value, itself otherwise."""
+        h = self.published_half if self.cls == "value" else 0.0
+        return self.published - h, self.published + h
+
+
+@dataclass(eq=False)
+class Match:
+    """A table whose rows are matched with ours one-to-one within groups (the table key `match`)."""
+    template: str
+    columns: list[str]
+    rows: dict[str, list[Optional[float]]]  # published row -> one number per column (None: not published)
+    groups: list[list[str]]
+    scale: list[float]  # per column: the sd of the published column
+
+    def expr(self, row: str, col: str) -> str:
+        return self.template.replace("{row}", row).replace("{col}", col)
+
+    def assign(self, row: str, metrics: Mapping[str, float]) -> str:
+        """Our row matched with the published `row`: the least-cost assignment within its group
+        (MissingMetric if a statistic of the group is missing)."""
+        from scipy.optimize import linear_sum_assignment  # imported here: scipy.optimize is slow to import
+
+        group = next(g for g in self.groups if row in g)
+        lookup, expand = lookups(metrics)
+        ours = {r: [float(evaluate(parse(self.expr(r, c)), lookup, expand)) for c in self.columns] for r in group}
+
+        def cost(pub: str, our: str) -> float:
+            d = sum(abs(o - p) / s for p, o, s in zip(self.rows[pub], ours[our], self.scale) if p is not None)
+            return d if math.isfinite(d) else 1e9  # a statistic we could not compute resembles nothing
+
+        _, cols = linear_sum_assignment([[cost(p, o) for o in group] for p in group])
+        return group[cols[group.index(row)]]
 
 
 @dataclass
@@ -174,10 +236,46 @@ class Expectations:
         return any(fnmatch.fnmatchcase(key, g) for g in self.timings)
 
 
+class _Float(float):
+    half = 0.0  # set by _PrintedLoader
+
+
+class _Int(int):
+    half = 0.0
+
+
+class _PrintedLoader(yaml.SafeLoader):
+    """YAML whose numbers remember half a unit of their last printed digit (`half`)."""
+
+
+def _keep_digits(cls, construct):
+    def constructor(loader, node):
+        x = cls(construct(loader, node))
+        x.half = _half(node.value)
+        return x
+    return constructor
+
+
+_PrintedLoader.add_constructor("tag:yaml.org,2002:float", _keep_digits(_Float, yaml.SafeLoader.construct_yaml_float))
+_PrintedLoader.add_constructor("tag:yaml.org,2002:int", _keep_digits(_Int, yaml.SafeLoader.construct_yaml_int))
+
+
+def _half(text: str) -> float:
+    """Half a unit of the last digit of a number as printed: "1.20" 0.005, "42" 0.5, "3.4e38" 0.5e37
+    (0 for a form without one, e.g. .inf or 0x1f)."""
+    try:
+        d = Decimal(text.replace("_", ""))
+    except InvalidOperation:
+        return 0.0
+    # 5 * 10^(e - 1), computed in Decimal: no OverflowError for a huge exponent
+    return float(Decimal(5).scaleb(d.as_tuple().exponent - 1)) if d.is_finite() else 0.0
+
+
 def load(path: str | Path = "claims.yaml") -> Expectations:
     """Read and validate the expectations file; every problem is one line naming the place."""
     path = Path(path)
-    data = read_yaml_mapping(path, "claims file not found", ClaimError)
+    read_yaml_mapping(path, "claims file not found", ClaimError)  # a missing or malformed file: one line
+    data = yaml.load(path.read_text(encoding="utf-8"), Loader=_PrintedLoader) or {}
     unknown = sorted(set(data) - {"gpu_only", "timings", "headline", "experiments"})
     if unknown:
         raise ClaimError(f"{path}: unknown top-level key {unknown[0]!r} (known: experiments, gpu_only, timings, "
@@ -233,9 +331,15 @@ def _number(x, where: str) -> Optional[float]:
     return float(x)
 
 
+def _published(x, where: str) -> tuple[Optional[float], float]:
+    """A published number and half a unit of its last printed digit."""
+    half = _half(x) if isinstance(x, str) else getattr(x, "half", 0.0)
+    return _number(x, where), half
+
+
 _EXPR_KEYS = {"id", "text", "expr", "note", "requires"}
 _TABLE_KEYS = {"id", "text", "metric", "columns", "rows", "published", "tol", "interval", "requires", "note",
-               "explain"}
+               "explain", "match"}
 
 
 def _check_expr(text, where: str, boolean: bool):
@@ -278,23 +382,28 @@ def _entry(raw, cls: str, exp: str, section: str, where: str) -> list[Claim]:
     template = raw.get("metric")
     if not isinstance(template, str) or "{col}" not in template:
         raise ClaimError(f"{where}.metric: a template with {{col}} (and {{row}} for a table with rows) is required")
-    cells: list[tuple[str, str, Optional[float]]] = []  # (cell id, expression, published)
+    cells: list[tuple[str, str, str, Optional[float], float]] = []  # (row, col, expression, published, half)
+    match = None
     if "published" in raw:
-        if not isinstance(raw["published"], dict) or "rows" in raw or "{row}" in template:
-            raise ClaimError(f"{where}.published: a one-row table is {{column: number}}, without rows or {{row}}")
+        if not isinstance(raw["published"], dict) or "rows" in raw or "{row}" in template or "match" in raw:
+            raise ClaimError(f"{where}.published: a one-row table is {{column: number}}, without rows, {{row}} or "
+                             "match")
         for col, pub in raw["published"].items():
-            cells.append((col, template.replace("{col}", col), _number(pub, f"{where}.published.{col}")))
+            cells.append(("", col, template.replace("{col}", col), *_published(pub, f"{where}.published.{col}")))
     else:
         cols, rows = raw.get("columns"), raw.get("rows")
         if not isinstance(cols, list) or not isinstance(rows, dict) or not rows:
             raise ClaimError(f"{where}: a table needs `columns:` (a list) and `rows:` (row -> numbers)")
+        cols, rows = [str(c) for c in cols], {str(r): v for r, v in rows.items()}
         for row, vals in rows.items():
             if not isinstance(vals, list) or len(vals) != len(cols):
                 raise ClaimError(f"{where}.rows.{row}: expected {len(cols)} numbers (one per column; null for none)")
             for col, pub in zip(cols, vals):
                 if pub is not None:
-                    cells.append((f"{row}.{col}", template.replace("{row}", str(row)).replace("{col}", str(col)),
-                                  _number(pub, f"{where}.rows.{row}")))
+                    cells.append((row, col, template.replace("{row}", row).replace("{col}", col),
+                                  *_published(pub, f"{where}.rows.{row}")))
+        if "match" in raw:
+            match = _match(raw["match"], template, cols, rows, f"{where}.match")
     tol = Tol.parse(raw["tol"], f"{where}.tol") if "tol" in raw else None
     interval = raw.get("interval")
     if interval is not None and not (isinstance(interval, list) and len(interval) == 2
@@ -307,28 +416,54 @@ def _entry(raw, cls: str, exp: str, section: str, where: str) -> list[Claim]:
         raise ClaimError(f"{where}.explain: expected {{cell or '*': {{by: [metric keys], note: text}}}}")
     shape = "expected {by: [metric keys], moved_by: [sensitivity rows], note: text}"
     out = []
-    for cell, expr, pub in cells:
+    for row, col, expr, pub, half in cells:
+        cell = f"{row}.{col}" if row else col
         _check_expr(expr, f"{where} cell {cell}", boolean=False)
         ex = explain.get(cell) or explain.get("*") or {}
         if not isinstance(ex, dict) or set(ex) - {"by", "moved_by", "note"} or not all(
                 isinstance(ex.get(k, []), list) and all(isinstance(x, str) for x in ex.get(k, []))
                 for k in ("by", "moved_by")):
             raise ClaimError(f"{where}.explain.{cell}: {shape}")
-        col = cell.rsplit(".", 1)[-1] if "published" not in raw else cell
         bounds = tuple(t.replace("{col}", col) for t in interval) if interval else None
-        out.append(Claim(f"{exp}.{cid}.{cell}", exp, section, cls, text, expr, published=pub, tol=tol,
-                         requires=requires, note=" ".join(str(raw.get("note", "")).split()),
+        out.append(Claim(f"{exp}.{cid}.{cell}", exp, section, cls, text, expr, published=pub, published_half=half,
+                         tol=tol, requires=requires, note=" ".join(str(raw.get("note", "")).split()),
                          evidence=tuple(ex.get("by", [])), evidence_note=" ".join(str(ex.get("note", "")).split()),
-                         moved_by=tuple(ex.get("moved_by", [])),
-                         interval=bounds))
+                         moved_by=tuple(ex.get("moved_by", [])), interval=bounds, match=match, row=row, col=col))
     if not out:
         raise ClaimError(f"{where}: the table has no published number")
     return out
 
 
+def _match(pattern, template: str, cols: list[str], rows: dict, where: str) -> Match:
+    """A table's `match:` regex, validated: it groups the rows (by its first group) into groups of equal size."""
+    try:
+        rx = re.compile(pattern) if isinstance(pattern, str) else None
+    except re.error as e:
+        raise ClaimError(f"{where}: {pattern!r} is not a regular expression ({e.msg})") from None
+    if rx is None or rx.groups < 1 or "{row}" not in template:
+        raise ClaimError(f"{where}: expected a regular expression with a group, e.g. \"l(\\d+)h\\d+\" (and "
+                         "{row} in the metric)")
+    groups: dict[str, list[str]] = {}
+    for row in rows:
+        m = rx.fullmatch(row)
+        if m is None:
+            raise ClaimError(f"{where}: row {row} does not match {pattern!r}")
+        groups.setdefault(m.group(1), []).append(row)
+    sizes = {g: len(rs) for g, rs in groups.items()}
+    if len(set(sizes.values())) > 1:
+        raise ClaimError(f"{where}: groups of unequal size ({', '.join(f'{g}: {n} rows' for g, n in sizes.items())})")
+    published = {row: [_number(v, f"{where} row {row}") for v in vals] for row, vals in rows.items()}
+    scale = []
+    for j in range(len(cols)):
+        xs = [p[j] for p in published.values() if p[j] is not None]
+        sd = statistics.stdev(xs) if len(xs) > 1 else 0.0
+        scale.append(sd if sd > 0 else 1.0)  # a column without spread adds the same to every pairing
+    return Match(template, cols, published, list(groups.values()), scale)
+
+
 # ---------------------------------------------------------------- metrics, distributions, machines
 
-METRIC_FILES_EXCLUDED = ("claims", "claims_summary")
+METRIC_FILES_EXCLUDED = ("claims", "claims_summary", "headline")  # the report's and the DVC view's own files
 
 
 def load_metrics_dir(path: str | Path = "metrics") -> dict[str, float]:
@@ -360,6 +495,13 @@ def cuda_run(stage: str, envs: Mapping[str, dict]) -> Optional[bool]:
     return bool(env.get("cuda_available")) or str(env.get("device", "")).startswith("cuda")
 
 
+def seed_values(dists: Mapping[str, dict], key: str) -> list[float]:
+    """Each seed's value of metric `<file>.<key>`, where its stage has a seed distribution."""
+    file, _, rest = key.partition(".")
+    runs = dists.get(file, {}).get("runs", {})
+    return [v for v in (flatten(r).get(rest) for r in runs.values()) if v is not None]
+
+
 def band(dists: Mapping[str, dict], key: str) -> Optional[Band]:
     """The seed distribution of metric `<file>.<key>`, if its stage has one."""
     file, _, rest = key.partition(".")
@@ -380,9 +522,12 @@ class ClaimResult:
     seeds_n: Optional[int] = None
     mean_holds: Optional[bool] = None
     band: Optional[Band] = None  # cells: our seed distribution of the metric
-    z: Optional[float] = None  # cells: (published - our mean) / our seed sd
+    z: Optional[float] = None  # cells: (published - our mean) / our seed sd (from the nearest mode, with modes)
+    percentile: Optional[float] = None  # cells with seeds: where the published figure sits among them (%)
+    mode: Optional[int] = None  # cells whose seeds fall into modes: the mode nearest the published figure
     missing_evidence: tuple[str, ...] = ()  # cited metrics that this run does not have
     not_moved: tuple[str, ...] = ()  # cited sensitivity rows that no longer move it half-way
+    matched: Optional[str] = None  # matched tables: our row this cell was judged against
 
     @property
     def passed(self) -> bool:
@@ -446,19 +591,15 @@ def evaluate_claim(claim: Claim, metrics: Mapping[str, float], dists: Mapping[st
         if any(c is False for c in cuda) or (all(c is None for c in cuda) and any(k not in metrics for k in refs)):
             return ClaimResult(claim, "skipped", detail="needs a CUDA run")
     try:
+        if claim.match is not None:
+            ours = claim.match.assign(claim.row, metrics)
+            res = _judge(claim, parse(claim.match.expr(ours, claim.col)), metrics, dists)
+            res.matched = ours
+            res.detail = "; ".join(filter(None, (res.detail or f"{fmt_number(res.value)} vs "
+                                                 f"{fmt_number(claim.published)}", f"matched with our {ours}")))
+            return res
         if claim.is_cell:
-            lookup, expand = lookups(metrics)
-            value = float(evaluate(node, lookup, expand))
-            if claim.interval:  # our interval for this number, e.g. a bootstrap interval over seeds
-                lo, hi = (float(evaluate(parse(x), lookup, expand)) for x in claim.interval)
-                return ClaimResult(claim, "pass" if lo <= claim.published <= hi else "fail", value=value,
-                              bound=None, detail=f"our 95% interval {fmt_number(lo)} – {fmt_number(hi)}")
-            b = band(dists, refs[0]) if node[0] == "ref" and claim.cls == "value" else None
-            if b is not None:
-                return ClaimResult(claim, "pass" if b.contains(claim.published) else "fail", value=value, band=b,
-                              z=b.z(claim.published))
-            tol = claim.tol or Tol("exact")
-            return ClaimResult(claim, "pass" if tol.ok(value, claim.published) else "fail", value=value)
+            return _judge(claim, node, metrics, dists)
         ok, left, right = _holds(node, metrics)
         res = ClaimResult(claim, "pass" if ok else "fail", value=left, bound=right)
         if claim.cls == "conclusion":
@@ -474,6 +615,32 @@ def evaluate_claim(claim: Claim, metrics: Mapping[str, float], dists: Mapping[st
         return res
     except MissingMetric as e:
         return ClaimResult(claim, "missing", detail=f"metric {e.key} not found")
+
+
+def _judge(claim: Claim, node, metrics, dists) -> ClaimResult:
+    """A table cell: the published figure (a value's rounding interval) against our interval, band or tol."""
+    lookup, expand = lookups(metrics)
+    value = float(evaluate(node, lookup, expand))
+    lo_p, hi_p = claim.published_range
+    if claim.interval:  # our interval for this number, e.g. a bootstrap interval over seeds
+        lo, hi = (float(evaluate(parse(x), lookup, expand)) for x in claim.interval)
+        return ClaimResult(claim, "pass" if lo <= hi_p and lo_p <= hi else "fail", value=value,
+                           detail=f"our 95% interval {fmt_number(lo)} – {fmt_number(hi)}")
+    key = references(node)[0]
+    b = band(dists, key) if node[0] == "ref" and claim.cls == "value" else None
+    if b is not None:
+        return ClaimResult(claim, "pass" if _meets(b, lo_p, hi_p) else "fail", value=value, band=b,
+                           z=b.z(claim.published), percentile=percentile_of(seed_values(dists, key), claim.published),
+                           mode=b.nearest_mode(claim.published) if b.modes else None)
+    closest = min(max(value, lo_p), hi_p) if math.isfinite(value) else claim.published
+    return ClaimResult(claim, "pass" if (claim.tol or Tol("exact")).ok(value, closest) else "fail", value=value)
+
+
+def _meets(b: Band, lo: float, hi: float) -> bool:
+    """Does [lo, hi] meet the band's prediction interval (one of its modes', where it has modes)? The point of
+    [lo, hi] closest to an interval's centre lies in that interval if any point does."""
+    centres = [m for _, m in b.modes] or [b.mean]
+    return any(b.contains(min(max(math.exp(c) if b.log else c, lo), hi)) for c in centres)
 
 
 def evaluate_all(exp: Expectations, metrics, dists, envs) -> list[ClaimResult]:
@@ -519,7 +686,8 @@ def claims_json(results: list[ClaimResult]) -> dict:
         c = r.claim
         e: dict = {"class": c.cls, "pass": int(r.passed), "skipped": int(r.status == "skipped")}
         for k, v in (("value", r.value), ("published", c.published), ("bound", r.bound), ("z", r.z),
-                     ("seeds_held", r.seeds_held), ("seeds_n", r.seeds_n)):
+                     ("percentile", r.percentile), ("mode", r.mode),
+                     ("seeds_held", r.seeds_held), ("seeds_n", r.seeds_n), ("matched", r.matched)):
             if v is not None and (not isinstance(v, float) or math.isfinite(v)):
                 e[k] = v
         if r.mean_holds is not None:

@@ -1,10 +1,14 @@
 """The `attnrepro` command.
 
-  attnrepro check [--rev HEAD] [--all]   this run vs the committed reference: exact on the same machine,
+  attnrepro check [--rev HEAD | --base REF] [--made-on MACHINE] [--all] [--json | --md]
+                                         this run vs the committed reference: exact on the same machine,
                                          else against the seed distributions; conclusions and checksums
-  attnrepro claims [--all]               evaluate claims.yaml on the workspace metrics only
+  attnrepro claims [--all]               evaluate claims.yaml on the workspace metrics only (exit 1: a checksum fails)
   attnrepro kv ...                       KV-cache memory calculator (attnrepro.memory), when installed
-  attnrepro store verify | gc            check the run store against its manifests, or clean it
+  attnrepro store verify|gc|push|pull    check the run store, clean it, or share it (docs/remote.md)
+  attnrepro keep [--allow-stale]         make this run the reference: README regenerated, outputs staged (no commit)
+  attnrepro restore [--yes]              put the committed reference back (git checkout + dvc checkout)
+  attnrepro tiny STAGE [--print]         try one stage in seconds on a tiny profile, in a scratch folder
   attnrepro staging --finish | --discard resolve the journal of a stage killed while moving its outputs in
 """
 
@@ -22,23 +26,36 @@ from .config import ArgumentParser, UserError
 PLUGINS: dict[str, tuple[str, str, str]] = {
     "kv": ("attnrepro.memory", "main", "KV-cache / attention-matrix memory calculator (eq. 1.20-1.21)"),
     "audit": ("attnrepro.audit.cli", "main", "run the chapter's battery against your attention implementation"),
-    "store": ("attnrepro.housekeeping", "store_main", "verify the run store (sizes, SHA-256), clean it (gc) or re-key it (migrate)"),
+    "store": ("attnrepro.housekeeping", "store_main",
+              "verify the run store (sizes, SHA-256), clean it (gc), re-key it (migrate), share it (push, pull)"),
+    "keep": ("attnrepro.keep", "keep_main",
+             "make this run the new reference: regenerate the README, `git add` the outputs and dvc.lock (no commit)"),
+    "tiny": ("attnrepro.tiny", "tiny_main",
+             "try one stage in seconds on a tiny profile, in a scratch folder (the reference untouched)"),
+    "restore": ("attnrepro.keep", "restore_main",
+                "put the committed reference back: git checkout of the outputs and dvc.lock, then dvc checkout"),
     "staging": ("attnrepro.housekeeping", "staging_main",
                 "finish or discard the move of a stage killed while putting its outputs in place"),
 }
 
 EPILOG = """\
 exit status: 0 the run reproduces the reference; 1 it does not (a metric outside its
-band or tolerance, a metric missing, a conclusion or checksum that fails: each is
-listed); 2 bad usage or input (one line on stderr).
+band or tolerance, a metric missing, an output or param edited after the run (dvc.lock),
+a conclusion or checksum that fails: each is listed); 2 bad usage or input, or a run
+whose env records describe another machine without --made-on (one line on stderr).
 
-How it judges: on the reference's kind of machine with the same params every metric
-must be identical (reruns are byte-identical). Otherwise each metric with a seed
-distribution (metrics/dist/) must fall in the prediction interval of one new run over
-the reference seeds (alpha = 0.05 family-wise: Bonferroni over the headline metrics, and
-again over the others), and the others within their drift tolerance (claims.yaml).
-Conclusions are recomputed from the raw metrics. Published values are reported, not
-gated. GPU-only metrics and claims are "skipped" on a run without CUDA, never "passed".
+The reference is the revision: its claims.yaml, params, metrics, seed distributions and
+machine records. A claims.yaml or params.yaml edited in the working tree is listed in the
+first lines (loosened, removed, added) and not used.
+
+How it judges: on the reference's kind of machine (this machine, the threads the stages
+ran with) with the same params every metric must be identical (reruns are
+byte-identical). Otherwise each metric with a seed distribution (metrics/dist/) must fall
+in the prediction interval of one new run over the reference seeds (alpha = 0.05
+family-wise: Bonferroni over the headline metrics, and again over the others), and the
+others within their drift tolerance (claims.yaml). Conclusions are recomputed from the
+raw metrics, on this run and on the reference's seeds. Published values are reported,
+not gated. GPU-only metrics and claims are "skipped" on a run without CUDA, never "passed".
 """
 
 
@@ -47,13 +64,23 @@ def _check_parser(sub) -> None:
                        description="Compare this run (metrics/) with the reference committed at a git revision "
                                    "(default HEAD) and evaluate claims.yaml. The first line is the verdict.",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rev", default="HEAD", help="git revision holding the reference run (default HEAD)")
+    ref = p.add_mutually_exclusive_group()
+    ref.add_argument("--rev", default="HEAD", help="git revision holding the reference run (default HEAD)")
+    ref.add_argument("--base", metavar="REF", help="the reference is the merge base of HEAD and REF (a pull "
+                                                   "request against its base branch, e.g. origin/main)")
+    p.add_argument("--made-on", metavar="MACHINE", help="the run's outputs were made on another machine than this "
+                   "one: say which (printed in the verdict); without it a run whose env records describe another "
+                   "machine is refused")
     p.add_argument("--root", default=".", help="repository root (default: current directory)")
     p.add_argument("--metrics", default="metrics", help="metrics folder, relative to the root")
-    p.add_argument("--claims", default="claims.yaml", help="expectations file (default claims.yaml)")
+    p.add_argument("--claims", default="claims.yaml", help="claims file, read from the reference revision "
+                                                           "(default claims.yaml)")
     p.add_argument("--mode", choices=("auto", "exact", "statistical"), default="auto",
                    help="auto (default): exact on the reference's machine with its params, else statistical")
     p.add_argument("--all", action="store_true", help="list every metric and claim, timings included")
+    fmt = p.add_mutually_exclusive_group()
+    fmt.add_argument("--json", action="store_true", help="print the verdict as JSON (for scripts)")
+    fmt.add_argument("--md", action="store_true", help="print the verdict as a Markdown document (for CI comments)")
 
 
 def _claims_parser(sub) -> None:
@@ -67,11 +94,25 @@ def _claims_parser(sub) -> None:
     p.add_argument("--all", action="store_true", help="list every claim, not only gated and failing ones")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def version_line() -> str:
+    """`attnrepro --version`: this package's installed version and torch's (from the installed
+    distributions' metadata: nothing is imported, so it answers in milliseconds)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def of(dist: str, fallback: str) -> str:
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            return fallback
+
     from . import __version__
 
+    return f"attnrepro {of('attnrepro', __version__)} (torch {of('torch', 'not installed')})"
+
+
+def build_parser() -> argparse.ArgumentParser:
     ap = ArgumentParser(prog="attnrepro", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--version", action="version", version=f"attnrepro {__version__}")
+    ap.add_argument("--version", action="version", version=version_line())
     sub = ap.add_subparsers(dest="command", metavar="COMMAND")
     _check_parser(sub)
     _claims_parser(sub)
@@ -81,11 +122,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _run_check(args) -> int:
-    from .check import render, run_check
+    import json
+
+    from .check import as_json, render, render_md, run_check
 
     outcome = run_check(rev=args.rev, root=args.root, metrics_dir=args.metrics, claims_path=args.claims,
-                        mode=args.mode)
-    sys.stdout.write(render(outcome, args.rev, show_all=args.all))
+                        mode=args.mode, made_on=args.made_on, base=args.base)
+    if args.json:
+        sys.stdout.write(json.dumps(as_json(outcome), indent=1, ensure_ascii=False) + "\n")
+    else:
+        sys.stdout.write((render_md if args.md else render)(outcome, show_all=args.all))
     return 0 if outcome.ok else 1
 
 
@@ -104,9 +150,13 @@ def _run_claims(args) -> int:
     c = counts(results)
     sys.stdout.write("\n" + "; ".join(f"{cls}s {v['passed']}/{v['n'] - v['skipped']} pass" for cls, v in c.items())
                      + "\n")
-    failed = [r.claim.id for r in results if r.gated_failure]
+    not_reproduced = [r.claim.id for r in results if r.claim.cls == "conclusion" and r.gated_failure]
+    if not_reproduced:
+        sys.stdout.write("the chapter's conclusions not reproduced on these metrics: " + ", ".join(not_reproduced)
+                         + " (whether that is a change: attnrepro check)\n")
+    failed = [r.claim.id for r in results if r.claim.cls == "checksum" and r.gated_failure]
     if failed:
-        sys.stdout.write("gated claims failing: " + ", ".join(failed) + "\n")
+        sys.stdout.write("checksums failing (true by construction: a bug): " + ", ".join(failed) + "\n")
     return 1 if failed else 0
 
 

@@ -7,6 +7,7 @@ respected), found in NVML by its PCI address, not NVML's device 0.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import platform
 import re
@@ -160,6 +161,13 @@ def environment(device: str = "cpu") -> dict:
         "cuda_version": torch.version.cuda,  # the torch build's CUDA; null for a CPU build
         "cudnn_version": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
         "numpy": numpy.__version__,
+        # the other numeric libraries a stage's numbers pass through (scipy: the claims' row matching;
+        # pandas and matplotlib: tables and figures; dask and distributed: the run engine)
+        "scipy": _version("scipy"),
+        "pandas": _version("pandas"),
+        "matplotlib": _version("matplotlib"),
+        "dask": _version("dask"),
+        "distributed": _version("distributed"),
         "dvc": _version("dvc"),
         "platform": platform.platform(terse=True),
         "cpu": cpu_model(),
@@ -181,11 +189,19 @@ def environment(device: str = "cpu") -> dict:
 RUN_MACHINE_KEYS = ("cpu", "torch", "python", "device", "torch_threads")
 
 
-def stage_environment(device: str, run_envs: Sequence[dict]) -> dict:
-    """This machine's record, for a stage whose runs may come from the run store or a cluster:
-    `runs_on` says "this machine" when every run's own record agrees with it on the machine and
-    software (a store or a cluster can hold runs trained elsewhere, in another float order)."""
+def stage_environment(device: str, runs: Sequence) -> dict:
+    """This machine's record, for a stage whose runs (its sweep.RunRecords) may come from the run
+    store or a cluster: `runs_on` says "this machine" when every run's own record agrees with it on
+    the machine and software (a store or a cluster can hold runs trained elsewhere, in another float
+    order); `numerics` names the numerics version each task's runs were keyed under, and `run_keys`
+    fingerprints the runs (`attnrepro check` tells results of other numerics from the code at HEAD's)."""
+    run_envs = [r.read("env.json") for r in runs]
     env = environment(device)
+    env["numerics"] = dict(sorted({(r.spec.task, r.read("spec.json")["numerics"]) for r in runs}))
+    env["run_keys"] = hashlib.sha256("\n".join(sorted(r.key for r in runs)).encode()).hexdigest()
+    # the compute its runs cost when they were trained (each run's own wall time, wherever it ran)
+    env["runs"] = len(runs)
+    env["run_wall_seconds"] = round(sum(r.read("timing.json")["wall_seconds"] for r in runs), 1)
     others = sorted({f"{e.get('cpu')}, torch {e.get('torch')}, {e.get('torch_threads')} thread(s)"
                      for e in run_envs if any(k in e and e[k] != env.get(k) for k in RUN_MACHINE_KEYS)})
     env["runs_on"] = "; ".join(others) if others else "this machine"

@@ -73,7 +73,8 @@ def seed_bands_figure(rows: list[dict], variants: Sequence[str], path, n_seeds: 
     """Training loss and layer-0 entropy per variant: the mean over seeds and their min-max band."""
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     steps = [r["step"] for r in rows]
-    for ax, key, title in ((axes[0], "loss", "training loss"), (axes[1], "entropy_l0", "layer-0 entropy")):
+    for ax, key, title, ylabel in ((axes[0], "loss", "training loss", "training loss (nats)"),
+                                   (axes[1], "entropy_l0", "layer-0 entropy", "layer-0 attention entropy (normalized)")):
         for i, v in enumerate(variants):
             mean = [r.get(f"{v}_{key}_mean") for r in rows]
             pts = [(s, m, r[f"{v}_{key}_min"], r[f"{v}_{key}_max"]) for s, m, r in zip(steps, mean, rows)
@@ -84,6 +85,7 @@ def seed_bands_figure(rows: list[dict], variants: Sequence[str], path, n_seeds: 
             ax.plot(xs, ms, color=f"C{i}", lw=1, label=v)
             ax.fill_between(xs, lo, hi, color=f"C{i}", alpha=0.25, lw=0)
         ax.set_xlabel("step")
+        ax.set_ylabel(ylabel)
         ax.set_title(f"{title}: mean and range over {n_seeds} seeds", fontsize=10)
         ax.grid(alpha=0.3)
     axes[1].set_yscale("log")
@@ -107,6 +109,52 @@ def seed_gaps_figure(rows: list[dict], small: int, large: int, path) -> None:
         ax.set_xlabel("seed")
         ax.grid(alpha=0.3)
     a.legend(fontsize=8)
+    save(fig, path)
+
+
+def seed_points_figure(rows: list[dict], variants: Sequence[str], modes: dict, path, statistic: str) -> None:
+    """Every seed's value of the headline metrics, per variant (a mode shows at a glance); seeds of a
+    variant's second mode (stats.find_modes, on `statistic`) drawn as open squares."""
+    keys = [("loss_final", "final training loss", False), ("val_loss_final", "final validation loss", False),
+            (statistic, statistic.replace("_", " "), True), ("entropy_final", "final layer-0 entropy", True)]
+    fig, axes = plt.subplots(1, len(keys), figsize=(3.2 * len(keys), 3.8))
+    for ax, (key, title, log) in zip(axes, keys):
+        log = log and all(r[f"{v}.{key}"] > 0 for r in rows for v in variants if f"{v}.{key}" in r)
+        for i, v in enumerate(variants):
+            groups = modes[v].groups if v in modes else [[r["seed"] for r in rows]]
+            for g, marker in zip(groups, ("o", "s")):
+                ys = [r[f"{v}.{key}"] for r in rows if r["seed"] in g and f"{v}.{key}" in r]
+                xs = [i + 0.08 * (j - (len(ys) - 1) / 2) for j in range(len(ys))]  # spread, so ties show
+                ax.plot(xs, ys, marker, color=f"C{i}", ms=5, mfc="none" if marker == "s" else f"C{i}", alpha=0.8)
+        ax.set_xticks(range(len(variants)), variants, rotation=30, fontsize=8)
+        ax.set_title(title, fontsize=10)
+        if log:
+            ax.set_yscale("log")
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"each seed ({len(rows)}); open squares: a variant's second mode", fontsize=10)
+    save(fig, path)
+
+
+def seed_runs_figure(rows: list[dict], variants: Sequence[str], path) -> None:
+    """Every run's training loss curve, thin lines coloured by variant (plots/seeds/runs.csv)."""
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    runs: dict[tuple, list] = {}
+    for r in rows:
+        runs.setdefault((r["variant"], r["seed"]), []).append((r["step"], r["loss"]))
+    for (v, _), pts in runs.items():
+        xs, ys = zip(*pts)
+        i = list(variants).index(v)
+        ax.plot(xs, ys, color=f"C{i}", lw=0.6, alpha=0.6)
+    for i, v in enumerate(variants):
+        ax.plot([], [], color=f"C{i}", label=v)
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss")
+    ax.set_title(f"training loss of every run ({len(runs)} runs: each variant at each seed)", fontsize=10)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
     save(fig, path)
 
 
@@ -155,8 +203,10 @@ def qknorm_figure(rows: list[dict], forms: Sequence[str], path, n_seeds: int) ->
     for ax in (a, b):
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
-    a.set_title(f"d_head 256 with QK-norm: mean over {n_seeds} seeds", fontsize=10)
-    a.legend(fontsize=8)
+    a.set_title(f"d_head 256 with QK-norm: training loss, mean over {n_seeds} seeds", fontsize=10)
+    b.set_title(f"layer-0 attention entropy, mean over {n_seeds} seeds", fontsize=10)
+    handles, labels = a.get_legend_handles_labels()  # one legend for both panels (same series, same colours)
+    fig.legend(handles, labels, loc="upper center", ncol=min(3, len(labels)), fontsize=8, bbox_to_anchor=(0.5, 0.0))
     save(fig, path)
 
 
@@ -275,21 +325,46 @@ def heads_figure(weights, tokens, itos, layer: int, path) -> None:
 
 
 def failures_figure(histories: dict[str, list[dict]], path) -> None:
-    """Training loss and grad norm per variant."""
+    """Training loss and grad norm per variant. Variants that train identically (no_stable_softmax
+    is the correct model until a logit overflows) would hide each other: every variant has its own
+    colour, dash and marker, and the correct model is drawn last, on top, as a thick translucent
+    line that the others show through (said in its legend entry)."""
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
-    for name, hist in histories.items():
+    styles = [("--", "o"), (":", "s"), ("-.", "^"), ((0, (5, 1, 1, 1)), "v"), ((0, (1, 1)), "D")]
+    names = [n for n in histories if n != "correct"] + (["correct"] if "correct" in histories else [])
+    for i, name in enumerate(names):
+        hist = histories[name]
         steps = [r["step"] for r in hist]
-        a.plot(steps, [r["loss"] for r in hist], label=name, lw=1)
-        b.plot(steps, [r["grad_norm"] for r in hist], label=name, lw=1)
+        every = max(1, len(steps) // 8)
+        if name == "correct":
+            kw = dict(color="k", lw=4, alpha=0.35, ls="-", zorder=5,
+                      label="correct (thick, translucent, on top: lines under it match it)")
+        else:
+            ls, marker = styles[i % len(styles)]
+            kw = dict(color=f"C{i}", lw=1.2, ls=ls, marker=marker, ms=3.5, markevery=(i % every, every),
+                      zorder=3, label=name)
+        a.plot(steps, [r["loss"] for r in hist], **kw)
+        b.plot(steps, [r["grad_norm"] for r in hist], **kw)
     a.set_ylabel("train loss")
-    a.legend(fontsize=8)
     b.set_ylabel("grad norm (before clipping)")
     b.set_yscale("log")
+    log_ticks(b.yaxis)
     for ax in (a, b):
         ax.set_xlabel("step")
-        ax.grid(alpha=0.3)
-    b.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        ax.grid(alpha=0.3, which="both")
+    handles, labels = a.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper center", ncol=min(3, len(labels)), fontsize=8,
+               bbox_to_anchor=(0.5, 0.0))
     save(fig, path)
+
+
+def log_ticks(axis) -> None:
+    """Readable ticks on a log axis whatever its span: 1-2-5 steps labelled in plain numbers
+    (a span under a decade otherwise gets one label, or none)."""
+    axis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0), numticks=15))
+    axis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_locator(matplotlib.ticker.LogLocator(base=10, subs=tuple(range(1, 10)), numticks=15))
+    axis.set_minor_formatter(matplotlib.ticker.NullFormatter())
 
 
 # ---------------------------------------------------------------- timings (kv_cache, latency)

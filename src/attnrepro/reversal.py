@@ -355,7 +355,7 @@ def results(cfg: ReversalConfig, runs: Sequence) -> ReversalResult:
     config = {"n_train": cfg.n_train, "n_val": cfg.n_val, "n_test": cfg.n_test, "steps": cfg.steps,
               "batch_size": cfg.batch_size, "lr": cfg.lr}
     return ReversalResult({"config": config, **metrics}, histories, preds, maps, token_labels(test[cfg.sample_index]),
-                          paths, stage_environment("cpu", [r.read("env.json") for r in runs]))
+                          paths, stage_environment("cpu", runs))
 
 
 @dataclass(frozen=True)

@@ -16,9 +16,10 @@ log(x). Without scipy: Student's t comes from the regularized incomplete beta fu
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Optional, Sequence
 
 ALPHA = 0.05  # two-sided; the check spends it family-wise (Bonferroni, attnrepro.check.families)
 
@@ -87,11 +88,18 @@ def t_quantile(p: float, df: float) -> float:
 
 @dataclass
 class Band:
-    """A metric's distribution over seeds: n, mean and sd (on the log scale when `log`)."""
+    """A metric's distribution over seeds: n, mean and sd (on the log scale when `log`).
+
+    Where the seeds fall into modes (`find_modes`), `modes` holds each mode's (n, mean) and
+    `mode_sd` the pooled within-mode sd (n - len(modes) degrees of freedom): one new run is then
+    predicted per mode, and consistent when it falls in any mode's interval. mean and sd stay
+    those of all seeds (an effect in seed sd means the same with or without modes)."""
     n: int
     mean: float
     sd: float
     log: bool = False
+    modes: tuple[tuple[int, float], ...] = ()
+    mode_sd: float = 0.0
 
     @classmethod
     def of(cls, values: Sequence[float], log: bool = False) -> "Band":
@@ -104,8 +112,20 @@ class Band:
         lo, hi = self.mean - half, self.mean + half
         return (math.exp(lo), math.exp(hi)) if self.log else (lo, hi)
 
+    def mode_intervals(self, alpha: float = ALPHA) -> list[tuple[float, float]]:
+        """Per mode: where one new run of that mode falls with probability 1 - alpha."""
+        t = t_quantile(1 - alpha / 2, self.n - len(self.modes))
+        out = []
+        for n, m in self.modes:
+            half = t * self.mode_sd * math.sqrt(1 + 1 / n)
+            out.append((math.exp(m - half), math.exp(m + half)) if self.log else (m - half, m + half))
+        return out
+
     def prediction_interval(self, alpha: float = ALPHA) -> tuple[float, float]:
-        """Where one new run falls with probability 1 - alpha."""
+        """Where one new run falls with probability 1 - alpha (with modes: the hull of theirs)."""
+        if self.modes:
+            iv = self.mode_intervals(alpha)
+            return min(lo for lo, _ in iv), max(hi for _, hi in iv)
         return self._interval(t_quantile(1 - alpha / 2, self.n - 1) * self.sd * math.sqrt(1 + 1 / self.n))
 
     def confidence_interval(self, alpha: float = ALPHA) -> tuple[float, float]:
@@ -116,17 +136,25 @@ class Band:
         """Is one new run's `value` inside the prediction interval?"""
         if value is None or not math.isfinite(value):
             return False
-        lo, hi = self.prediction_interval(alpha)
-        return lo <= value <= hi
+        intervals = self.mode_intervals(alpha) if self.modes else [self.prediction_interval(alpha)]
+        return any(lo <= value <= hi for lo, hi in intervals)
 
     def z(self, value: float) -> float:
         """How many seed standard deviations `value` lies from the mean (on the band's scale)."""
         if self.log and value <= 0:
             return -math.inf
         x = math.log(value) if self.log else value
-        if self.sd == 0:
-            return 0.0 if x == self.mean else math.copysign(math.inf, x - self.mean)
-        return (x - self.mean) / self.sd
+        mean, sd = self.mean, self.sd
+        if self.modes:  # from the nearest mode, in within-mode sd
+            mean, sd = min((m for _, m in self.modes), key=lambda m: abs(x - m)), self.mode_sd
+        if sd == 0:
+            return 0.0 if x == mean else math.copysign(math.inf, x - mean)
+        return (x - mean) / sd
+
+    def nearest_mode(self, value: float) -> int:
+        """The index of the mode (lowest first) whose mean lies nearest `value`, on the band's scale."""
+        x = math.log(value) if self.log and value > 0 else value
+        return min(range(len(self.modes)), key=lambda i: abs(x - self.modes[i][1]))
 
     def welch(self, other: "Band") -> float:
         """Two-sided p-value of Welch's t-test: do `other`'s seeds share this band's mean?"""
@@ -140,9 +168,12 @@ class Band:
 
 
 def from_summary(s: dict) -> Band:
-    """The Band a describe() summary stores (its log-scale mean and sd where it has them)."""
-    return Band(n=int(s["n"]), mean=s["log_mean"] if "log_mean" in s else s["mean"],
-                sd=s["log_sd"] if "log_sd" in s else s["sd"], log="log_mean" in s)
+    """The Band a describe() summary stores (its log-scale mean and sd where it has them, and its
+    modes where the seeds fall into modes)."""
+    log = "log_mean" in s
+    modes = tuple((int(m["n"]), m["log_mean"] if log else m["mean"]) for m in s.get("modes", ()))
+    return Band(n=int(s["n"]), mean=s["log_mean"] if log else s["mean"], sd=s["log_sd"] if log else s["sd"],
+                log=log, modes=modes, mode_sd=s.get("mode_sd", 0.0))
 
 
 def paired_t_p(a: Sequence[float], b: Sequence[float]) -> float:
@@ -167,16 +198,29 @@ def bootstrap_ratio(num: Sequence[float], den: Sequence[float], alpha: float = A
     return float(np.quantile(ratios, alpha / 2)), float(np.quantile(ratios, 1 - alpha / 2))
 
 
-def describe(values: Iterable[float], log: bool = False) -> dict:
+def describe(values: Iterable[float], log: bool = False, groups: Sequence[Sequence[int]] = ()) -> dict:
     """n, mean, sd, min, max and 95% intervals (of the mean: ci95; of one new run: pi95) on the
     linear scale; on the log scale, where asked and every value is positive, the intervals come
-    from log_mean and log_sd, which are stored too (the verdicts use them)."""
+    from log_mean and log_sd, which are stored too (the verdicts use them).
+
+    groups: where the values fall into modes, the positions of each mode's values. Each mode then
+    gets its n, mean, min and max ("modes"), the pooled within-mode sd ("mode_sd"), and pi95 is the
+    hull of the per-mode prediction intervals (Band.mode_intervals): no normal band over modes."""
     vals = [float(v) for v in values]
     if len(vals) < 2:
         raise ValueError(f"a distribution needs at least 2 values, got {len(vals)}")
     lin, b = Band.of(vals), Band.of(vals, log=log and all(v > 0 for v in vals))
     out = {"n": lin.n, "mean": lin.mean, "sd": lin.sd, "min": min(vals), "max": max(vals)}
     out["ci95_lo"], out["ci95_hi"] = b.confidence_interval()
+    if len(groups) > 1:
+        x = [math.log(v) if b.log else v for v in vals]
+        means = [sum(x[i] for i in g) / len(g) for g in groups]
+        ss = sum((x[i] - m) ** 2 for g, m in zip(groups, means) for i in g)
+        b.modes, b.mode_sd = tuple((len(g), m) for g, m in zip(groups, means)), math.sqrt(ss / (len(x) - len(groups)))
+        out["modes"] = [{"n": len(g), "mean": sum(vals[i] for i in g) / len(g), "min": min(vals[i] for i in g),
+                         "max": max(vals[i] for i in g), **({"log_mean": m} if b.log else {})}
+                        for g, m in zip(groups, means)]
+        out["mode_sd"] = b.mode_sd
     out["pi95_lo"], out["pi95_hi"] = b.prediction_interval()
     if b.log:
         out["log_mean"], out["log_sd"] = b.mean, b.sd
@@ -194,23 +238,130 @@ def flatten(obj, prefix: str = "") -> dict[str, float]:
     return out
 
 
-def distribution(runs: dict[int, dict], exclude: Sequence[str] = ()) -> dict:
+def distribution(runs: dict[int, dict], exclude: Sequence[str] = (),
+                 modes_of: Optional[Callable[[str], list[list]]] = None, modes: Optional[dict] = None) -> dict:
     """The reference distribution of a stage's metrics over seeds.
 
     runs: {seed: the metrics the stage writes for that seed (nested as in its metrics file)}.
     Returns {"seeds": [...], "stats": {key: describe(...)}, "runs": runs}: one entry per
     metric key present in every run (but those containing a string of `exclude`), on the log
-    scale where log_scale(key) and every value > 0.
+    scale where log_scale(key) and every value > 0. modes_of(key): the seeds of each mode the
+    metric's runs fall into (one group: none), and `modes` (find_modes' findings) is stored as is.
     """
     flat = {seed: flatten(r) for seed, r in runs.items()}
     keys = [k for k in next(iter(flat.values()))
             if all(k in f for f in flat.values()) and not any(x in k for x in exclude)]
+    seeds = list(runs)
     stats = {}
     for k in keys:
-        vals = [flat[s][k] for s in runs]
+        vals = [flat[s][k] for s in seeds]
         if all(math.isfinite(v) for v in vals):
-            stats[k] = describe(vals, log=log_scale(k))
-    return {"seeds": list(runs), "stats": stats, "runs": {str(s): r for s, r in runs.items()}}
+            groups = [[seeds.index(s) for s in g] for g in modes_of(k)] if modes_of else []
+            stats[k] = describe(vals, log=log_scale(k), groups=groups)
+    out = {"seeds": seeds, "stats": stats, "runs": {str(s): r for s, r in runs.items()}}
+    if modes is not None:
+        out["modes"] = modes
+    return out
+
+
+# ---------------------------------------------------------------- modes
+
+GAP_REPS = 20000  # draws of the Monte Carlo null distribution of the gap ratio
+
+
+def gap_ratio(values: Sequence[float]) -> tuple[float, int]:
+    """The largest gap between neighbouring sorted values, over the pooled sd of the two sides it
+    leaves (n - 2 degrees of freedom); and how many values lie below it."""
+    import numpy as np
+
+    x = np.sort(np.asarray(values, dtype=float))
+    gaps = np.diff(x)
+    i = int(np.argmax(gaps))
+    lo, hi = x[:i + 1], x[i + 1:]
+    sw = math.sqrt((((lo - lo.mean()) ** 2).sum() + ((hi - hi.mean()) ** 2).sum()) / (len(x) - 2))
+    if sw == 0:
+        return (math.inf if gaps[i] > 0 else 0.0), i + 1
+    return float(gaps[i] / sw), i + 1
+
+
+@functools.lru_cache(maxsize=None)
+def _gap_null(n: int) -> "np.ndarray":
+    import numpy as np
+
+    x = np.sort(np.random.default_rng(0).standard_normal((GAP_REPS, n)), axis=1)
+    gaps = np.diff(x, axis=1)
+    i = gaps.argmax(1)
+    below = np.arange(n) <= i[:, None]
+    ss = sum(np.where(side, (x - (np.where(side, x, 0).sum(1) / side.sum(1))[:, None]) ** 2, 0).sum(1)
+             for side in (below, ~below))
+    return np.sort(gaps[np.arange(GAP_REPS), i] / np.sqrt(ss / (n - 2)))
+
+
+def gap_p(ratio: float, n: int) -> float:
+    """P(gap ratio >= ratio) for n independent draws of one normal distribution (the ratio does not
+    depend on its mean or sd): Monte Carlo with GAP_REPS draws, seeded, so the same for everyone."""
+    import numpy as np
+
+    null = _gap_null(n)
+    return float((1 + len(null) - np.searchsorted(null, ratio, side="left")) / (len(null) + 1))
+
+
+@dataclass
+class Modes:
+    """What the seeds of one variant fall into, judged on one statistic."""
+    statistic: str
+    groups: list[list]  # the seeds of each mode, lowest statistic first; one group: one mode
+    ratio: float  # gap_ratio of the statistic
+    p: float  # gap_p: how often one normal sample has so large a gap
+    alpha: float  # the level it was tested at
+
+    def frequencies(self) -> list[dict]:
+        """Each mode's seeds, count and share of the seeds with its exact 95% (Clopper-Pearson) interval."""
+        from scipy.stats import binomtest
+
+        n = sum(len(g) for g in self.groups)
+        out = []
+        for g in self.groups:
+            ci = binomtest(len(g), n).proportion_ci(1 - ALPHA, method="exact")
+            out.append({"seeds": list(g), "n": len(g), "frac": len(g) / n, "ci95_lo": ci.low, "ci95_hi": ci.high})
+        return out
+
+
+def find_modes(values: dict, alpha: float = ALPHA, log: bool = False, statistic: str = "") -> Modes:
+    """Two modes when the largest gap in the sorted values is improbably large for one normal sample
+    (gap_p < alpha), split at that gap; else one. values: {seed: number}; log: test log(values).
+    Needs 4 values (2 degrees of freedom); at most two modes are looked for (a third cannot be
+    estimated from tens of seeds)."""
+    seeds = list(values)
+    x = [math.log(values[s]) if log else float(values[s]) for s in seeds]
+    if len(x) < 4:
+        return Modes(statistic, [seeds], math.nan, 1.0, alpha)
+    ratio, below = gap_ratio(x)
+    p = gap_p(ratio, len(x))
+    if p >= alpha:
+        return Modes(statistic, [seeds], ratio, p, alpha)
+    order = sorted(range(len(x)), key=lambda i: x[i])
+    return Modes(statistic, [[seeds[i] for i in sorted(order[:below])], [seeds[i] for i in sorted(order[below:])]],
+                 ratio, p, alpha)
+
+
+def percentile_of(values: Sequence[float], x: float) -> float:
+    """Where x sits among values, in percent: the share below it, ties counting half
+    (scipy.stats.percentileofscore, kind "mean"); 0 or 100 when outside their range."""
+    from scipy.stats import percentileofscore
+
+    return float(percentileofscore(list(values), x, kind="mean"))
+
+
+def common_refinement(partitions: Iterable[Sequence[Sequence]]) -> list[list]:
+    """The groups of seeds that share a mode in every partition (the modes of a metric that depends
+    on several variants, e.g. a gap between two)."""
+    groups: dict[tuple, list] = {}
+    parts = [list(p) for p in partitions]
+    seeds = [s for g in parts[0] for s in g] if parts else []
+    for s in seeds:
+        groups.setdefault(tuple(next(i for i, g in enumerate(p) if s in g) for p in parts), []).append(s)
+    return [groups[k] for k in sorted(groups)]
 
 
 def first_crossing(x: Sequence[float], y: Sequence[float], level: float) -> float:

@@ -9,10 +9,10 @@ from pathlib import Path
 import pandas as pd
 
 from ..audit.load import AttentionConfig
-from ..config import require
+from ..config import UserError, require
 from ..engine import EngineConfig
 from ..envinfo import stage_environment
-from ..stats import bootstrap_ratio, describe, distribution
+from ..stats import ALPHA, Modes, bootstrap_ratio, common_refinement, describe, distribution, find_modes, log_scale
 from ..sweep import require_ok, run_sweep
 from .protocol import TrainConfig, corpus_inputs, d_head_of, series
 
@@ -20,6 +20,7 @@ from .protocol import TrainConfig, corpus_inputs, d_head_of, series
 @dataclass
 class SeedsConfig:
     seeds: list[int]  # paired seeds; include train.seed to share the train stage's runs
+    mode_statistic: str  # a per-variant metric whose seeds are tested for two modes (stats.find_modes)
 
     def validate(self, prefix: str = "seeds") -> None:
         require(len(self.seeds) >= 3 and len(set(self.seeds)) == len(self.seeds), f"{prefix}.seeds", self.seeds,
@@ -82,7 +83,7 @@ def run_train(cfg: TrainConfig, attn: AttentionConfig, device: str, engine: Engi
         metrics=metrics, folders={name: rec.path for name, rec in runs.items()},
         series={name: series(rec.read("history.json"), rec.read("evals.json")) for name, rec in runs.items()},
         samples="# Samples from the prompt, one per variant\n\n" + "\n".join(samples),
-        env=stage_environment(device, [r.read("env.json") for r in records]))
+        env=stage_environment(device, records))
 
 
 CURVES = ("loss", "entropy_l0", "jacobian_fro_l0", "logit_std_l0")
@@ -123,10 +124,22 @@ class SeedsResult:
     headline: dict  # metrics/seeds.json: the gaps and the gap ratio over seeds
     dist: dict  # metrics/dist/train.json: every metric's distribution, and each seed's metrics
     gaps: list[dict]  # plots/seeds/gaps.csv: each seed's gaps
+    per_seed: list[dict]  # plots/seeds/per_seed.csv: each seed's headline metrics
+    histories: list[dict]  # plots/seeds/runs.csv: every run's loss curve (variant, seed, step, loss)
     curves: list[dict]  # plots/seeds/curves.csv: mean and range over seeds of each variant's curves
+    modes: dict  # variant -> stats.Modes
     small: int  # the smallest and the largest d_head with a scaled and an unscaled variant
     large: int
     env: dict  # metrics/env/seeds.json
+
+    def mode_lines(self) -> list[str]:
+        out = []
+        for v, m in self.modes.items():
+            shares = "; ".join(f"{f['n']} seeds {100 * f['frac']:.0f}% [95% {100 * f['ci95_lo']:.0f}, "
+                               f"{100 * f['ci95_hi']:.0f}]" for f in m.frequencies())
+            out.append(f"{v}: {len(m.groups)} mode{'s' * (len(m.groups) > 1)} on {m.statistic} "
+                       f"(gap ratio {m.ratio:.2f}, p {m.p:.3g} at alpha {m.alpha:.3g}): {shares}")
+        return out
 
     def line(self) -> str:
         h, small, large = self.headline, self.small, self.large
@@ -138,8 +151,9 @@ class SeedsResult:
                 f"per-seed ratio {g['mean']:.2f} [95% CI {g['ci95_lo']:.2f}, {g['ci95_hi']:.2f}]")
 
 
-def run_seeds(cfg: TrainConfig, seeds: list[int], device: str, engine: EngineConfig) -> SeedsResult:
-    """train.variants at every seed of `seeds` (paired), as one sweep; the comparison over seeds."""
+def run_seeds(cfg: TrainConfig, seeds: list[int], statistic: str, device: str, engine: EngineConfig) -> SeedsResult:
+    """train.variants at every seed of `seeds` (paired), as one sweep; the comparison over seeds, and
+    each variant's seeds tested for two modes on `statistic`."""
     keys = [(v, s) for s in seeds for v in cfg.variants]
     records = run_sweep("seeds", [cfg.spec(v, s, device) for v, s in keys], corpus_inputs(), engine)
     require_ok(records, "seeds")
@@ -150,13 +164,88 @@ def run_seeds(cfg: TrainConfig, seeds: list[int], device: str, engine: EngineCon
     for s in seeds:
         m = {v: by[(v, s)].summary() for v in cfg.variants}
         runs[s] = {**m, "comparison": comparison(m, pairs)}
+    modes = variant_modes(runs, list(cfg.variants), statistic)
     # a per-seed ratio with a noisy denominator has no meaningful t band: the gaps themselves have one,
     # and the ratio of the mean gaps gets a bootstrap interval (headline)
-    dist = distribution(runs, exclude=("gap_ratio",))
+    dist = distribution(runs, exclude=("gap_ratio",), modes_of=lambda k: modes_of(k, modes, pairs),
+                        modes={v: {"statistic": m.statistic, "gap_ratio": m.ratio, "p": m.p, "alpha": m.alpha,
+                                   "modes": m.frequencies()} for v, m in modes.items()})
     gaps = pd.DataFrame([{"seed": s, **runs[s]["comparison"]} for s in seeds])
     d_heads = sorted(d for d, p in pairs.items() if set(p) == {True, False})
     small, large = d_heads[0], d_heads[-1]
     histories = {(v, s): by[(v, s)].read("history.json") for v in cfg.variants for s in seeds}
-    return SeedsResult(headline=headline(gaps, small, large), dist=dist, gaps=gaps.to_dict("records"),
-                       curves=curves(histories, list(cfg.variants)), small=small, large=large,
-                       env=stage_environment(device, [r.read("env.json") for r in records]))
+    head = headline(gaps, small, large)
+    head["modes"] = modes_headline(runs, modes)
+    return SeedsResult(headline=head, dist=dist, gaps=gaps.to_dict("records"), per_seed=per_seed(runs, statistic),
+                       histories=per_seed_curves(histories), curves=curves(histories, list(cfg.variants)),
+                       modes=modes, small=small, large=large,
+                       env=stage_environment(device, records))
+
+
+def variant_modes(runs: dict[int, dict], variants: list[str], statistic: str) -> dict[str, Modes]:
+    """Each variant's seeds tested for two modes on `statistic`, at ALPHA family-wise over the
+    variants (Bonferroni)."""
+    missing = [v for v in variants if any(statistic not in runs[s][v] for s in runs)]
+    if missing:
+        known = sorted(k for k in next(iter(runs.values()))[missing[0]] if k.startswith(("entropy_step", "loss")))
+        raise UserError(f"seeds.mode_statistic: {statistic!r} is not a metric of {missing[0]} (it has e.g. "
+                        f"{', '.join(known[:6])})")
+    return {v: find_modes({s: runs[s][v][statistic] for s in runs}, ALPHA / len(variants), log_scale(statistic),
+                          statistic) for v in variants}
+
+
+def modes_of(key: str, modes: dict[str, Modes], pairs: dict[int, dict[bool, str]]) -> list[list]:
+    """The seeds of each mode a metric's runs fall into: its variant's modes; for a gap, those its
+    two variants' modes make together."""
+    variant, _, rest = key.partition(".")
+    if variant in modes:
+        return modes[variant].groups
+    for d_head, pair in pairs.items():
+        if key.startswith(f"comparison.gap_d{d_head}_") and set(pair) == {True, False}:
+            return common_refinement([modes[pair[True]].groups, modes[pair[False]].groups])
+    return []
+
+
+MODE_METRICS = ("loss_final", "val_loss_final", "entropy_final")
+
+
+def modes_headline(runs: dict[int, dict], modes: dict[str, Modes]) -> dict:
+    """Per variant: how many modes, the test's p, and per mode its share of the seeds (exact 95%
+    interval) and the means of a few metrics (metrics/seeds.json)."""
+    out = {}
+    for v, m in modes.items():
+        e = {"n_modes": len(m.groups), "gap_ratio": m.ratio, "p": m.p, "alpha": m.alpha}
+        for i, f in enumerate(m.frequencies()):
+            e[f"mode{i}"] = {"n": f["n"], "frac": f["frac"], "frac_ci95_lo": f["ci95_lo"], "frac_ci95_hi": f["ci95_hi"],
+                             **{f"{k}_mean": sum(runs[s][v][k] for s in f["seeds"]) / f["n"]
+                                for k in (*MODE_METRICS, m.statistic) if k in runs[f["seeds"][0]][v]}}
+        out[v] = e
+    return out
+
+
+HEADLINE_METRICS = ("loss_final", "val_loss_final", "entropy_step222", "entropy_final", "jacobian_fro_final",
+                    "trained_logit_std_l0")
+
+
+def per_seed(runs: dict[int, dict], statistic: str) -> list[dict]:
+    """One row per seed: each variant's headline metrics, its mode statistic and the gaps
+    (plots/seeds/per_seed.csv)."""
+    rows = []
+    for s, r in runs.items():
+        row = {"seed": s}
+        for v, m in r.items():
+            if v != "comparison":
+                row.update({f"{v}.{k}": m[k] for k in dict.fromkeys((*HEADLINE_METRICS, statistic)) if k in m})
+        row.update({k: x for k, x in r["comparison"].items() if not k.startswith("gap_ratio")})
+        rows.append(row)
+    return rows
+
+
+def per_seed_curves(histories: dict[tuple[str, int], list[dict]]) -> list[dict]:
+    """Each run's training loss per step, long form: variant, seed, step, loss (plots/seeds/runs.csv)."""
+    return [{"variant": v, "seed": s, "step": r["step"], "loss": r["loss"]}
+            for (v, s), rows in histories.items() for i, r in enumerate(rows)
+            if i % CURVE_STRIDE == 0 or i == len(rows) - 1]
+
+
+CURVE_STRIDE = 5  # every 5th step: thin lines need no more, and the CSV stays small

@@ -107,4 +107,4 @@ def run(train: TrainConfig, cfg: CriticalConfig, device: str, engine: EngineConf
         metrics["exercise1"] = {"logit_std_ratio_step0": {k: st[k] for k in ("mean", "min", "max")},
                                 "gap_loss_final": metrics[f"d{2 * first}"]["gap_loss_final"]}
     return CriticalResult(metrics=metrics, curve=curve, rows=rows, onset=(est, lo, hi), rise=cfg.onset_rise,
-                          env=stage_environment(device, [r.read("env.json") for r in runs]))
+                          env=stage_environment(device, runs))

@@ -74,7 +74,7 @@ class FailuresResult:
     seed_rows: list  # one row per variant and seed: the SYMPTOMS
     check_rows: list  # one row per variant and check
     fired: dict  # variant -> the names of the checks that fire
-    run_envs: list  # each run's env.json
+    records: list  # the sweep.RunRecords of every run
 
     def lines(self) -> list[str]:
         """The stage's printed summary: one line per variant, then its spread over the seeds."""
@@ -127,4 +127,4 @@ def run(cfg: FailuresConfig, device: str, engine: EngineConfig) -> FailuresResul
                  for seed in seeds for bug in cfg.variants]
     dist = distribution({seed: {bug: symptoms[(bug, seed)] for bug in cfg.variants} for seed in seeds})
     return FailuresResult(metrics=metrics, dist=dist, histories=histories, seed_rows=seed_rows,
-                          check_rows=check_rows, fired=fired, run_envs=[r.read("env.json") for r in records])
+                          check_rows=check_rows, fired=fired, records=records)

@@ -77,4 +77,4 @@ def run(train: TrainConfig, cfg: QKNormConfig, device: str, engine: EngineConfig
                                    for c in ("loss", "entropy_l0") for n in variants}}
             for step, row in curves.iterrows()]
     return QKNormResult(metrics=metrics, rows=rows, curves=wide, forms=list(variants),
-                        env=stage_environment(device, [r.read("env.json") for r in records]))
+                        env=stage_environment(device, records))

@@ -150,4 +150,4 @@ def run(train: TrainConfig, failures: FailuresConfig, cfg: SensitivityConfig, de
                 rows.append(row)
                 metrics.setdefault(v, {}).setdefault(m, {})[c] = {k: row[k] for k in ("effect_sd", "mean", "baseline")}
     return SensitivityResult(metrics=metrics, rows=rows,
-                             env=stage_environment(device, [r.read("env.json") for r in records.values()]))
+                             env=stage_environment(device, list(records.values())))

@@ -1,0 +1,56 @@
+"""DVC stage `headline`: the views a person reads in DVC (attnrepro.headline).
+
+Writes metrics/headline.json, the pipeline's one declared DVC metric (what `dvc exp show` and
+`dvc metrics diff` show): this run's values of claims.yaml's `headline:` metrics, the seed
+summaries of the headline gaps (metrics/seeds.json) and the check's counts
+(metrics/claims_summary.json); and plots/views/<view>/<line>.csv, the plots page's tables (x and
+the plotted column of the step-wise tables, at most 500 rows per line). Reads only other stages'
+outputs; trains nothing, times nothing: deterministic, in a second.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from attnrepro import headline
+from attnrepro.config import UserError
+from attnrepro.io import atomic_dir, read_json, write_json
+from attnrepro.stage import Stage, stage
+
+
+def options(ap) -> None:
+    ap.add_argument("--claims", default="claims.yaml", help="the claims file (its headline: and timings: lists)")
+    ap.add_argument("--metrics-dir", default="metrics", help="where the metrics files are (default metrics)")
+
+
+def main(st: Stage) -> None:
+    claims = yaml.safe_load(Path(st.args.claims).read_text(encoding="utf-8")) or {}
+    names, timings = claims.get("headline") or [], claims.get("timings") or []
+    mdir = Path(st.args.metrics_dir)
+    files = {}
+    for stem in sorted({n.split(".", 1)[0] for n in names}):
+        if not (mdir / f"{stem}.json").is_file():
+            raise UserError(f"{mdir / stem}.json: missing (claims.yaml headline names {stem}.*)")
+        files[stem] = read_json(mdir / f"{stem}.json")
+    out = headline.headline(names, timings, files, read_json(mdir / "seeds.json"),
+                            read_json(mdir / "claims_summary.json"))
+    tables = headline.views()
+    with atomic_dir(headline.VIEWS_DIR) as tmp:  # the whole folder: a view dropped leaves no stale file
+        headline.write_tables(tmp, tables)
+    write_json(mdir / "headline.json", out)
+    print(f"{mdir / 'headline.json'}: {sum(1 for _ in _leaves(out))} numbers; "
+          f"{headline.VIEWS_DIR}/: {len(headline.VIEWS)} views")
+
+
+def _leaves(obj):
+    if isinstance(obj, dict):
+        for v in obj.values():
+            yield from _leaves(v)
+    else:
+        yield obj
+
+
+if __name__ == "__main__":
+    stage(main, __doc__, arguments=options)

@@ -1,0 +1,119 @@
+"""`attnrepro check` against dvc.lock: an output or a param edited after the run is named.
+
+Also the helper the check tests share: `relock(root)` writes dvc.lock as `dvc repro` would
+after a run (every dvc.yaml stage's outputs with DVC's md5, its params' values).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from attnrepro.reference import lock_problems, out_md5
+
+
+def _get(d, key: str):
+    for part in key.split("."):
+        d = d.get(part) if isinstance(d, dict) else None
+    return d
+
+
+def relock(root: Path) -> None:
+    """dvc.lock for the workspace as it is: each stage's outputs (md5 as DVC 3 computes it) and params."""
+    stages = (yaml.safe_load((root / "dvc.yaml").read_text(encoding="utf-8")) or {})["stages"]
+    try:
+        params = yaml.safe_load((root / "params.yaml").read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError):
+        params = {}
+    lock: dict = {"schema": "2.0", "stages": {}}
+    for name, st in stages.items():
+        entry: dict = {"cmd": st.get("cmd", "")}
+        keys = [str(p if isinstance(p, str) else next(iter(p))) for p in st.get("params") or []]
+        if keys:
+            entry["params"] = {"params.yaml": {k: _get(params, k) for k in keys}}
+        outs = [str(o if isinstance(o, str) else next(iter(o))) for k in ("outs", "metrics", "plots")
+                for o in st.get(k) or []]
+        entry["outs"] = [{"path": o, "hash": "md5", "md5": out_md5(root / o)} for o in outs if (root / o).exists()]
+        lock["stages"][name] = entry
+    (root / "dvc.lock").write_text(yaml.safe_dump(lock, sort_keys=False), encoding="utf-8")
+
+
+def test_md5s_are_dvcs(tmp_path):
+    """Values `dvc add` (DVC 3.67) recorded for these very files: a file's md5 is its bytes' (no
+    dos2unix), a directory's the md5 of its manifest with ".dir"."""
+    (tmp_path / "d/sub").mkdir(parents=True)
+    (tmp_path / "d/x.csv").write_bytes(b"a,b\n1,2\n")
+    (tmp_path / "d/sub/y.json").write_bytes(b'{"k": 1}\n')
+    (tmp_path / "f.txt").write_bytes(b"hello\r\nworld\n")
+    assert out_md5(tmp_path / "d") == "d2772f0bacdb536a28c5274ccc3d2950.dir"
+    assert out_md5(tmp_path / "f.txt") == "04153b3135e575c274352238bed301e7"
+
+
+@pytest.fixture
+def run(tmp_path) -> Path:
+    root = tmp_path / "w"
+    (root / "metrics/env").mkdir(parents=True)
+    (root / "plots/train").mkdir(parents=True)
+    (root / "params.yaml").write_text("train:\n  seed: 0\n  mask: [-1.0e4]\nreport: {x: 1}\n", encoding="utf-8")
+    (root / "dvc.yaml").write_text(yaml.safe_dump({"stages": {
+        "train": {"cmd": "x", "params": ["train"], "metrics": ["metrics/train.json"],
+                  "outs": ["metrics/env/train.json", "plots/train"]},
+        "report": {"cmd": "x", "params": ["report.x", "train.seed"], "outs": ["metrics/claims.json"]}}}),
+        encoding="utf-8")
+    (root / "metrics/train.json").write_text('{"loss": 3.7}', encoding="utf-8")
+    (root / "metrics/env/train.json").write_text('{"cpu": "Intel Xeon"}', encoding="utf-8")
+    (root / "metrics/claims.json").write_text("{}", encoding="utf-8")
+    (root / "plots/train/loss.csv").write_text("step,loss\n0,5.5\n", encoding="utf-8")
+    relock(root)
+    return root
+
+
+def test_the_run_as_recorded_has_no_problem(run):
+    assert lock_problems(run) == []
+
+
+def test_a_metrics_file_edited_after_the_run(run):
+    (run / "metrics/train.json").write_text('{"loss": 3.6}', encoding="utf-8")
+    assert lock_problems(run) == ["metrics/train.json was edited after the run (its md5 differs from dvc.lock's)"]
+
+
+def test_a_plots_folder_edited_or_grown_after_the_run(run):
+    (run / "plots/train/extra.png").write_bytes(b"\x89PNG")
+    assert lock_problems(run) == ["plots/train was edited after the run (its md5 differs from dvc.lock's)"]
+
+
+def test_an_env_record_deleted_or_an_unrecorded_metrics_file(run):
+    (run / "metrics/env/train.json").unlink()
+    (run / "metrics/extra.json").write_text('{"a": 1}', encoding="utf-8")
+    assert lock_problems(run) == ["metrics/env/train.json is missing (dvc.lock records it as an output of train)",
+                                  "metrics/extra.json is an output of no stage in dvc.lock: not made by the run"]
+
+
+def test_a_param_edited_after_the_run_is_named_once(run):
+    text = (run / "params.yaml").read_text(encoding="utf-8").replace("seed: 0", "seed: 1")
+    (run / "params.yaml").write_text(text, encoding="utf-8")
+    assert lock_problems(run) == ["params.yaml train.seed was edited after the run (report, train ran with 0, it now "
+                                  "reads 1)"]
+
+
+def test_yaml_1_2_numbers_in_the_lock_match_params(run):
+    """DVC (YAML 1.2) writes -1.0e4 as -10000.0; PyYAML (1.1) reads the params' -1.0e4 as a string."""
+    lock = yaml.safe_load((run / "dvc.lock").read_text(encoding="utf-8"))
+    assert lock["stages"]["train"]["params"]["params.yaml"]["train"]["mask"] == ["-1.0e4"]
+    lock["stages"]["train"]["params"]["params.yaml"]["train"]["mask"] = [-10000.0]
+    (run / "dvc.lock").write_text(yaml.safe_dump(lock), encoding="utf-8")
+    assert lock_problems(run) == []
+
+
+def test_stale_lock_entries_and_a_missing_lock(run):
+    """A stage dvc.yaml no longer has (an old foreach's train@x) is not the run's record."""
+    lock = yaml.safe_load((run / "dvc.lock").read_text(encoding="utf-8"))
+    lock["stages"]["train@old"] = {"cmd": "x", "outs": [{"path": "metrics/train.json", "md5": "0" * 32}]}
+    (run / "dvc.lock").write_text(yaml.safe_dump(lock), encoding="utf-8")
+    assert lock_problems(run) == []
+    (run / "dvc.lock").unlink()
+    assert lock_problems(run) == ["dvc.lock is missing: the outputs cannot be matched with the run that made them"]
+    assert json.loads((run / "metrics/train.json").read_text(encoding="utf-8")) == {"loss": 3.7}

@@ -1,0 +1,73 @@
+"""The mended figures: series that train identically stay visible, log axes carry several labels,
+every panel is explained by a legend and labelled on y."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from attnrepro import figures
+
+
+@pytest.fixture
+def drawn(monkeypatch):
+    """The figures the functions draw, kept open instead of saved."""
+    figs = []
+    monkeypatch.setattr(figures, "save", lambda fig, path=None: figs.append(fig))
+    yield figs
+    for f in figs:
+        figures.plt.close(f)
+
+
+def history(scale: float, wobble: float) -> list[dict]:
+    return [{"step": s, "loss": 7 - 0.01 * s * scale, "grad_norm": 0.6 + wobble * math.sin(s / 5)} for s in range(60)]
+
+
+def test_failures_figure_shows_the_correct_model_and_readable_grad_norms(drawn):
+    same = history(1.0, 0.3)
+    figures.failures_figure({"correct": same, "mask_zero": history(1.2, 0.5), "no_stable_softmax": list(same),
+                             "dk_not_sqrt": history(0.9, 0.2)}, "unused.png")
+    fig, = drawn
+    loss, grad = fig.axes
+    lines = {ln.get_label(): ln for ln in loss.get_lines()}
+    correct = next(ln for label, ln in lines.items() if label.startswith("correct"))
+    twin = lines["no_stable_softmax"]
+    # the identical variant is drawn under a thicker, translucent correct line, and the legend says so
+    assert correct.get_zorder() > twin.get_zorder() and correct.get_linewidth() > 2 * twin.get_linewidth()
+    assert correct.get_alpha() < 1 and "on top" in correct.get_label()
+    styles = [(ln.get_color(), str(ln.get_linestyle()), ln.get_marker()) for ln in lines.values()]
+    assert len(set(styles)) == len(styles)  # no two series drawn alike
+    assert fig.legends and {t.get_text() for t in fig.legends[0].get_texts()} == set(lines)
+    # the grad-norm axis (log) labels several ticks inside its range
+    fig.canvas.draw()
+    lo, hi = grad.get_ylim()
+    labels = [t.get_text() for t in grad.get_yticklabels() if t.get_text() and lo <= t.get_position()[1] <= hi]
+    assert grad.get_yscale() == "log" and len(labels) >= 3, labels
+
+
+def test_qknorm_figure_has_a_legend_for_both_panels(drawn):
+    forms = ["d256_scaled", "d256_unscaled", "l2_gain_instead"]
+    rows = [{"step": s, **{f"{f}_loss": 7 - 0.01 * s * (i + 1) for i, f in enumerate(forms)},
+             **{f"{f}_entropy_l0": 0.9 / (1 + s * i) for i, f in enumerate(forms)}} for s in range(20)]
+    figures.qknorm_figure(rows, forms, "unused.png", 3)
+    fig, = drawn
+    legend_texts = {t.get_text() for lg in fig.legends for t in lg.get_texts()}
+    legend_texts |= {t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()}
+    assert set(forms) <= legend_texts
+    assert fig.legends or all(ax.get_legend() for ax in fig.axes)
+    assert all(ax.get_ylabel() for ax in fig.axes)
+
+
+def test_seed_bands_figure_labels_both_y_axes(drawn):
+    variants = ["d32_scaled", "d256_unscaled"]
+    rows = []
+    for s in range(10):
+        r = {"step": s}
+        for v in variants:
+            for key in ("loss", "entropy_l0"):
+                r.update({f"{v}_{key}_mean": 1.0 + s, f"{v}_{key}_min": 0.5 + s, f"{v}_{key}_max": 1.5 + s})
+        rows.append(r)
+    figures.seed_bands_figure(rows, variants, "unused.png", 5)
+    fig, = drawn
+    assert all(ax.get_ylabel() for ax in fig.axes), [ax.get_ylabel() for ax in fig.axes]

@@ -1,0 +1,153 @@
+"""`attnrepro keep` stages exactly the pipeline's git-tracked outputs, dvc.lock and README.md (after
+regenerating it) and never commits; `attnrepro restore` puts the committed reference back."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from attnrepro import cli
+from attnrepro.keep import git_outputs
+
+REPO = Path(__file__).resolve().parents[1]
+
+DVC_YAML = """\
+stages:
+  make:
+    cmd: python make.py
+    deps:
+      - make.py
+    params:
+      - make
+    outs:
+      - data/big.bin
+      - plots/make:
+          cache: false
+    metrics:
+      - metrics/make.json:
+          cache: false
+"""
+MAKE = """\
+import json, os, yaml
+n = yaml.safe_load(open("params.yaml"))["make"]["n"]
+os.makedirs("metrics", exist_ok=True); os.makedirs("plots/make", exist_ok=True); os.makedirs("data", exist_ok=True)
+json.dump({"n": n}, open("metrics/make.json", "w"))
+open("plots/make/curve.csv", "w").write(f"x,y\\n0,{n}\\n")
+open("data/big.bin", "wb").write(bytes([n % 256]) * 1000)
+"""
+
+
+def _sh(cwd, *cmd, check=True):
+    return subprocess.run(cmd, cwd=cwd, check=check, capture_output=True, text=True)
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    root = tmp_path / "p"
+    root.mkdir()
+    _sh(root, "git", "init", "-q")
+    _sh(root, "git", "config", "user.email", "t@example.com")
+    _sh(root, "git", "config", "user.name", "t")
+    _sh(root, sys.executable, "-m", "dvc", "init", "-q")
+    (root / "dvc.yaml").write_text(DVC_YAML)
+    (root / "make.py").write_text(MAKE)
+    (root / "params.yaml").write_text("make:\n  n: 1\n")
+    (root / "README.md").write_text("# p\n")
+    (root / "code.py").write_text("x = 1\n")
+    _sh(root, sys.executable, "-m", "dvc", "repro", "-q")
+    _sh(root, "git", "add", "-A")
+    _sh(root, "git", "commit", "-qm", "reference")
+    # README generation is attnrepro.readme's (tested by tests/test_readme.py); here it stamps a line
+    import attnrepro.readme
+
+    def fake_update(r, check=False):
+        readme = Path(r) / "README.md"
+        n = (Path(r) / "metrics" / "make.json").read_text()
+        new = f"# p\n{n}\n"
+        same = readme.read_text() == new
+        if not check:
+            readme.write_text(new)
+        return same
+
+    monkeypatch.setattr(attnrepro.readme, "update", fake_update)
+    monkeypatch.chdir(root)
+    return root
+
+
+def _new_run(root: Path, n: int) -> None:
+    (root / "params.yaml").write_text(f"make:\n  n: {n}\n")
+    _sh(root, sys.executable, "-m", "dvc", "repro", "-q")
+
+
+def test_outputs_are_read_from_dvc_yaml(project):
+    assert git_outputs(project) == ["plots/make", "metrics/make.json"]
+
+
+def test_keep_stages_exactly_the_outputs_lock_and_readme(project, capsys):
+    _new_run(project, 2)
+    (project / "code.py").write_text("x = 2\n")  # the code change that produced the run: not keep's to stage
+    (project / "notes.txt").write_text("mine\n")
+    assert cli.main(["keep"]) == 0
+    out = capsys.readouterr().out
+    staged = _sh(project, "git", "diff", "--cached", "--name-only").stdout.split()
+    assert sorted(staged) == ["README.md", "dvc.lock", "metrics/make.json", "plots/make/curve.csv"]
+    assert "keep: staged 4 files" in out and "git commit -m" in out
+    assert "code.py" in out  # named as changed elsewhere, not staged
+    assert _sh(project, "git", "log", "--oneline").stdout.count("\n") == 1  # nothing committed
+    assert "{\"n\": 2}" in (project / "README.md").read_text()
+
+
+def test_keep_refuses_a_stale_pipeline(project, capsys):
+    (project / "params.yaml").write_text("make:\n  n: 3\n")  # changed, not rerun
+    assert cli.main(["keep"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "1 stage stale (make)" in err and "--allow-stale" in err
+    assert _sh(project, "git", "diff", "--cached", "--name-only").stdout == ""
+
+
+def test_keep_refuses_outputs_that_differ_from_the_lock(project, capsys):
+    (project / "metrics" / "make.json").write_text('{"n": 99}')
+    assert cli.main(["keep", "--allow-stale"]) == 2
+    assert "differ from dvc.lock" in capsys.readouterr().err
+    assert _sh(project, "git", "diff", "--cached", "--name-only").stdout == ""
+
+
+def test_restore_puts_the_reference_back(project, capsys):
+    ref = (project / "metrics" / "make.json").read_text()
+    _new_run(project, 5)
+    (project / "plots" / "make" / "extra.csv").write_text("new output\n")
+    assert cli.main(["restore", "--yes"]) == 0
+    out = capsys.readouterr().out
+    assert "plots/make/extra.csv (not in the reference: removed)" in out
+    assert (project / "metrics" / "make.json").read_text() == ref
+    assert (project / "data" / "big.bin").read_bytes() == bytes([1]) * 1000  # dvc checkout, from the cache
+    assert not (project / "plots" / "make" / "extra.csv").exists()
+    assert "changed outs" not in _sh(project, sys.executable, "-m", "dvc", "status", "--json").stdout
+    assert (project / "params.yaml").read_text() == "make:\n  n: 5\n"  # params are code: left alone
+
+
+def test_restore_asks_first(project, capsys, monkeypatch):
+    _new_run(project, 6)
+    monkeypatch.setattr(sys, "stdin", open("/dev/null"))  # no terminal: it cannot ask
+    assert cli.main(["restore"]) == 2
+    assert "pass --yes" in capsys.readouterr().err
+    assert '"n": 6' in (project / "metrics" / "make.json").read_text()
+
+
+def test_restore_when_nothing_changed(project, capsys):
+    assert cli.main(["restore"]) == 0
+    assert "are the committed reference already" in capsys.readouterr().out
+
+
+def test_readme_counts_are_generated():
+    from attnrepro.readme import COUNT, ReadmeError, Sources, counts, render_counts
+
+    values = counts(Sources(REPO))
+    assert values["runs_sweeps"] == sum(values[f"runs_{s}"] for s in ("seeds", "critical", "qknorm", "sensitivity"))
+    assert render_counts("a <!--count:runs_train-->999<!--/count--> b", values) == \
+        f"a <!--count:runs_train-->{values['runs_train']:,}<!--/count--> b"
+    with pytest.raises(ReadmeError, match="nobody generates: 'nope'"):
+        render_counts("<!--count:nope-->1<!--/count-->", values)
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    assert {m.group(1) for m in COUNT.finditer(text)} >= {"exp_show_columns", "runs_sweeps", "runs_sensitivity"}
