@@ -9,20 +9,24 @@ small model; 64 -> 128 x 2, exercise 1; 96 -> 192 x 2; 128 -> 128 x 1; 192 -> 19
 256 -> 256 x 1, the large model). So d_model moves with d_head between the ends; the
 runs at d_head 32 and 256 are the seeds stage's own (the run store shares them).
 
-The onset estimate (the criterion): the smallest d_head at which the mean gap over seeds
-has risen by `critical.onset_rise` nats above its d_head-32 value, interpolated linearly in
-log d_head between grid points, with a 95% percentile-bootstrap interval over seeds.
+The onset, at the grid's resolution (stats.onset_interval): the interval (previous grid
+point, d_head] of the first d_head whose mean gap has a 95% lower confidence bound above the
+upper bound of the d_head-32 gap: seed noise sets the threshold, and the answer is never
+finer than the grid. Since d_model moves with d_head here, the curve mixes two variables:
+plots/critical/gap_vs_logit_std.png shows every run's gap against the unscaled logit std at
+init, which depends on both (the chapter's explanation of when it breaks).
 
 Writes metrics/critical.json (per d_head: gap and entropies with seed statistics, the
-exercise-1 logit-std ratio and gap, the onset with its interval), plots/critical/curve.csv
-(per d_head: mean, min, max) and plots/critical/per_seed.csv, plots/critical/curve.png.
+exercise-1 logit-std ratio and gap, the onset interval), plots/critical/curve.csv (per
+d_head: mean, min, max) and plots/critical/per_seed.csv, plots/critical/curve.png,
+plots/critical/gap_vs_logit_std.png.
 """
 
 from __future__ import annotations
 
 from attnrepro.experiments import critical
 from attnrepro.experiments.protocol import TrainConfig
-from attnrepro.figures import critical_figure
+from attnrepro.figures import critical_figure, gap_vs_logit_std_figure
 from attnrepro.io import write_csv, write_json
 from attnrepro.stage import Stage, stage
 
@@ -38,6 +42,9 @@ def main(st: Stage) -> None:
     write_csv("plots/critical/curve.csv", result.curve)
     write_csv("plots/critical/per_seed.csv", result.rows)
     critical_figure(result.curve, result.metrics["onset"], "plots/critical/curve.png", len(cfg.seeds))
+    chapter = {(m["d_model"] // m["n_head"], m["d_model"]): f"the chapter's {name} model"
+               for name, m in train.models.items()}
+    gap_vs_logit_std_figure(result.rows, "plots/critical/gap_vs_logit_std.png", chapter)
     for line in result.lines():
         print(line)
 

@@ -124,18 +124,6 @@ def test_ci_entry_point_changes_no_global_state():
     assert any(ln.startswith("exec bash scripts/test.sh") for ln in code)
 
 
-def test_version_flag_prints_the_package_version(capsys):
-    import pytest
-
-    from attnrepro.cli import main
-
-    with pytest.raises(SystemExit) as e:
-        main(["--version"])
-    version = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]["version"]
-    out = capsys.readouterr().out.strip()
-    assert e.value.code == 0 and out.startswith(f"attnrepro {version} (torch ") and out.endswith(")")
-
-
 def test_a_closed_pipe_is_no_traceback():
     """`attnrepro kv ... | head -1` once ended in a BrokenPipeError traceback: the reader here
     closes its end before the command writes anything."""

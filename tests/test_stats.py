@@ -10,7 +10,7 @@ from attnrepro import stats
 
 import pytest
 
-from attnrepro.stats import (Band, bootstrap_ratio, describe, distribution, first_crossing, from_summary, onset,
+from attnrepro.stats import (Band, bootstrap_ratio, describe, distribution, from_summary,
                              paired_t_p, t_cdf, t_quantile)
 
 
@@ -52,16 +52,30 @@ def test_welch_and_paired_t():
     assert paired_t_p(x, [1.1, 1.9, 3.05, 3.95]) > 0.5
 
 
-def test_bootstrap_and_onset_are_deterministic():
+def test_bootstrap_is_deterministic():
     num, den = [1.4, 1.3, 0.9, 1.3, 1.5], [0.15, 0.2, 0.26, 0.07, 0.33]
     assert bootstrap_ratio(num, den) == bootstrap_ratio(num, den)
     lo, hi = bootstrap_ratio(num, den)
     assert lo < sum(num) / sum(den) < hi
-    x = [32, 64, 128, 256]
-    assert first_crossing(x, [0.1, 0.1, 0.3, 1.0], 0.2) == pytest.approx(math.exp((math.log(64) + math.log(128)) / 2))
-    assert first_crossing(x, [0.1, 0.1, 0.1, 0.1], 0.2) == math.inf
-    est, lo, hi = onset(x, [[0.1, 0.12, 0.4, 1.0], [0.2, 0.18, 0.5, 1.2], [0.15, 0.14, 0.45, 1.1]], 0.1)
-    assert lo <= est <= hi and 64 < est < 128
+
+
+def test_the_onset_is_a_grid_interval_set_by_seed_noise():
+    x = [32, 48, 64, 96, 128]
+    rng = np.random.default_rng(0)
+    for true_onset in range(1, 5):  # synthetic curves: flat, then a step far above the noise at x[true_onset]
+        curves = [[0.2 + (1.0 if i >= true_onset else 0.0) + 0.02 * rng.standard_normal() for i in range(5)]
+                  for _ in range(5)]
+        assert stats.onset_interval(x, curves) == (x[true_onset - 1], x[true_onset])
+    flat = [[0.2 + 0.05 * rng.standard_normal() for _ in x] for _ in range(5)]
+    assert stats.onset_interval(x, flat) is None
+    # a rise within the noise is no onset: the bounds are the seeds' spread, not a fixed threshold
+    noisy = [[0.2, 0.2 + d, 0.3 + d, 0.4 + d, 0.5 + d] for d in (-0.6, 0.6, -0.5, 0.5, 0.0)]
+    assert stats.onset_interval(x, noisy) is None
+    # never finer than the grid: whatever the curve, the answer is two neighbouring grid points
+    for _ in range(50):
+        c = [[float(v) for v in np.cumsum(rng.uniform(0, 0.5, len(x)))] for _ in range(4)]
+        got = stats.onset_interval(x, c)
+        assert got is None or (got[0] in x and got[1] == x[x.index(got[0]) + 1])
 
 
 def test_distribution_of_runs():

@@ -40,7 +40,7 @@ def repo(tmp_path_factory):
                          model={**p["failures"]["model"], "block_size": 16, "d_model": 16, "n_head": 2, "n_layer": 2})
     p["seeds"]["seeds"] = [11, 12, 13]
     p["seeds"]["mode_statistic"] = "entropy_step3"  # a step the tiny runs record
-    p["critical"].update(d_heads=[8, 16, 32], min_d_model=16, seeds=[11, 12, 13], onset_rise=0.01)
+    p["critical"].update(d_heads=[8, 16, 32], min_d_model=16, seeds=[11, 12, 13])
     p["qknorm"]["seeds"] = [11, 12, 13]
     p["sensitivity"].update(seeds=[11, 12], choices={k: p["sensitivity"]["choices"][k]
                                                     for k in ("decay_all_params", "block_32", "val_first_10pct")})
@@ -75,9 +75,10 @@ def test_critical_curve(repo):
     assert {"d8", "d16", "d32", "onset", "seeds"} <= set(m)
     assert m["d8"]["d_model"] == 16 and m["d32"]["d_model"] == 32
     o = m["onset"]
-    assert o["reached"] in (0, 1) and ("d_head" in o) == bool(o["reached"])
-    if "ci95_lo" in o and "ci95_hi" in o:
-        assert o["ci95_lo"] <= o["ci95_hi"]
+    assert o["reached"] in (0, 1) and ("by_d_head" in o) == bool(o["reached"])
+    if o["reached"]:  # a grid interval, never finer
+        assert [o["after_d_head"], o["by_d_head"]] in ([8, 16], [16, 32])
+    assert (repo / "plots/critical/gap_vs_logit_std.png").stat().st_size > 0
     assert m["exercise1"]["logit_std_ratio_step0"]["mean"] > 0  # d_head 16 vs 8 at d_model 16
     rows = (repo / "plots/critical/curve.csv").read_text(encoding="utf-8").splitlines()
     assert rows[0].startswith("d_head,") and len(rows) == 4

@@ -167,13 +167,12 @@ def critical_figure(rows: list[dict], onset: dict, path, n_seeds: int) -> None:
     a.plot(d, [r["gap_loss_final_mean"] for r in rows], "o-", color="C3", label="gap, mean over seeds")
     a.fill_between(d, [r["gap_loss_final_min"] for r in rows], [r["gap_loss_final_max"] for r in rows],
                    color="C3", alpha=0.2, lw=0, label="range over seeds")
-    if "d_head" in onset:
-        a.axvline(onset["d_head"], color="k", lw=1, ls="--", label=f"onset {onset['d_head']:.0f}")
-    if "ci95_lo" in onset:
-        a.axvspan(onset["ci95_lo"], onset.get("ci95_hi", d[-1]), color="k", alpha=0.08, lw=0,
-                  label="onset, 95% interval")
+    if onset.get("reached"):
+        a.axvspan(onset["after_d_head"], onset["by_d_head"], color="k", alpha=0.08, lw=0,
+                  label=f"onset: d_head in ({onset['after_d_head']:.0f}, {onset['by_d_head']:.0f}]")
     a.set_ylabel("final loss gap (unscaled - scaled)")
-    a.set_title(f"the critical d_head ({n_seeds} seeds)", fontsize=10)
+    widths = sorted({r["d_model"] for r in rows if "d_model" in r})
+    a.set_title(f"the critical d_head ({n_seeds} seeds; d_model varies: {', '.join(map(str, widths))})", fontsize=10)
     for key, color, label in (("unscaled_entropy_final", "C3", "unscaled"), ("scaled_entropy_final", "C0", "scaled")):
         b.plot(d, [r[f"{key}_mean"] for r in rows], "o-", color=color, label=label)
         b.fill_between(d, [r[f"{key}_min"] for r in rows], [r[f"{key}_max"] for r in rows], color=color, alpha=0.2, lw=0)
@@ -185,6 +184,30 @@ def critical_figure(rows: list[dict], onset: dict, path, n_seeds: int) -> None:
         ax.set_xlabel("d_head")
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8)
+    save(fig, path)
+
+
+def gap_vs_logit_std_figure(rows: list[dict], path, chapter_models: dict[tuple[int, int], str]) -> None:
+    """The loss gap of every run pair against the unscaled model's measured logit std at init (the
+    chapter's own explanation of when attention breaks: a logit scale that saturates the softmax),
+    coloured by d_head; the chapter's models (chapter_models: (d_head, d_model) -> label) ringed."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    heads = sorted({r["d_head"] for r in rows})
+    for i, d in enumerate(heads):
+        pts = [(r["unscaled_logit_std_step0"], r["gap_loss_final"]) for r in rows if r["d_head"] == d]
+        ax.plot(*zip(*pts), "o", color=f"C{i}", label=f"d_head {d} (d_model {next(r['d_model'] for r in rows if r['d_head'] == d)})")
+        label = chapter_models.get((d, next(r["d_model"] for r in rows if r["d_head"] == d)))
+        if label:
+            ax.plot(*zip(*pts), "o", ms=13, mfc="none", mec="k", lw=0)
+            ax.annotate(label, max(pts), textcoords="offset points", xytext=(8, -4), fontsize=8)
+    ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.set_xlabel("unscaled model: attention logit std at init (layer 0)")
+    ax.set_ylabel("final loss gap (unscaled - scaled)")
+    ax.set_title("the gap against the logit scale at init, every seed (ringed: the chapter's models)", fontsize=10)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
     save(fig, path)
 
 

@@ -154,8 +154,8 @@ def sweeps(src: Sources) -> list[str]:
     out = [f"The critical d_head (exercise 2, {crit['seeds']} seeds; d_model = the smallest multiple of d_head "
            "≥ 128): loss gap " + ", ".join(f"{d}: {g(v['gap_loss_final']['mean'])}" for d, v in rows)
            + "; unscaled final entropy " + ", ".join(f"{d}: {g(v['unscaled_entropy_final']['mean'])}" for d, v in rows)
-           + (f". The gap has risen {o['rise_nats']} nat above its d_head-{rows[0][0]} value by d_head "
-              f"**{o['d_head']:.0f}** [95% {o.get('ci95_lo', float('nan')):.0f}, {o.get('ci95_hi', float('inf')):.0f}]."
+           + (f". The gap rises beyond its d_head-{rows[0][0]} value's seed noise in d_head "
+              f"**({o['after_d_head']:.0f}, {o['by_d_head']:.0f}]** (the grid's resolution; d_model moves with d_head)."
               if o.get("reached") else ".")]
     out += ["", "QK-norm at d_head 256 (mean over seeds: final loss, final layer-0 entropy): "
             + "; ".join(f"{n} {g(m['loss_final']['mean'])}, {g(m['entropy_final']['mean'])}" for n, m in qk.items())

@@ -413,12 +413,14 @@ def critical_markdown(m: dict) -> str:
                    f"{fmt_number(round(ue['mean'], 5))} | {se['mean']:.3f} | {ul['mean']:.4g} | "
                    f"{'' if p is None else f'{p:.2g}'} |")
     o = m["onset"]
-    if o.get("reached"):
-        hi = f"{o['ci95_hi']:.0f}" if "ci95_hi" in o else "beyond the grid"
-        out.append(f"\nOnset (the mean gap has risen {o['rise_nats']} nat above its d_head-{first} value): "
-                   f"**d_head {o['d_head']:.0f}**, 95% bootstrap interval over seeds [{o.get('ci95_lo', float('nan')):.0f}, {hi}].")
-    else:
-        out.append(f"\nThe mean gap does not rise {o['rise_nats']} nat above its d_head-{first} value within the grid.")
+    widths = sorted({v["d_model"] for _, v in rows})
+    rule = (f"the first d_head whose mean gap's 95% lower bound exceeds the d_head-{first} gap's upper bound, "
+            "reported at the grid's resolution")
+    out.append(f"\nOnset ({rule}): " + (f"**d_head in ({o['after_d_head']:.0f}, {o['by_d_head']:.0f}]**."
+                                       if o.get("reached") else "not within the grid.")
+               + f" This curve mixes two variables: d_model moves with d_head ({', '.join(map(str, widths))}), so "
+               "it is not a one-variable answer (plots/critical/gap_vs_logit_std.png: the gap against the logit "
+               "scale at init, which both set).")
     e1 = m.get("exercise1")
     if e1:
         r = e1["logit_std_ratio_step0"]
@@ -725,11 +727,10 @@ def _answer_critical(m, M, D) -> str:
     text = (f"Over {m.get('seeds')} seeds the mean gap goes from {first[1]['gap_loss_final']['mean']:.3f} at d_head "
             f"{first[0]} to {last[1]['gap_loss_final']['mean']:.3f} at d_head {last[0]}")
     if o.get("reached"):
-        text += (f"; it has risen {o['rise_nats']} nat by d_head {o['d_head']:.0f} (95% interval "
-                 f"[{o.get('ci95_lo', float('nan')):.0f}, {o['ci95_hi']:.0f}])" if "ci95_hi" in o else
-                 f"; it has risen {o['rise_nats']} nat by d_head {o['d_head']:.0f}")
+        text += (f"; its onset lies in d_head ({o['after_d_head']:.0f}, {o['by_d_head']:.0f}] (the first grid point "
+                 "whose gap's 95% lower bound exceeds the first point's upper bound; no finer than the grid)")
     else:
-        text += f"; it does not rise {o['rise_nats']} nat within the grid"
+        text += "; no grid point's gap rises beyond the first point's seed noise"
     drops = [(a[0], b[0]) for a, b in zip(rows, rows[1:])
              if b[1]["gap_loss_final"]["mean"] < a[1]["gap_loss_final"]["mean"]]
     if drops:

@@ -364,33 +364,15 @@ def common_refinement(partitions: Iterable[Sequence[Sequence]]) -> list[list]:
     return [groups[k] for k in sorted(groups)]
 
 
-def first_crossing(x: Sequence[float], y: Sequence[float], level: float) -> float:
-    """The x where y first rises above `level`, interpolated linearly in log(x) between grid points
-    (inf when it never does; x[0] when it already is)."""
-    if y[0] > level:
-        return float(x[0])
-    for (x0, y0), (x1, y1) in zip(zip(x, y), zip(x[1:], y[1:])):
-        if y1 > level:
-            t = (level - y0) / (y1 - y0)
-            return float(math.exp(math.log(x0) + t * (math.log(x1) - math.log(x0))))
-    return math.inf
-
-
-def onset(x: Sequence[float], per_seed: Sequence[Sequence[float]], rise: float, alpha: float = ALPHA,
-          reps: int = 2000, seed: int = 0) -> tuple[float, float, float]:
-    """Where a curve starts to rise: the first x at which the mean over seeds exceeds its value at
-    x[0] by `rise`; with a percentile bootstrap interval, resampling whole seeds (each seed's
-    curve is one draw: its points share the seed). per_seed: one curve (len(x) values) per seed.
-    inf where the curve does not rise that much within the grid."""
-    import numpy as np
-
-    y = np.asarray(per_seed, dtype=float)  # (seeds, len(x))
-
-    def at(curves) -> float:
-        m = curves.mean(0)
-        return first_crossing(x, m, m[0] + rise)
-
-    rng = np.random.default_rng(seed)
-    boot = np.array([at(y[rng.integers(0, len(y), len(y))]) for _ in range(reps)])
-    lo, hi = np.quantile(boot, [alpha / 2, 1 - alpha / 2], method="inverted_cdf")  # sample values: inf stays inf
-    return at(y), float(lo), float(hi)
+def onset_interval(x: Sequence[float], per_seed: Sequence[Sequence[float]],
+                   alpha: float = ALPHA) -> Optional[tuple[float, float]]:
+    """Where a curve starts to rise, at the grid's resolution: (x[i-1], x[i]] for the first grid point
+    x[i] whose mean over seeds has a lower confidence bound (1 - alpha, Student's t over the seeds)
+    above the upper bound of the mean at x[0]; None when no point of the grid does. The bounds are the
+    seed noise; the answer is never finer than the grid. per_seed: one curve (len(x) values) per seed."""
+    cols = list(zip(*per_seed))
+    top = Band.of(cols[0]).confidence_interval(alpha)[1]
+    for i in range(1, len(x)):
+        if Band.of(cols[i]).confidence_interval(alpha)[0] > top:
+            return float(x[i - 1]), float(x[i])
+    return None

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
+from typing import Optional
 
 import pandas as pd
 
 from ..config import from_dict, require
 from ..envinfo import stage_environment
 from ..model import ModelConfig
-from ..stats import ALPHA, describe, log_scale, onset, paired_t_p
+from ..stats import ALPHA, describe, log_scale, onset_interval, paired_t_p
 from ..engine import EngineConfig
 from ..sweep import require_ok, run_sweep
 from .protocol import TrainConfig, corpus_inputs
@@ -22,7 +22,6 @@ class CriticalConfig:
     d_heads: list[int]  # increasing; the first is the baseline of the onset
     min_d_model: int  # d_model = the smallest multiple of d_head >= min_d_model
     seeds: list[int]
-    onset_rise: float  # nats above the first d_head's gap: where "the gap starts to rise clearly"
 
     def validate(self, prefix: str = "critical") -> None:
         require(len(self.d_heads) >= 3 and self.d_heads == sorted(set(self.d_heads)) and self.d_heads[0] > 0,
@@ -30,8 +29,6 @@ class CriticalConfig:
         require(self.min_d_model > 0, f"{prefix}.min_d_model", self.min_d_model, "a positive integer")
         require(len(self.seeds) >= 3 and len(set(self.seeds)) == len(self.seeds), f"{prefix}.seeds", self.seeds,
                 "at least 3 different seeds")
-        require(math.isfinite(self.onset_rise) and self.onset_rise > 0, f"{prefix}.onset_rise", self.onset_rise,
-                "a positive number of nats")
 
 
 def critical_model(base: dict, d_head: int, min_d_model: int, **switches) -> ModelConfig:
@@ -48,8 +45,7 @@ class CriticalResult:
     metrics: dict  # metrics/critical.json: per d_head (seed statistics), exercise 1, the onset
     curve: list[dict]  # plots/critical/curve.csv: per d_head, mean, min and max
     rows: list[dict]  # plots/critical/per_seed.csv: per seed and d_head
-    onset: tuple[float, float, float]  # the onset's d_head and its 95% interval (inf: not within the grid)
-    rise: float  # critical.onset_rise
+    onset: Optional[tuple[float, float]]  # (d_head before, d_head at) the onset; None: not within the grid
     env: dict  # metrics/env/critical.json
 
     def lines(self) -> list[str]:
@@ -57,9 +53,11 @@ class CriticalResult:
                f"[{row['gap_loss_final_min']:.3f}, {row['gap_loss_final_max']:.3f}]  "
                f"entropy unscaled {row['unscaled_entropy_final_mean']:.4f} "
                f"scaled {row['scaled_entropy_final_mean']:.4f}" for row in self.curve]
-        est, lo, hi = self.onset
-        return out + [f"onset (gap +{self.rise} nat over d_head {self.curve[0]['d_head']}): d_head {est:.0f} "
-                      f"[95% {lo:.0f}, {hi:.0f}] (alpha {ALPHA}; inf: not within the grid)"]
+        first = self.curve[0]["d_head"]
+        where = (f"d_head in ({self.onset[0]:.0f}, {self.onset[1]:.0f}]" if self.onset
+                 else "not within the grid")
+        return out + [f"onset (the first d_head whose mean gap's 95% lower bound exceeds d_head {first}'s upper "
+                      f"bound): {where}"]
 
 
 def run(train: TrainConfig, cfg: CriticalConfig, device: str, engine: EngineConfig) -> CriticalResult:
@@ -94,10 +92,9 @@ def run(train: TrainConfig, cfg: CriticalConfig, device: str, engine: EngineConf
         curve.append(row)
     first = cfg.d_heads[0]
     gaps = df.pivot(index="seed", columns="d_head", values="gap_loss_final")[cfg.d_heads]
-    est, lo, hi = onset(cfg.d_heads, gaps.to_numpy(), cfg.onset_rise)
-    # inf: the gap does not rise that much within the grid; only finite bounds are written
-    metrics["onset"] = {"rise_nats": cfg.onset_rise, "reached": int(math.isfinite(est)),
-                        **{k: v for k, v in (("d_head", est), ("ci95_lo", lo), ("ci95_hi", hi)) if math.isfinite(v)}}
+    where = onset_interval(cfg.d_heads, gaps.to_numpy())
+    metrics["onset"] = {"reached": int(where is not None), "alpha": ALPHA,
+                        **({"after_d_head": where[0], "by_d_head": where[1]} if where else {})}
     for d in cfg.d_heads[1:]:  # the seeds are shared across d_head: a paired test
         metrics[f"d{d}"][f"gap_vs_d{first}_paired_p"] = paired_t_p(gaps[first], gaps[d])
     if 2 * first in cfg.d_heads:  # exercise 1: halving the heads at the same d_model
@@ -106,5 +103,4 @@ def run(train: TrainConfig, cfg: CriticalConfig, device: str, engine: EngineConf
         st = describe(ratio)
         metrics["exercise1"] = {"logit_std_ratio_step0": {k: st[k] for k in ("mean", "min", "max")},
                                 "gap_loss_final": metrics[f"d{2 * first}"]["gap_loss_final"]}
-    return CriticalResult(metrics=metrics, curve=curve, rows=rows, onset=(est, lo, hi), rise=cfg.onset_rise,
-                          env=stage_environment(device, runs))
+    return CriticalResult(metrics=metrics, curve=curve, rows=rows, onset=where, env=stage_environment(device, runs))
