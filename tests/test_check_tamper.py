@@ -267,3 +267,41 @@ def test_json_and_md_forms_carry_the_same_verdict(tmp_path, capsys):
     md = render_md(o)
     assert md.startswith("### check: FAIL") and "drifted from 1" in md
     assert render(o).splitlines()[0] in md
+
+
+def test_holm_names_every_metric_it_can_with_bonferronis_verdict():
+    """Holm's step-down: the same PASS/FAIL as Bonferroni, but once one metric is outside it names the
+    next ones at ALPHA / (m - 1), ALPHA / (m - 2), ... (here two moved metrics of 3, the second one
+    inside Bonferroni's band)."""
+    from attnrepro.check import Row, holm
+    from attnrepro.stats import ALPHA, Band, t_quantile
+
+    band = Band(n=10, mean=0.0, sd=1.0)
+
+    def at(p):  # the value whose p_new is p
+        return t_quantile(1 - p / 2, 9) * (1 + 1 / 10) ** 0.5
+
+    far, near = at(0.005), at(0.02)  # below ALPHA / 3; between ALPHA / 3 and ALPHA / 2
+    assert band.p_new(far) < ALPHA / 3 < band.p_new(near) < ALPHA / 2
+
+    def family(*values):
+        return [Row(f"train.m{i}", 0.0, v, "band", "ok", band, ALPHA / 3) for i, v in enumerate(values)]
+
+    rows = family(far, near, 0.1)
+    holm(rows, headline=[])
+    assert [r.verdict for r in rows] == ["OUTSIDE", "OUTSIDE", "ok"]
+    assert band.contains(near, ALPHA / 3) and not band.contains(near, ALPHA / 2)  # Bonferroni: far only
+    quiet = family(near, 0.1, 0.2)  # the smallest p above ALPHA / 3: nothing outside, as with Bonferroni
+    holm(quiet, headline=[])
+    assert all(r.verdict == "ok" for r in quiet)
+
+
+def test_p_new_agrees_with_the_prediction_interval():
+    from attnrepro.stats import Band
+
+    for b in (Band(n=5, mean=1.0, sd=0.3), Band(n=5, mean=0.0, sd=0.2, log=True),
+              Band(n=6, mean=0.0, sd=1.0, modes=((4, 0.0), (2, 5.0)), mode_sd=0.2)):
+        for alpha in (0.05, 0.01):
+            lo, hi = b.prediction_interval(alpha)
+            for x in (lo * 0.999 if lo > 0 else lo - 1e-3, (lo + hi) / 2, hi * 1.001):
+                assert (b.p_new(x) >= alpha) == b.contains(x, alpha), (b, alpha, x)

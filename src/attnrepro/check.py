@@ -14,7 +14,7 @@ in the first lines and never used. Each stage's metrics file gets one of two ver
                (timings aside), as reruns on one machine are byte-identical.
   statistical  otherwise (another CPU changes the float order; other params): a metric with
                a seed distribution must fall in its prediction interval for one new run at
-               alpha = 0.05 family-wise (Bonferroni over the headline metrics, and again over
+               alpha = 0.05 family-wise (Holm's step-down over the headline metrics, and again over
                the others; `families`), on the log scale for attention statistics
                (attnrepro.stats); where this run has seeds of its own (the seeds rerun), their
                summary is recomputed from the per-seed values and must also pass Welch's t-test
@@ -184,7 +184,7 @@ class Row:
     how: str  # exact | band | band+welch | the drift tolerance's text | not gated
     verdict: str  # ok | OUTSIDE | DRIFT | MISSING | new | skipped | info
     band: Optional[Band] = None
-    alpha: float = ALPHA  # the per-metric alpha of the band (family-wise ALPHA, Bonferroni)
+    alpha: float = ALPHA  # the per-metric alpha of the band (family-wise ALPHA: Holm's threshold for this row)
     p: Optional[float] = None  # Welch's p-value, when this run has seeds of its own
 
     @property
@@ -207,14 +207,37 @@ def _same(a, b) -> bool:
 
 
 def families(keys, ref: "Reference", headline: list[str]) -> dict[str, float]:
-    """The per-metric alpha of every banded metric: ALPHA family-wise (Bonferroni) over the headline
-    metrics, and again over all the other banded metrics. Measured here: a faithful rerun on another
-    CPU moved single metrics up to 4 seed sd (Intel -> AMD, same seed), so an uncorrected per-metric
-    interval would fail faithful reruns by chance."""
+    """The per-metric alpha of every banded metric before Holm's step-down (`holm`): ALPHA over the
+    size of its family, the headline metrics or all the other banded metrics. Measured here: a
+    faithful rerun on another CPU moved single metrics up to 4 seed sd (Intel -> AMD, same seed), so
+    an uncorrected per-metric interval would fail faithful reruns by chance."""
     banded = [k for k in keys if band(ref.dists, k) is not None]
     head = [k for k in banded if k in headline]
     rest = [k for k in banded if k not in headline]
     return {**{k: ALPHA / len(head) for k in head}, **{k: ALPHA / len(rest) for k in rest}}
+
+
+def holm(rows: list["Row"], headline: list[str]) -> None:
+    """Holm's step-down within each family (the headline metrics; the other banded metrics): sorted
+    by p-value, the i-th of m is outside while p < ALPHA / (m - i). Family-wise error ALPHA as
+    Bonferroni, with the same PASS or FAIL (both reject something exactly when the smallest p is
+    below ALPHA / m), but it names every metric it can once one is outside. A row's p is its band's (one new run: Band.p_new), or the
+    smaller of that and Welch's where this run has seeds of its own; its alpha becomes the threshold
+    it was judged at, so its band text is the interval it was held to."""
+    banded = [r for r in rows if r.how in ("band", "band+welch")]
+    for family in ([r for r in banded if r.key in headline], [r for r in banded if r.key not in headline]):
+        if not family:
+            continue
+        m = max(round(ALPHA / r.alpha) for r in family)  # the family's size as `families` counted it
+        ps = {id(r): min(r.band.p_new(r.cur), r.p if r.p is not None else 1.0) for r in family}
+        ordered = sorted(family, key=lambda r: ps[id(r)])
+        stopped = None
+        for i, r in enumerate(ordered):
+            threshold = ALPHA / (m - i) if stopped is None else stopped
+            if stopped is None and ps[id(r)] >= threshold:
+                stopped = threshold
+            r.alpha = threshold
+            r.verdict = "OUTSIDE" if stopped is None else "ok"
 
 
 def compare(cur: dict, ref: Reference, cur_dists: dict, exp: Expectations, modes: dict[str, str],
@@ -258,6 +281,7 @@ def compare(cur: dict, ref: Reference, cur_dists: dict, exp: Expectations, modes
     for file in sorted({k.split(".", 1)[0] for k in keys}):
         if modes.get(file) == "exact" and file in ref.dists and cur_dists.get(file) != ref.dists[file]:
             rows.append(Row(f"dist/{file}", None, None, "exact", "DRIFT" if file in cur_dists else "MISSING"))
+    holm(rows, exp.headline)
     return rows
 
 
@@ -474,7 +498,7 @@ def render(o: Outcome, rev: Optional[str] = None, show_all: bool = False) -> str
     for why, files in reasons.items():
         lines.append(f"  statistical verdict ({why}): {', '.join(files)}")
     if stat:
-        lines.append(f"    (prediction interval of one run, alpha = {ALPHA} family-wise: Bonferroni over the headline "
+        lines.append(f"    (prediction interval of one run, alpha = {ALPHA} family-wise: Holm's step-down over the headline "
                      "metrics and again over the others)")
     if o.provenance:
         lines += [f"  provenance: {o.provenance[0]}"] + [f"              {x}" for x in o.provenance[1:]]

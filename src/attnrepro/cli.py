@@ -52,7 +52,7 @@ How it judges: on the reference's kind of machine (this machine, the threads the
 ran with) with the same params every metric must be identical (reruns are
 byte-identical). Otherwise each metric with a seed distribution (metrics/dist/) must fall
 in the prediction interval of one new run over the reference seeds (alpha = 0.05
-family-wise: Bonferroni over the headline metrics, and again over the others), and the
+family-wise: Holm's step-down over the headline metrics, and again over the others), and the
 others within their drift tolerance (claims.yaml). Conclusions are recomputed from the
 raw metrics, on this run and on the reference's seeds. Published values are reported,
 not gated. GPU-only metrics and claims are "skipped" on a run without CUDA, never "passed".

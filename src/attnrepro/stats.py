@@ -151,6 +151,23 @@ class Band:
             return 0.0 if x == mean else math.copysign(math.inf, x - mean)
         return (x - mean) / sd
 
+    def p_new(self, value: float) -> float:
+        """Two-sided p-value of one new run's `value` against this band (the prediction interval at
+        level alpha holds exactly the values with p_new >= alpha; with modes, the largest over modes)."""
+        if value is None or not math.isfinite(value) or (self.log and value <= 0):
+            return 0.0
+        x = math.log(value) if self.log else value
+        centres = ([(m, self.mode_sd * math.sqrt(1 + 1 / n)) for n, m in self.modes] if self.modes
+                   else [(self.mean, self.sd * math.sqrt(1 + 1 / self.n))])
+        df = self.n - len(self.modes) if self.modes else self.n - 1
+        ps = []
+        for m, scale in centres:
+            if scale == 0:
+                ps.append(1.0 if x == m else 0.0)
+            else:
+                ps.append(2 * (1 - t_cdf(abs(x - m) / scale, df)))
+        return max(ps)
+
     def nearest_mode(self, value: float) -> int:
         """The index of the mode (lowest first) whose mean lies nearest `value`, on the band's scale."""
         x = math.log(value) if self.log and value > 0 else value
