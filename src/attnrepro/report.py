@@ -29,7 +29,7 @@ from .claims import (CLASSES, MOVE_SD, ClaimResult, claims_json, counts, evaluat
 from .config import require
 from .expr import fmt_number
 from .report_html import markdown_to_html, resolver
-from .stats import percentile_of
+from .stats import Band, percentile_of
 
 
 @dataclass
@@ -902,8 +902,8 @@ def per_seed_markdown(dist: dict, this: dict, keys: list[str], prefix: str) -> s
     for k in rows:
         vals = [_g(runs[s], k) for s in seeds]
         xs = [v for v in vals if isinstance(v, (int, float))]
-        mean = sum(xs) / len(xs) if xs else None
-        sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else None
+        b = Band.of(xs) if xs else None
+        mean, sd = (b.mean if b else None), (b.sd if b and b.n > 1 else None)
         out.append(f"| {k} | {_f(_g(this, k), 4)} | " + " | ".join(_f(v, 4) for v in vals)
                    + f" | {_f(mean, 4)} | {_f(sd, 3)} |")
     return "\n".join(out) + "\n"
