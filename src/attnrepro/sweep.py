@@ -350,20 +350,24 @@ def dask_setup(worker) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def _ours() -> tuple[set[int], set[int]]:
-    """This process's child processes and Dask clusters now (what a sweep must not touch)."""
+def _ours() -> tuple[set[int], set[int], set[int]]:
+    """This process's child processes, Dask clusters and nannies now (what a sweep must not touch)."""
     import psutil
+    from distributed import Nanny
     from distributed.deploy.spec import SpecCluster
 
-    return {p.pid for p in psutil.Process().children(recursive=True)}, {id(c) for c in SpecCluster._instances}
+    return ({p.pid for p in psutil.Process().children(recursive=True)}, {id(c) for c in SpecCluster._instances},
+            {id(n) for n in Nanny._instances})
 
 
-def shutdown_quietly(client, cluster, futures, before: tuple[set[int], set[int]]) -> None:
+def shutdown_quietly(client, cluster, futures, before: tuple[set[int], set[int], set[int]]) -> None:
     """Stop the runs and the local cluster after an interruption, without Dask's shutdown noise (its
     loggers are switched off: their levels are their own, and its exit handlers log too). A cluster
     interrupted while starting cannot close itself: the processes this sweep started are ended here,
     and Dask's exit handler is told not to try again."""
     import psutil
+    from distributed import Nanny
+    from distributed.core import Status
     from distributed.deploy.spec import SpecCluster
 
     for name in [*logging.root.manager.loggerDict, "asyncio"]:  # asyncio: a worker interrupted while its
@@ -374,9 +378,12 @@ def shutdown_quietly(client, cluster, futures, before: tuple[set[int], set[int]]
     for step in steps:
         with contextlib.suppress(BaseException):
             step()
-    children_before, clusters_before = before
+    children_before, clusters_before, nannies_before = before
     for c in [c for c in list(SpecCluster._instances) if id(c) not in clusters_before]:
         SpecCluster._instances.discard(c)
+    # a nanny still "running" restarts the worker ended below (whose new process then dies noisily)
+    for n in [n for n in list(Nanny._instances) if id(n) not in nannies_before]:
+        n.status = Status.closed
     kids = [k for k in psutil.Process().children(recursive=True)
             if k.pid not in children_before and not _is_resource_tracker(k)]
     for k in kids:
