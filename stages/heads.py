@@ -7,7 +7,8 @@ dist_i = sum_j (i-j) p_ij: a head whose centroid moves a lot between positions (
 some queries, far for others) is "conditional". Uniform causal attention already spreads
 by the growth of i alone (uniform_distance_std); a conditional head spreads more. Also
 heatmaps per layer, and head ablation (zero the head's d_head input columns of
-attn.proj.weight, loss change on fixed validation batches, restore bit-exactly).
+attn.proj.weight, loss change on §1.8.6's random sequence scored against itself, restore
+bit-exactly).
 
 Writes metrics/heads.json (l<L>h<H>.entropy, ..., .distance_std, layer<L>.*, base_loss,
 the most conditional head and the uniform baseline), plots/heads/heads.csv and

@@ -23,8 +23,8 @@ Small, documented API (others reuse it):
   a package) and returns the module.
 - ``output_files(root)``: the files a stage may have written under root
   (data/, metrics/, plots/), as sorted relative paths.
-- ``optim(**overrides)``: an OptimConfig with the chapter's protocol (AdamW, decay on
-  2-D weights, warm-up then cosine, clip 1.0), fields replaced by ``overrides``.
+- ``optim(**overrides)``: an OptimConfig with the chapter's protocol (AdamW, decay on every
+  parameter as §1.18.3, warm-up then cosine, clip 1.0), fields replaced by ``overrides``.
 
 Fixtures: ``fake_corpus`` (a directory and its hashes, as a namespace with
 ``.dir`` and ``.files``), ``repo_copy`` (a fresh copy of the repository) and
@@ -189,7 +189,7 @@ def load_stage_module(name: str, root: Path = REPO) -> types.ModuleType:
 
 
 CHAPTER_OPTIM = dict(steps=1500, batch_size=32, optimizer="adamw", lr=3e-3, betas=[0.9, 0.95], weight_decay=0.1,
-                     decay="2d", schedule="cosine", warmup=100, min_lr_ratio=0.1, grad_clip=1.0)
+                     decay="all", schedule="cosine", warmup=100, min_lr_ratio=0.1, grad_clip=1.0)
 
 
 def optim(**overrides):

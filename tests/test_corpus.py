@@ -11,6 +11,7 @@ import shutil
 import stat
 import sys
 import tarfile
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -36,17 +37,18 @@ def corpus_cfg(**kw) -> CorpusConfig:
 
 def test_tokenizer_ids_and_ranking():
     tok = Tokenizer.build("bbaac\n\n\n", vocab_size=10)
-    # <pad>, <unk>, then by count (newline 3) and ties by code point (a < b, both 2)
-    assert tok.itos == ["<pad>", "<unk>", "\n", "a", "b", "c"]
-    assert tok.encode("ab\nz").tolist() == [3, 4, 2, 1]
-    assert tok.decode([3, 4, 2, 1, 0]) == "ab\n□□"
+    # §1.18.1: <pad>, <unk>, then by count with newline never counted; b and a tie (2 each): first seen first
+    assert tok.itos == ["<pad>", "<unk>", "b", "a", "c"]
+    assert tok.encode("ab\nz").tolist() == [3, 2, 1, 1]  # newline and z are both <unk>
+    assert tok.decode([3, 2, 1, 0]) == "ab□□"
 
 
-def test_tokenizer_ties_do_not_depend_on_text_order():
-    a = Tokenizer.build("乙甲丙丁" * 3 + "戊", vocab_size=5)
-    b = Tokenizer.build("戊" + "丁丙甲乙" * 3, vocab_size=5)
-    assert a.itos == b.itos
-    assert a.itos[2:] == sorted("甲乙丙丁")[:3]  # 4 tied characters, lowest code points kept
+def test_tokenizer_ties_keep_first_seen_order_as_most_common_does():
+    text = "乙甲丙丁" * 3 + "戊"
+    tok = Tokenizer.build(text, vocab_size=5)
+    assert tok.itos[2:] == ["乙", "甲", "丙"]  # 4 tied characters: the first 3 seen are kept
+    assert tok.itos[2:] == [c for c, _ in Counter(text).most_common(3)]
+    assert Tokenizer.build("戊" + "丁丙甲乙" * 3, vocab_size=5).itos[2:] == ["丁", "丙", "甲"]
 
 
 def test_tokenizer_truncates_to_vocab_size():
@@ -73,7 +75,7 @@ def test_build_split_and_metrics(fake_corpus):
     assert m["val_tokens"] == round(0.1 * len(ids)) and m["train_tokens"] + m["val_tokens"] == len(ids)
     assert len(arrays["train"]) == m["train_tokens"] and len(arrays["val"]) == m["val_tokens"]
     assert np.array_equal(np.concatenate([arrays["train"], arrays["val"]]), ids)
-    assert "\n" in tok.itos
+    assert "\n" not in tok.itos and (ids[[i for i, c in enumerate(text) if c == "\n"]] == 1).all()  # <unk>
 
 
 def test_build_tiny_corpus_split_is_consistent():

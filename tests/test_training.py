@@ -56,7 +56,7 @@ def test_lr_no_warmup():
 
 def test_weight_decay_only_on_2d_params():
     model = tiny_model(n_layer=2)
-    opt = make_optimizer(model, optim(weight_decay=0.1))
+    opt = make_optimizer(model, optim(weight_decay=0.1, decay="2d"))
     decay, no_decay = opt.param_groups
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
     ids_decay = {id(p) for p in decay["params"]}
@@ -81,6 +81,12 @@ def test_batch_sampler_windows():
     assert int(y.max()) <= 99
     with pytest.raises(ValueError):
         BatchSampler(torch.arange(9), 8, 2, seed=0)
+
+
+def test_batch_sampler_spare_draws_starts_as_doc_003_does():
+    toks = torch.arange(12)  # block 8: starts 0..3 with spare 0; doc 003's randint(0, len - block - 1): 0..2
+    starts = lambda spare: {int(x[0]) for _ in range(200) for x in BatchSampler(toks, 8, 4, seed=_, spare=spare).next()[0]}  # noqa: E731
+    assert starts(0) == {0, 1, 2, 3} and starts(1) == {0, 1, 2}
 
 
 def test_batch_order_independent_of_model_init_and_global_seed():
@@ -197,7 +203,7 @@ def test_indexed_batches_follow_the_table():
 
 def test_divergence_stops_the_run_at_once_naming_step_and_layer():
     model = tiny_model(0)
-    cfg = optim(steps=50, batch_size=8, lr=1e6, warmup=0, grad_clip=None)
+    cfg = optim(steps=50, batch_size=8, lr=1e6, warmup=0, grad_clip=None, decay="2d")
     with pytest.raises(Diverged) as e:
         train_loop(model, BatchSampler(stream(), 8, 8, seed=1), cfg)
     assert e.value.step < 10 and str(e.value).startswith(f"diverged at step {e.value.step}: the training loss is nan")

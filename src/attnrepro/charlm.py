@@ -292,7 +292,7 @@ def prepare(spec: RunSpec, inputs: Mapping[str, bytes], device: str) -> Prepared
     batch = spec.optim.batch_size
     ev_train = fixed_batches(train_ids, mcfg.block_size, batch, d.eval_batches, seed=d.eval_seed)
     ev_val = fixed_batches(val_ids, mcfg.block_size, batch, d.eval_batches, seed=d.eval_seed + 1)
-    return Prepared(mcfg, BatchSampler(train_ids, mcfg.block_size, batch, seed=spec.batch_seed),
+    return Prepared(mcfg, BatchSampler(train_ids, mcfg.block_size, batch, seed=spec.batch_seed, spare=1),
                     state=CharLMState(ev_train, ev_val), checkpoint_extra={"itos": vocab.itos})
 
 

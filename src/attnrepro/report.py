@@ -576,7 +576,7 @@ def _answer_corpus(m, M, D) -> str:
     if not m:
         return ""
     return (f"The pinned text has {m.get('poems')} poems, {m.get('distinct_chars')} distinct characters and "
-            f"{m.get('tokens', '—'):,} tokens with newlines; the {m.get('vocab_size')}-token vocabulary covers "
+            f"{m.get('tokens', '—'):,} tokens (a line break encodes as <unk>, §1.18.1); the {m.get('vocab_size')}-token vocabulary covers "
             f"{100 * m['coverage']:.1f}% of the characters ({100 * m.get('unk_rate', 0):.1f}% of tokens are <unk>); "
             f"{m.get('train_tokens', 0):,} tokens train, {m.get('val_tokens', 0):,} validate.")
 

@@ -47,7 +47,7 @@ from .training import Diverged, OptimConfig, TrainingLog, train_loop
 # tests/test_golden.py fails with one line naming the task when its numbers moved, and
 # `python scripts/golden.py` writes the new golden outputs. A change that moves no number
 # (a comment, a rename, a message) keeps every key, so nothing retrains.
-NUMERICS = {"corpus_lm": 1, "charlm": 1, "reversal": 1}
+NUMERICS = {"corpus_lm": 1, "charlm": 2, "reversal": 1}
 
 
 @dataclass(frozen=True)

@@ -21,13 +21,14 @@ class Tokenizer:
 
     @classmethod
     def build(cls, text: str, vocab_size: int) -> "Tokenizer":
-        """<pad>, <unk>, then the most frequent characters (newline included).
+        """§1.18.1's CharTokenizer: `cnt = Counter(text.replace("\n", ""))`, then
+        `keep = [c for c, _ in cnt.most_common(vocab_size - 2)]` after <pad> and <unk>.
 
-        Ties are broken by code point so the vocabulary never depends on dict order.
+        Newline is never kept, so it encodes as <unk> ("其余映射到 <unk>", the rest map to
+        <unk>); `most_common` keeps first-seen order among equal counts.
         """
-        counts = Counter(text)
-        ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
-        return cls([PAD, UNK] + [c for c, _ in ranked[: vocab_size - 2]])
+        counts = Counter(text.replace("\n", ""))
+        return cls([PAD, UNK] + [c for c, _ in counts.most_common(vocab_size - 2)])
 
     @property
     def stoi(self) -> dict[str, int]:

@@ -87,15 +87,16 @@ class Batches(Protocol):
 class BatchSampler:
     """Random (x, y) windows of a token stream from a dedicated generator."""
 
-    def __init__(self, tokens: torch.Tensor, block_size: int, batch_size: int, seed: int):
-        if len(tokens) <= block_size + 1:
+    def __init__(self, tokens: torch.Tensor, block_size: int, batch_size: int, seed: int, spare: int = 0):
+        """Starts are drawn below len - block - spare: with spare 0 the last window's target ends at
+        the last token; doc 003's `torch.randint(0, len(data_source) - block_size - 1, ...)` is spare 1."""
+        if len(tokens) <= block_size + 1 + spare:
             raise ValueError(f"token stream of {len(tokens)} is too short for block_size {block_size}")
-        self.tokens, self.block, self.batch = tokens, block_size, batch_size
+        self.tokens, self.block, self.batch, self.spare = tokens, block_size, batch_size, spare
         self.gen = torch.Generator().manual_seed(seed)
 
     def next(self) -> tuple[torch.Tensor, torch.Tensor]:
-        # the last window starts at len - block - 1 (its target ends at the last token)
-        starts = torch.randint(0, len(self.tokens) - self.block, (self.batch,), generator=self.gen)
+        starts = torch.randint(0, len(self.tokens) - self.block - self.spare, (self.batch,), generator=self.gen)
         offsets = torch.arange(self.block, device=self.tokens.device)
         starts = starts.to(self.tokens.device)
         x = self.tokens[starts[:, None] + offsets]

@@ -1,7 +1,7 @@
 """What the heads of a trained model do (§1.8.5-1.8.6, exercise §1.20.3): params section `heads`.
 
 Per layer/head statistics of the attention maps on fixed validation sequences, head ablation
-on fixed validation batches (the measurements: attnrepro.measure.probes), their layer means,
+on §1.8.6's random sequence scored against itself (the measurements: attnrepro.measure.probes), their layer means,
 and the most "conditional" head against the uniform causal baseline.
 """
 
@@ -20,7 +20,7 @@ from ..measure.probes import ablate_heads, attention_maps, head_stats
 from ..measure.weights import position_stats
 from ..model import load_checkpoint
 from ..runtime import progress
-from ..training import fixed_batches, load_tokens
+from ..training import load_tokens
 
 CORPUS = Path("data/corpus")
 STATS = ("entropy", "diag", "prev", "distance", "distance_std")
@@ -34,14 +34,13 @@ class HeadsConfig:
     n_seqs: int
     seq_len: int
     seq_seed: int
-    ablation_batches: int
-    ablation_batch_size: int
+    ablation_len: int  # §1.8.6: one sequence of this many random tokens, its own target
     ablation_seed: int
     threads: int
 
     def validate(self, prefix: str = "heads") -> None:
         require(bool(self.checkpoint), f"{prefix}.checkpoint", self.checkpoint, "a checkpoint path")
-        require_positive(self, ("n_seqs", "seq_len", "ablation_batches", "ablation_batch_size", "threads"), prefix)
+        require_positive(self, ("n_seqs", "seq_len", "ablation_len", "threads"), prefix)
         require(self.seq_len >= 2, f"{prefix}.seq_len", self.seq_len, "at least 2")
 
 
@@ -52,6 +51,14 @@ def fixed_sequences(tokens: torch.Tensor, n: int, length: int, seed: int) -> tor
     g = torch.Generator().manual_seed(seed)
     starts = torch.randint(0, len(tokens) - length, (n,), generator=g)
     return torch.stack([tokens[s: s + length] for s in starts.tolist()])
+
+
+def chapter_ablation_batch(vocab_size: int, length: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """§1.8.6's data: `x = torch.randint(2, 1200, (1, 32))`, scored as `model(x, x)` (each
+    position's target is its own input), from a seeded generator instead of the global one."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(2, vocab_size, (1, length), generator=g)
+    return x, x
 
 
 def uniform_distance_std(seq_len: int) -> float:
@@ -85,17 +92,17 @@ def run(cfg: HeadsConfig, attention: AttentionConfig) -> HeadsResult:
     validation stream."""
     model = load_checkpoint(cfg.checkpoint, "heads.checkpoint")
     attention.check_checkpoint(model.cfg.impl, "heads.checkpoint")
-    if cfg.seq_len > model.cfg.block_size:
-        raise UserError(f"heads.seq_len: got {cfg.seq_len}, expected at most the model's block_size "
-                        f"{model.cfg.block_size}")
+    for name in ("seq_len", "ablation_len"):
+        if getattr(cfg, name) > model.cfg.block_size:
+            raise UserError(f"heads.{name}: got {getattr(cfg, name)}, expected at most the model's block_size "
+                            f"{model.cfg.block_size}")
     itos = json.loads((CORPUS / "vocab.json").read_text(encoding="utf-8"))
     val_ids = load_tokens(CORPUS / "val.npy")
     seqs = fixed_sequences(val_ids, cfg.n_seqs, cfg.seq_len, cfg.seq_seed)
     maps = attention_maps(model, seqs)
     rows = head_stats(maps)
 
-    batches = fixed_batches(val_ids, model.cfg.block_size, cfg.ablation_batch_size, cfg.ablation_batches,
-                            cfg.ablation_seed)
+    batches = [chapter_ablation_batch(model.cfg.vocab_size, cfg.ablation_len, cfg.ablation_seed)]
     bar = progress(len(rows), "heads ablation")
     base, ablation = ablate_heads(model, batches, tick=lambda: bar.update(1))
     bar.close()
