@@ -393,3 +393,14 @@ def onset_interval(x: Sequence[float], per_seed: Sequence[Sequence[float]],
         if Band.of(cols[i]).confidence_interval(alpha)[0] > top:
             return float(x[i - 1]), float(x[i])
     return None
+
+
+def holm_adjusted(pvalues: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values, in the order given: reject at family-wise alpha where
+    adjusted < alpha."""
+    order = sorted(range(len(pvalues)), key=lambda i: pvalues[i])
+    out, running = [0.0] * len(pvalues), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(pvalues) - rank) * pvalues[i]))
+        out[i] = running
+    return out

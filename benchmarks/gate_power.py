@@ -1,0 +1,416 @@
+"""Benchmark: which plausible bugs `attnrepro check` catches (issue 18, "gate power, measured").
+
+Each case is a copy of the repository at the reference revision (a git worktree in a temporary
+folder) with one change committed on it, rerun under another float order on the stages the
+change reaches, then judged by `attnrepro check --rev <reference> --json`, as a pull request
+would be:
+
+- a **mutant** is a small bug a contributor could introduce (attention, model, init, optimizer,
+  schedule, data split, tokenizer), a one-line text replacement that must match the code exactly
+  once. Each says what we expect of it before it runs: `harmful` (the gate must fail it) or
+  `harmless` (its effect should lie within seed noise; if the gate passes it, `--seeds` shows
+  whether that holds).
+- a **faithful** rerun changes only how the run executes (threads per run, worker processes),
+  never what it computes: the gate must pass it.
+
+Every case trains from an empty run store (a mutant that moves numbers but keeps its run keys
+would otherwise be served the reference's runs) under another float order without touching
+params (a params edit would leave every stage not rerun "edited after the run"): torch, MKL and
+oneDNN are limited to AVX2 (or to no vector instructions), as on another CPU; the env records
+say so and the check judges the rerun stages statistically. Besides the check, each case runs the golden tests (tests/test_golden.py), the guard a
+pull request meets in CI before any result is regenerated.
+
+Prints a confusion matrix (expected x verdict), per case the first check that caught it
+(golden test, dvc.lock or records, checksum, conclusion, headline metric, other metric) and
+its cost in wall seconds, and writes benchmarks/results/gate_power.json.
+
+    python benchmarks/gate_power.py [--cases a,b,...] [--rev REV] [--keep] [--list]
+    python benchmarks/gate_power.py --seeds 5 --cases <a mutant the gate passed>
+
+The second form trains the mutant's four train variants at the first 5 seeds of seeds.seeds
+and compares each gated train metric with the reference's runs at the same seeds (paired
+differences, t interval, Holm over the metrics): a passed mutant whose every effect is within
+noise is harmless, and that is a finding. Figures, not asserts; hours of CPU (each case about
+15-25 minutes on 2 cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import fnmatch
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results" / "gate_power.json"
+DATA_DIR = ROOT / "data"  # what each case's data/ starts as (--data)
+TRAINING = ("train",)
+ATTENTION = ("init_sweep", "train", "heads", "failures")
+DATA = ("corpus", "train")
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    area: str
+    expect: str  # harmful | harmless | faithful
+    why: str
+    path: str = ""  # the file a mutant edits ...
+    old: str = ""  # ... the text it replaces (exactly once) ...
+    new: str = ""  # ... and with what
+    stages: tuple[str, ...] = TRAINING
+    isa: str = "AVX2"  # the float order: the vector instructions torch and MKL may use (another CPU)
+    workers: int = 1
+
+
+MUTANTS = [
+    Case("scale_by_d", "attention", "harmful", "1/d instead of 1/sqrt(d): logits 5.7x (d 32) to 16x (d 256) too small",
+         "src/attnrepro/attention.py", "        scores = scores / math.sqrt(d)\n", "        scores = scores / d\n",
+         ATTENTION),
+    Case("scale_by_d_model", "attention", "harmful",
+         "sqrt(d_model) for sqrt(d_head): only the 4-head small model changes (1/sqrt(128) for 1/sqrt(32))",
+         "src/attnrepro/attention.py", "    d = q.shape[-1]\n", "    d = q.shape[-1] * q.shape[1]\n", ATTENTION),
+    Case("mask_sees_next", "attention", "harmful", "off-by-one causal mask: each query sees the next key (a leak)",
+         "src/attnrepro/attention.py", "    return j <= i + offset\n", "    return j <= i + offset + 1\n", ATTENTION),
+    Case("softmax_no_max", "attention", "harmful",
+         "softmax without subtracting the row max: unscaled d 256 logits reach the hundreds and overflow",
+         "src/attnrepro/attention.py", "        e = torch.exp(scores - scores.amax(dim=-1, keepdim=True))\n",
+         "        e = torch.exp(scores)\n", ATTENTION),
+    Case("layernorm_eps", "model", "harmless", "LayerNorm eps 1e-6 for 1e-5 in the first norm of each block",
+         "src/attnrepro/model.py", "        self.ln1 = nn.LayerNorm(d)\n", "        self.ln1 = nn.LayerNorm(d, eps=1e-6)\n"),
+    Case("gelu_tanh", "model", "harmless", "the tanh approximation of GELU (max difference ~1e-3)",
+         "src/attnrepro/model.py", "act = nn.GELU() if", "act = nn.GELU(approximate=\"tanh\") if"),
+    Case("no_final_layernorm", "model", "harmful", "the final LayerNorm skipped before the output head",
+         "src/attnrepro/model.py", "logits = self.head(self.ln_f(x))", "logits = self.head(x)"),
+    Case("resid_init_unscaled", "init", "harmful",
+         "residual projections at init_std instead of init_std/sqrt(2 n_layer) (a factor 2 at 2 layers)",
+         "src/attnrepro/model.py", "std / math.sqrt(2 * self.cfg.n_layer) if", "std if"),
+    Case("adam_default_betas", "optimizer", "harmful", "AdamW's default betas (0.9, 0.999) for §1.18.3's (0.9, 0.95)",
+         "src/attnrepro/training.py", "betas=tuple(cfg.betas))", "betas=(0.9, 0.999))"),
+    Case("decay_2d_only", "optimizer", "harmless",
+         "weight decay on 2-D weights only (the pre-issue-17 protocol; the old sensitivity sweep moved only ||W_qkv||_F)",
+         "src/attnrepro/training.py", "    if cfg.decay == \"2d\":\n", "    if cfg.decay in (\"2d\", \"all\"):\n"),
+    Case("no_grad_clip", "optimizer", "harmful", "gradient clipping dropped (§1.18.3's grad_clip 1.0)",
+         "src/attnrepro/training.py",
+         "max_norm = cfg.grad_clip if cfg.grad_clip is not None else math.inf",
+         "max_norm = math.inf"),
+    Case("warmup_off_by_one", "schedule", "harmless", "warm-up from lr 0 at step 0 (step/warmup for (step+1)/warmup)",
+         "src/attnrepro/training.py", "return cfg.lr * (step + 1) / cfg.warmup", "return cfg.lr * step / cfg.warmup"),
+    Case("cosine_to_zero", "schedule", "harmful", "cosine to 0 instead of §1.18.3's 0.1 lr floor",
+         "src/attnrepro/training.py", "    floor = cfg.min_lr_ratio\n", "    floor = 0.0\n"),
+    Case("targets_two_ahead", "data", "harmful", "targets shifted by 2 instead of 1 (predict the token after next)",
+         "src/attnrepro/training.py", "y = self.tokens[starts[:, None] + offsets + 1]",
+         "y = self.tokens[starts[:, None] + offsets + 2]"),
+    Case("val_first", "data split", "harmful", "validation = the first tenth of the stream instead of the last",
+         "src/attnrepro/corpus.py",
+         "return tok, {\"train\": ids[: len(ids) - n_val], \"val\": ids[len(ids) - n_val :]}, metrics",
+         "return tok, {\"train\": ids[n_val:], \"val\": ids[:n_val]}, metrics", DATA),
+    Case("newline_counted", "tokenizer", "harmless",
+         "newline counted into the vocabulary (the pre-issue-17 rule): one character in 1198 changes",
+         "src/attnrepro/tokenizer.py", "counts = Counter(text.replace(\"\\n\", \"\"))", "counts = Counter(text)", DATA),
+]
+
+FAITHFUL = [
+    Case("avx2", "float order", "faithful", "the same code on a CPU with AVX2 only (another reduction order)"),
+    Case("no_simd", "float order", "faithful", "the same code without vector instructions (yet another order)",
+         isa="DEFAULT"),
+    Case("avx2_2_workers", "engine", "faithful", "AVX2 on 2 worker processes (another schedule of the runs)",
+         workers=2),
+]
+
+CASES = {c.name: c for c in MUTANTS + FAITHFUL}
+
+
+# ---------------------------------------------------------------- one case
+
+def sh(cmd: list[str], cwd: Path, env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    p = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
+    if check and p.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} (in {cwd}): exit {p.returncode}\n{p.stderr[-2000:]}")
+    return p
+
+
+def apply(case: Case, tree: Path) -> None:
+    """The mutant's replacement (exactly once), or nothing for a faithful rerun."""
+    if not case.path:
+        return
+    f = tree / case.path
+    text = f.read_text(encoding="utf-8")
+    n = text.count(case.old)
+    if n != 1:
+        raise SystemExit(f"mutant {case.name}: {case.path} holds its text {n} times, expected once "
+                         "(the code changed: update the mutant)")
+    f.write_text(text.replace(case.old, case.new), encoding="utf-8")
+
+
+def isa_env(isa: str) -> dict:
+    """Environment that makes this machine compute like one with `isa` (AVX2, DEFAULT: none): ATen's kernels
+    (torch.backends.cpu.get_cpu_capability(), recorded in the env records, so the check sees another machine)
+    and MKL's and oneDNN's."""
+    return {"ATEN_CPU_CAPABILITY": isa.lower(), "MKL_ENABLE_INSTRUCTIONS": "SSE4_2" if isa == "DEFAULT" else isa,
+            "ONEDNN_MAX_CPU_ISA": "SSE41" if isa == "DEFAULT" else isa}
+
+
+def set_params(tree: Path, settings: dict) -> None:
+    """{"section.key": value} written line by line as DVC's writer would (and checked by parsing)."""
+    p = tree / "params.yaml"
+    params, text = yaml.safe_load(p.read_text(encoding="utf-8")), p.read_text(encoding="utf-8")
+    for dotted, value in settings.items():
+        section, key = dotted.split(".")
+        params[section][key] = value
+        text = _set_line(text, section, key, value)
+    if yaml.safe_load(text) != params:
+        raise RuntimeError(f"could not set {settings} in params.yaml line by line")
+    p.write_text(text, encoding="utf-8")
+
+
+def _set_line(text: str, section: str, key: str, value) -> str:
+    """Replace `  key: ...` under the top-level `section:` (keeping the line's comment)."""
+    lines, inside = text.split("\n"), False
+    for i, line in enumerate(lines):
+        if not line.startswith(" ") and line.strip():
+            inside = line.startswith(f"{section}:")
+        elif inside and line.startswith(f"  {key}:"):
+            comment = line[line.index("#"):] if "#" in line else ""
+            lines[i] = f"  {key}: {json.dumps(value)}" + (f"  {comment}" if comment else "")
+            while i + 1 < len(lines) and lines[i + 1].startswith("  - "):  # a block list's items
+                del lines[i + 1]
+            return "\n".join(lines)
+    raise KeyError(f"{section}.{key}")
+
+
+class CaseTree:
+    """The repository at `rev` in a temporary worktree with the case applied and committed, its own
+    empty run store, the case's float order and `extra` params; removed on exit unless `keep`."""
+
+    def __init__(self, case: Case, rev: str, keep: bool, extra: dict | None = None):
+        self.case, self.rev, self.keep, self.extra = case, rev, keep, extra or {}
+
+    def __enter__(self) -> "CaseTree":
+        self.tmp = Path(tempfile.mkdtemp(prefix=f"gate_power_{self.case.name}_"))
+        self.tree = self.tmp / "repo"
+        sh(["git", "worktree", "add", "--detach", str(self.tree), self.rev], ROOT)
+        apply(self.case, self.tree)
+        set_params(self.tree, {"engine.store": str(self.tmp / "store"), "engine.workers": self.case.workers,
+                               **self.extra})
+        sh(["git", "-c", "user.name=gate_power", "-c", "user.email=gate_power@localhost", "commit", "-qam",
+            f"gate_power: {self.case.name}"], self.tree)
+        # the corpus arrays and the raw corpus come from this checkout, not from a fetch
+        shutil.copytree(DATA_DIR, self.tree / "data", dirs_exist_ok=True)
+        # scripts/py runs the stages with this interpreter, importing the case's own code
+        self.env = {**os.environ, "PYTHONPATH": str(self.tree / "src"), "ATTNREPRO_PYTHON": sys.executable,
+                    **isa_env(self.case.isa)}
+        return self
+
+    def repro(self, stages) -> tuple[dict, str]:
+        """Rerun `stages` in order: (seconds per stage, the first stage that failed or "")."""
+        seconds = {}
+        for stage in stages:
+            t = time.perf_counter()
+            p = sh([sys.executable, "-m", "dvc", "repro", "--force", "--single-item", stage], self.tree, self.env,
+                   check=False)
+            seconds[stage] = round(time.perf_counter() - t, 1)
+            if p.returncode != 0:
+                self.error = (p.stderr.strip().splitlines() or ["(no output)"])[-1]
+                return seconds, stage
+        return seconds, ""
+
+    def __exit__(self, *exc) -> None:
+        if self.keep:
+            print(f"  kept {self.tree}", flush=True)
+        else:
+            sh(["git", "worktree", "remove", "--force", str(self.tree)], ROOT, check=False)
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def run_case(case: Case, rev: str, keep: bool) -> dict:
+    t0 = time.perf_counter()
+    with CaseTree(case, rev, keep) as t:
+        golden = sh([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_golden.py"], t.tree,
+                    t.env, check=False)
+        seconds, failed = t.repro(case.stages)
+        if failed:  # a stage that refuses to finish (e.g. a diverged run) is itself a failed gate
+            verdict = {"verdict": "FAIL", "stage_failed": failed, "problems": [t.error]}
+        else:
+            chk = sh([sys.executable, "-m", "attnrepro.cli", "check", "--rev", rev, "--json"], t.tree, t.env,
+                     check=False)
+            try:
+                verdict = json.loads(chk.stdout)
+            except json.JSONDecodeError:
+                verdict = {"verdict": "ERROR", "problems": [chk.stderr.strip()[-500:]]}
+    return _result(case, t0, golden.returncode, verdict, seconds)
+
+
+def run_seeds(case: Case, rev: str, n: int, keep: bool) -> dict:
+    """The mutant's train variants at the reference's first n seeds against the reference's runs at those
+    seeds: per metric the mean paired difference, its t interval and p-value (Holm over the metrics)."""
+    from scipy import stats
+
+    ref = json.loads(sh(["git", "show", f"{rev}:metrics/dist/train.json"], ROOT).stdout)
+    timings = yaml.safe_load(sh(["git", "show", f"{rev}:claims.yaml"], ROOT).stdout).get("timings", [])
+    seeds = [int(s) for s in ref["seeds"]][:n]
+    if len(seeds) < n:
+        raise SystemExit(f"the reference has {len(seeds)} seeds, fewer than --seeds {n}")
+    t0 = time.perf_counter()
+    with CaseTree(case, rev, keep, {"seeds.seeds": seeds}) as t:
+        seconds, failed = t.repro([s for s in case.stages if s == "corpus"] + ["seeds"])
+        if failed:
+            return {"case": case.name, "seeds": seeds, "stage_failed": failed, "error": t.error}
+        ours = json.loads((t.tree / "metrics/dist/train.json").read_text())
+    from attnrepro.stats import flatten, holm_adjusted
+
+    rows = []
+    mine = {s: flatten(ours["runs"][str(s)]) for s in seeds}
+    theirs = {s: flatten(ref["runs"][str(s)]) for s in seeds}
+    for key in sorted(set.intersection(*(set(m) for m in mine.values()), *(set(m) for m in theirs.values()))):
+        if any(fnmatch.fnmatchcase(f"train.{key}", g) for g in timings):
+            continue
+        d = [mine[s][key] - theirs[s][key] for s in seeds]
+        sd_ref = stats.tstd([theirs[s][key] for s in seeds]) if n > 1 else float("nan")
+        mean = sum(d) / n
+        if all(x == d[0] for x in d):  # no spread: exactly zero or an exact shift
+            p = 1.0 if d[0] == 0 else 0.0
+        else:
+            p = float(stats.ttest_1samp(d, 0.0).pvalue)
+        rows.append({"metric": key, "mean_diff": mean, "seed_sd": sd_ref, "p": p,
+                     "effect_sd": mean / sd_ref if sd_ref > 0 else (0.0 if mean == 0 else float("inf"))})
+    for r, adjusted in zip(rows, holm_adjusted([r["p"] for r in rows])):
+        r["p_holm"] = adjusted
+    moved = [r for r in rows if r["p_holm"] < 0.05]
+    return {"case": case.name, "seeds": seeds, "metrics": len(rows), "moved": moved,
+            "max_abs_effect_sd": max((abs(r["effect_sd"]) for r in rows), default=0.0),
+            "harmless": not moved, "seconds": round(time.perf_counter() - t0, 1), "stage_seconds": seconds}
+
+
+def _result(case: Case, t0: float, golden_rc: int, verdict: dict, stage_seconds: dict) -> dict:
+    return {"case": case.name, "area": case.area, "expect": case.expect, "why": case.why,
+            "golden_test": "FAIL" if golden_rc != 0 else "PASS", "verdict": verdict.get("verdict"),
+            "caught_by": caught_by(verdict, golden_rc != 0), "failed_metrics": [m["key"] for m in
+                                                                             verdict.get("failed_metrics", [])],
+            "problems": verdict.get("problems", []), "stage_failed": verdict.get("stage_failed"),
+            "stage_seconds": stage_seconds, "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def caught_by(verdict: dict, golden_failed: bool) -> list[str]:
+    """Every kind of check that failed the case, cheapest first."""
+    kinds = ["golden test"] if golden_failed else []
+    if verdict.get("stage_failed"):
+        kinds.append(f"stage {verdict['stage_failed']} failed")
+    problems = " ".join(str(p) for p in verdict.get("problems", []))
+    if "dvc.lock" in problems or "metrics/env" in problems:
+        kinds.append("records")
+    claims = verdict.get("claims", {})
+    if claims.get("checksum", {}).get("failed"):
+        kinds.append("checksum")
+    # conclusions the reference does not reproduce either fail on every run: not a catch
+    if claims.get("conclusion", {}).get("failed", 0) > len(verdict.get("not_reproduced", [])):
+        kinds.append("conclusion")
+    keys = [m["key"] for m in verdict.get("failed_metrics", [])]
+    if any(k.startswith(("train.", "seeds.")) for k in keys):
+        kinds.append("train metric")
+    if any(not k.startswith(("train.", "seeds.")) for k in keys):
+        kinds.append("other metric")
+    return kinds
+
+
+# ---------------------------------------------------------------- the tables
+
+def confusion(results: list[dict]) -> str:
+    rows = ("harmful", "harmless", "faithful")
+    lines = ["expected    gate FAIL  gate PASS   golden test FAIL", "-" * 50]
+    for e in rows:
+        rs = [r for r in results if r["expect"] == e]
+        if rs:
+            fail = sum(r["verdict"] != "PASS" for r in rs)
+            lines.append(f"{e:<10}  {fail:>9}  {len(rs) - fail:>9}   {sum(r['golden_test'] == 'FAIL' for r in rs):>16}")
+    return "\n".join(lines)
+
+
+def table(results: list[dict]) -> str:
+    lines = [f"{'case':<22} {'area':<12} {'expect':<9} {'gate':<5} {'golden':<6} {'min':>5}  caught by (cheapest first)"]
+    for r in results:
+        lines.append(f"{r['case']:<22} {r['area']:<12} {r['expect']:<9} {r['verdict']:<5} {r['golden_test']:<6} "
+                     f"{r['seconds'] / 60:>5.1f}  {', '.join(r['caught_by']) or '—'}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cases", default="", help="comma-separated case names (default: all; --list shows them)")
+    ap.add_argument("--rev", default="HEAD", help="the reference revision the cases start from and are judged against")
+    ap.add_argument("--keep", action="store_true", help="keep each case's worktree (printed) for inspection")
+    ap.add_argument("--list", action="store_true", help="list the cases and exit")
+    ap.add_argument("--stages", default="", help="comma-separated stages to rerun instead of each case's own "
+                                                 "(a quick trial of the harness)")
+    ap.add_argument("--data", type=Path, default=ROOT / "data",
+                    help="the data folder each case starts from (default: this checkout's)")
+    ap.add_argument("--seeds", type=int, default=0, metavar="N",
+                    help="instead of the check: each case's train variants at the reference's first N seeds, "
+                         "paired with the reference's runs (is a mutant the gate passed harmless?)")
+    args = ap.parse_args(argv)
+    if args.list:
+        for c in CASES.values():
+            print(f"{c.name:<22} {c.expect:<9} {c.area:<12} {c.why}")
+        return 0
+    global DATA_DIR
+    DATA_DIR = args.data
+    if args.stages:
+        for name, c in CASES.items():
+            CASES[name] = dataclasses.replace(c, stages=tuple(args.stages.split(",")))
+    names = [n for n in args.cases.split(",") if n] or list(CASES)
+    unknown = [n for n in names if n not in CASES]
+    if unknown:
+        raise SystemExit(f"unknown case {unknown[0]!r} (--list shows them)")
+    rev = sh(["git", "rev-parse", "--verify", f"{args.rev}^{{commit}}"], ROOT).stdout.strip()
+    for c in (CASES[n] for n in names):  # fail before hours of work, not after
+        if c.path and (ROOT / c.path).read_text(encoding="utf-8").count(c.old) != 1:
+            raise SystemExit(f"mutant {c.name}: its text is not in {c.path} exactly once")
+    if args.seeds:
+        return seeds_main(names, rev, args.seeds, args.keep)
+    previous = json.loads(RESULTS.read_text()) if RESULTS.exists() else {"results": []}
+    results = {r["case"]: r for r in previous["results"]}
+    for i, name in enumerate(names):
+        print(f"[{i + 1}/{len(names)}] {name}: {CASES[name].why}", flush=True)
+        r = run_case(CASES[name], rev, args.keep)
+        results[name] = r
+        print(f"  gate {r['verdict']}, golden test {r['golden_test']}, {r['seconds'] / 60:.1f} min; caught by: "
+              f"{', '.join(r['caught_by']) or 'nothing'}", flush=True)
+        RESULTS.parent.mkdir(parents=True, exist_ok=True)
+        RESULTS.write_text(json.dumps({"reference": rev, "results": list(results.values())}, indent=1) + "\n")
+    done = [results[n] for n in CASES if n in results]
+    print("\n" + table(done) + "\n\n" + confusion(done))
+    return 0
+
+
+def seeds_main(names: list[str], rev: str, n: int, keep: bool) -> int:
+    previous = json.loads(RESULTS.read_text()) if RESULTS.exists() else {"results": []}
+    found = previous.setdefault("seeds", {})
+    for name in names:
+        print(f"{name}: the train variants at {n} seeds ({CASES[name].why})", flush=True)
+        r = run_seeds(CASES[name], rev, n, keep)
+        found[name] = r
+        if "moved" in r:
+            print(f"  {r['metrics']} metrics, {len(r['moved'])} moved (Holm, alpha 0.05); largest |effect| "
+                  f"{r['max_abs_effect_sd']:.2f} seed sd; {r['seconds'] / 60:.1f} min", flush=True)
+            for m in r["moved"][:10]:
+                print(f"    {m['metric']}: {m['mean_diff']:+.4g} ({m['effect_sd']:+.2f} sd, Holm p {m['p_holm']:.3g})")
+        else:
+            print(f"  stage {r['stage_failed']} failed: {r['error']}")
+        RESULTS.parent.mkdir(parents=True, exist_ok=True)
+        RESULTS.write_text(json.dumps(previous, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

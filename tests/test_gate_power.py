@@ -1,0 +1,55 @@
+"""benchmarks/gate_power.py: every mutant still applies to the code, and its params edits are what DVC's writer would write."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+import pytest
+import yaml
+
+from attnrepro.stats import holm_adjusted
+from conftest import REPO
+
+spec = importlib.util.spec_from_file_location("gate_power", REPO / "benchmarks" / "gate_power.py")
+gp = importlib.util.module_from_spec(spec)
+sys.modules["gate_power"] = gp  # dataclasses look their module up
+spec.loader.exec_module(gp)
+
+
+@pytest.mark.parametrize("case", gp.MUTANTS, ids=lambda c: c.name)
+def test_every_mutant_matches_the_code_exactly_once_and_changes_it(case, tmp_path):
+    src = REPO / case.path
+    assert src.read_text(encoding="utf-8").count(case.old) == 1, f"{case.name}: update the mutant to the code"
+    (tmp_path / case.path).parent.mkdir(parents=True)
+    (tmp_path / case.path).write_text(src.read_text(encoding="utf-8"), encoding="utf-8")
+    gp.apply(case, tmp_path)
+    assert (tmp_path / case.path).read_text(encoding="utf-8") != src.read_text(encoding="utf-8")
+    assert case.expect in ("harmful", "harmless") and set(case.stages) <= set(yaml.safe_load(
+        (REPO / "dvc.yaml").read_text())["stages"])
+
+
+def test_enough_cases_of_each_kind():
+    assert len(gp.MUTANTS) >= 12 and len(gp.FAITHFUL) >= 3
+    assert {c.area for c in gp.MUTANTS} >= {"attention", "model", "init", "optimizer", "schedule", "data split",
+                                            "tokenizer"}
+    assert any(c.expect == "harmless" for c in gp.MUTANTS)
+
+
+def test_params_are_set_line_by_line_lists_included(tmp_path):
+    (tmp_path / "params.yaml").write_text((REPO / "params.yaml").read_text(encoding="utf-8"), encoding="utf-8")
+    before = (tmp_path / "params.yaml").read_text(encoding="utf-8").splitlines()
+    gp.set_params(tmp_path, {"train.threads": 3, "engine.store": "/tmp/x", "seeds.seeds": [20261014, 1]})
+    after = (tmp_path / "params.yaml").read_text(encoding="utf-8")
+    p = yaml.safe_load(after)
+    assert (p["train"]["threads"], p["engine"]["store"], p["seeds"]["seeds"]) == (3, "/tmp/x", [20261014, 1])
+    changed = [ln for ln in after.splitlines() if ln not in before]
+    assert len(changed) == 3, changed  # one line each; the list's old items are gone, comments kept
+    with pytest.raises(KeyError):
+        gp.set_params(tmp_path, {"train.no_such_key": 1})
+
+
+def test_holm_adjusted_p_values():
+    assert holm_adjusted([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    assert holm_adjusted([0.5, 0.001]) == pytest.approx([0.5, 0.002])
+    assert holm_adjusted([]) == []
