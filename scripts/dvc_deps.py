@@ -3,8 +3,9 @@
 A stage depends on its script and on every src/attnrepro module the script imports,
 transitively (function-level imports too); the run engine (sweep.py, store.py, engine.py) is left
 out: it never changes a result. This rewrites the `src/attnrepro/*.py` entries of each
-stage's deps in place (comments and other deps stay); `--check` changes nothing and exits 1
-when a stage's list differs (tests/test_packaging.py runs it).
+stage's deps in place (comments and other deps stay, and DATA: conclusions.py, which the report
+reads beside claims.yaml, never imports); `--check` changes nothing and exits 1 when a stage's
+list differs (tests/test_packaging.py runs it).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 PKG = REPO / "src" / "attnrepro"
 ENGINE = {"src/attnrepro/sweep.py", "src/attnrepro/store.py", "src/attnrepro/engine.py"}
+DATA = {"src/attnrepro/conclusions.py"}  # read as data beside claims.yaml (attnrepro.claims.load), never imported
 
 
 def _module_file(name: str) -> Path | None:
@@ -80,7 +82,7 @@ def rewrite(text: str, stages: list[str]) -> tuple[str, list[str]]:
         while end < len(lines) and lines[end].startswith(indent + "- "):
             end += 1
         items = [ln.strip()[2:] for ln in lines[deps + 1:end]]
-        old = [d for d in items if d.startswith("src/attnrepro/") and d.endswith(".py")]
+        old = [d for d in items if d.startswith("src/attnrepro/") and d.endswith(".py") and d.split()[0] not in DATA]
         new = needed(stage)
         if old != new:
             changes.append(f"{stage}: +{sorted(set(new) - set(old))} -{sorted(set(old) - set(new))}")

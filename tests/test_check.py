@@ -1,6 +1,7 @@
 """`attnrepro check`: exact on the reference's machine, statistical elsewhere, conclusions recomputed.
 
-Every test builds its own temporary git repository: a small claims file, a four-stage
+Every test builds its own temporary git repository: a small claims file and its predicates
+(`predicates`, src/attnrepro/conclusions.py), a four-stage
 dvc.yaml, params, metrics, a seed distribution, machine records and dvc.lock committed as
 the reference; the workspace is then changed the way a rerun (or a tamperer) would. The
 live machine is `live` (a fixture: the Intel machine the reference was made on), and
@@ -22,6 +23,22 @@ from attnrepro.cli import main
 from attnrepro.stats import distribution
 from test_check_lock import relock
 
+REPO = Path(__file__).resolve().parents[1]
+# the registry of the project's conclusions.py (its text up to the first claim): what a test's predicates use
+REGISTRY = (REPO / "src/attnrepro/conclusions.py").read_text(encoding="utf-8").split("\n# ----", 1)[0]
+
+
+def predicates(*claims) -> str:
+    """The text of a conclusions.py registering `claims`, each (experiment, cls, id, text, body[, requires]);
+    a body without `return` is the expression returned."""
+    out = [REGISTRY]
+    for exp, cls, cid, text, body, *requires in claims:
+        body = body if "return" in body else f"return {body}"
+        out.append(f"\n\n@claim({exp!r}, {cls!r}, {cid!r}, {text!r}, requires={(requires or [None])[0]!r})\n"
+                   f"def {cid.lower().replace('-', '_')}(m):\n    {body}\n")
+    return "".join(out)
+
+
 INTEL = {"cpu": "Intel Xeon", "torch": "2.13.0+cpu", "python": "3.11.7", "torch_threads": 1, "device": "cpu",
          "cuda_available": 0}
 AMD = {**INTEL, "cpu": "AMD EPYC"}
@@ -29,10 +46,6 @@ CLAIMS = {"headline": ["train.unscaled.loss_final", "train.unscaled.entropy"],
           "gpu_only": ["latency.gpu_*"], "timings": ["latency.*"],
           "experiments": {
               "train": {"section": "§2 train",
-                        "conclusions": [{"id": "unscaled_worse", "text": "the unscaled model ends behind",
-                                         "expr": "train.unscaled.loss_final - train.scaled.loss_final > 0.5"},
-                                        {"id": "collapse", "text": "the unscaled attention collapses",
-                                         "expr": "train.unscaled.entropy < 0.01"}],
                         "checksums": [{"id": "params", "text": "parameter count", "metric": "train.{row}.{col}",
                                        "columns": ["params"], "rows": {"scaled": [1000]}, "tol": "exact"}],
                         "values": [{"id": "loss", "text": "final loss", "metric": "train.{row}.{col}",
@@ -41,6 +54,9 @@ CLAIMS = {"headline": ["train.unscaled.loss_final", "train.unscaled.entropy"],
               "sweep": {"section": "a sweep", "drift": [["sweep.*", "info", "a summary over seeds"]]},
               "init": {"section": "§1", "drift": [["init.parity", "<= 64 eps64", "float noise"],
                                                   ["init.*", "±1%", "deterministic, no training"]]}}}
+CONCLUSIONS = [("train", "conclusion", "unscaled_worse", "the unscaled model ends behind",
+                'm["train.unscaled.loss_final"] - m["train.scaled.loss_final"] > 0.5'),
+               ("train", "conclusion", "collapse", "the unscaled attention collapses", 'm["train.unscaled.entropy"] < 0.01')]
 SEEDS = {s: {"scaled": {"params": 1000, "loss_final": 3.70 + 0.01 * s, "entropy": 0.84 + 0.005 * s},
              "unscaled": {"params": 1000, "loss_final": 5.10 + 0.02 * s, "entropy": 0.0004 * (1.3 ** s)}}
          for s in range(5)}
@@ -61,6 +77,8 @@ def write_repo(root: Path) -> Path:
     root.mkdir(parents=True)
     git(root, "init", "-q", "-b", "main")
     (root / "claims.yaml").write_text(yaml.safe_dump(CLAIMS), encoding="utf-8")
+    (root / "src/attnrepro").mkdir(parents=True)
+    (root / "src/attnrepro/conclusions.py").write_text(predicates(*CONCLUSIONS), encoding="utf-8")
     (root / "params.yaml").write_text(yaml.safe_dump({"train": {"lr": 0.003, "seed": 0}, "init": {"seed": 0}}),
                                       encoding="utf-8")
     (root / "dvc.yaml").write_text(yaml.safe_dump({"stages": {

@@ -16,7 +16,7 @@ import yaml
 
 from attnrepro.cli import build_parser
 from attnrepro.stats import distribution
-from test_check import SEEDS, check, dump, edit, git, live, write_repo  # noqa: F401 (fixtures)
+from test_check import CONCLUSIONS, SEEDS, check, dump, edit, git, live, predicates, write_repo  # noqa: F401
 from test_check_lock import relock
 from test_check_tamper import first_lines
 
@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 def pull_request(tmp_path) -> tuple[Path, str]:
     """main: the reference; branch pr: one commit that moves the code, the metrics, the seeds and the claims together."""
     root = write_repo(tmp_path / "r")
-    (root / "src").mkdir()
+    (root / "src").mkdir(exist_ok=True)
     (root / "src/attention.py").write_text("SCALE = 'sqrt(d_k)'\n", encoding="utf-8")
     git(root, "add", "-A")
     git(root, "commit", "-q", "-m", "the code")
@@ -38,10 +38,8 @@ def pull_request(tmp_path) -> tuple[Path, str]:
         v["unscaled"]["loss_final"] = v["scaled"]["loss_final"] + 0.1
     edit(root, "train", lambda d: d["unscaled"].__setitem__("loss_final", moved[0]["unscaled"]["loss_final"]))
     dump(root / "metrics/dist/train.json", distribution(moved))
-    claims = yaml.safe_load((root / "claims.yaml").read_text(encoding="utf-8"))
-    train = claims["experiments"]["train"]
-    train["conclusions"] = [c for c in train["conclusions"] if c["id"] != "unscaled_worse"]
-    (root / "claims.yaml").write_text(yaml.safe_dump(claims), encoding="utf-8")
+    (root / "src/attnrepro/conclusions.py").write_text(predicates(*[c for c in CONCLUSIONS if c[2] != "unscaled_worse"]),
+                                                      encoding="utf-8")
     relock(root)
     git(root, "commit", "-qam", "attention without the scale; the reference and claims follow")
     return root, base
@@ -57,11 +55,11 @@ def test_a_consistent_pull_request_passes_against_itself_and_fails_against_its_b
     assert first_lines(out) == [
         f"check: FAIL — this run does not reproduce the reference ({b}, the merge base of HEAD and main): "
         "3 problem(s), listed below",
-        f"  claims.yaml differs from {b}'s; the verdict uses {b}'s:",
+        f"  src/attnrepro/conclusions.py differs from {b}'s; the verdict uses {b}'s:",
         "    removed   train.unscaled_worse",
         f"  seed distributions differ from {b}'s (bands and conclusions use {b}'s): metrics/dist/train.json",
-        f"  HEAD's commits change the reference since {b}: claims.yaml, metrics/dist/train.json, "
-        "metrics/train.json"], out
+        f"  HEAD's commits change the reference since {b}: metrics/dist/train.json, metrics/train.json, "
+        "src/attnrepro/conclusions.py"], out
     assert "conclusion train.unscaled_worse fails" in out
     assert "metric train.unscaled.loss_final = 3.8 drifted from 5.1 (exact)" in out
     assert "metrics/dist/train.json (the seed distribution) differs from" in out

@@ -16,7 +16,8 @@ import pytest
 import yaml
 
 from attnrepro.stats import distribution
-from test_check import AMD, CLAIMS, SEEDS, check, dump, edit, git, live, repo  # noqa: F401 (fixtures)
+from test_check import (AMD, CLAIMS, CONCLUSIONS, SEEDS, check, dump, edit, git, live, predicates,  # noqa: F401
+                        repo)
 from test_reference import reference  # noqa: F401 (fixture)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -33,13 +34,19 @@ def set_claims(root: Path, change) -> None:
     (root / "claims.yaml").write_text(yaml.safe_dump(claims), encoding="utf-8")
 
 
+def set_predicates(root: Path, *claims) -> None:
+    (root / "src/attnrepro/conclusions.py").write_text(predicates(*claims), encoding="utf-8")
+
+
 def loosen(claims: dict) -> None:
     train = claims["experiments"]["train"]
-    train["conclusions"] = [c for c in train["conclusions"] if c["id"] != "unscaled_worse"]  # deleted
     train["checksums"][0]["tol"] = "±5%"  # exact -> ±5%
     claims["experiments"]["init"]["drift"][1][1] = "±50%"
     claims["timings"].append("*")  # every metric a "timing": nothing compared
-    train["conclusions"].append({"id": "new_one", "text": "a new finding", "expr": "train.scaled.loss_final > 0"})
+
+
+LOOSENED = [c for c in CONCLUSIONS if c[2] != "unscaled_worse"] + [  # one deleted, one added
+    ("train", "conclusion", "new_one", "a new finding", 'm["train.scaled.loss_final"] > 0')]
 
 
 # ---------------------------------------------------------------- 1. the reference is a git revision
@@ -47,12 +54,14 @@ def loosen(claims: dict) -> None:
 def test_a_claims_edit_in_the_working_tree_is_named_and_not_used(repo, capsys):
     edit(repo, "train", lambda d: d["unscaled"].__setitem__("loss_final", d["scaled"]["loss_final"]))
     set_claims(repo, loosen)
+    set_predicates(repo, *LOOSENED)
     rc, out = check(repo, capsys)
     assert rc == 1
     assert first_lines(out) == [
         "check: FAIL — this run does not reproduce the reference (HEAD): 2 problem(s), listed below",
         "  claims.yaml differs from HEAD's; the verdict uses HEAD's:",
         '    loosened  train.params.scaled.params (exact -> ±5%), timings "*", drift "init.*" (±1% -> ±50%)',
+        "  src/attnrepro/conclusions.py differs from HEAD's; the verdict uses HEAD's:",
         "    removed   train.unscaled_worse",
         "    added     train.new_one"], out
     assert "conclusion train.unscaled_worse fails" in out  # HEAD's conclusion, on this run
@@ -63,33 +72,81 @@ def test_a_broken_claims_file_in_the_working_tree_is_named(repo, capsys):
     (repo / "claims.yaml").write_text("experiments: [", encoding="utf-8")
     rc, out = check(repo, capsys)
     assert rc == 0 and first_lines(out)[1].startswith("  claims.yaml in the working tree does not load (")
+    git(repo, "checkout", "claims.yaml")
+    (repo / "src/attnrepro/conclusions.py").write_text("def broken(:\n", encoding="utf-8")
+    rc, out = check(repo, capsys)
+    assert rc == 0 and first_lines(out)[1].startswith("  src/attnrepro/conclusions.py in the working tree does not "
+                                                      "load (")
+
+
+def test_a_predicate_edited_in_the_working_tree_is_named_and_the_revisions_is_used(repo, capsys):
+    edit(repo, "train", lambda d: d["unscaled"].__setitem__("entropy", 0.5))  # no collapse on this run
+    set_predicates(repo, CONCLUSIONS[0], ("train", "conclusion", "collapse", "the unscaled attention collapses",
+                                          'm["train.unscaled.entropy"] < 1.0'))  # a collapse no longer needed
+    rc, out = check(repo, capsys)
+    assert rc == 1 and first_lines(out)[1:] == [
+        "  src/attnrepro/conclusions.py differs from HEAD's; the verdict uses HEAD's:",
+        '    changed   train.collapse (m["train.unscaled.entropy"] < 0.01 -> m["train.unscaled.entropy"] < 1.0)'], out
+    assert ('- conclusion train.collapse fails: the unscaled attention collapses — is false (it read '
+            'train.unscaled.entropy = 0.5)') in out  # HEAD's predicate, on this run
+
+
+def test_a_revision_without_predicates_is_one_line(repo, capsys):
+    git(repo, "rm", "-q", "src/attnrepro/conclusions.py")
+    git(repo, "commit", "-qm", "no predicates")
+    rc, out = check(repo, capsys)
+    assert rc == 2 and out == ("error: HEAD has no src/attnrepro/conclusions.py (the predicates of its conclusions): "
+                               "it cannot be the reference of this version of the check\n")
 
 
 def test_each_kind_of_claims_change_is_named(tmp_path):
     from attnrepro.claims import load
     from attnrepro.reference import claims_changes
 
-    def expectations(change=lambda c: None):
+    def expectations(change=lambda c: None, conclusions=CONCLUSIONS):
         claims = json.loads(json.dumps(CLAIMS))
         change(claims)
         p = tmp_path / "claims.yaml"
         p.write_text(yaml.safe_dump(claims), encoding="utf-8")
-        return load(p)
+        return load(p, predicates(*conclusions))
 
     def edit_claims(c):
         train = c["experiments"]["train"]
-        train["conclusions"][1]["expr"] = "train.unscaled.entropy < 0.1"
-        train["checksums"] = train.pop("conclusions")[:1] + train["checksums"]  # a conclusion made a checksum
         train["drift"] = [["train.*", "±10%", "why not"]]
         c["experiments"]["init"]["drift"].reverse()  # first match wins: ±1% now shadows the eps rule
         c["gpu_only"].append("train.*")
         c["headline"] = c["headline"][:1]
 
+    worse, collapse = CONCLUSIONS
+    edited = [(worse[0], "checksum", *worse[2:])]  # a conclusion made a checksum; collapse deleted
     assert claims_changes(expectations(), expectations()) == {}
-    assert claims_changes(expectations(), expectations(edit_claims)) == {
-        "loosened": ['gpu_only "train.*"', 'drift "train.*" (new -> ±10%)'],
-        "removed": ["train.collapse"],
-        "changed": ["train.unscaled_worse (conclusion -> checksum)", "drift rules reordered", "headline"]}
+    assert claims_changes(expectations(), expectations(edit_claims, edited)) == {
+        "claims.yaml": {"loosened": ['gpu_only "train.*"', 'drift "train.*" (new -> ±10%)'],
+                        "changed": ["drift rules reordered", "headline"]},
+        "src/attnrepro/conclusions.py": {"removed": ["train.collapse"],
+                                         "changed": ["train.unscaled_worse (conclusion -> checksum)"]}}
+
+
+def test_a_predicate_is_compared_by_its_code_not_its_layout_comments_or_text(tmp_path):
+    from attnrepro.claims import load
+    from attnrepro.reference import claims_changes
+
+    p = tmp_path / "claims.yaml"
+    p.write_text(yaml.safe_dump(CLAIMS), encoding="utf-8")
+    worse, collapse = CONCLUSIONS
+    same = [(*worse[:3], "reworded", "(\n        " + worse[4].replace(" > ", "\n        > ") + ")  # a comment"),
+            (*collapse[:4], '"""A docstring."""\n    return ' + collapse[4])]
+    assert claims_changes(load(p, predicates(*CONCLUSIONS)), load(p, predicates(*same))) == {}
+    other = [worse, (*collapse[:4], 'm["train.unscaled.entropy"] < 0.02', "cuda")]
+    assert claims_changes(load(p, predicates(*CONCLUSIONS)), load(p, predicates(*other))) == {
+        "src/attnrepro/conclusions.py": {"loosened": ["train.collapse (requires cuda)"]}}
+    shared = predicates(*CONCLUSIONS).replace("\nCLAIMS = []", "\nLIMIT = 0.01\nCLAIMS = []")  # shared code: counts
+    assert claims_changes(load(p, predicates(*CONCLUSIONS)), load(p, shared)) == {
+        "src/attnrepro/conclusions.py": {"changed": ["train.collapse", "train.unscaled_worse"]}}
+    other = [worse, (*collapse[:4], 'm["train.unscaled.entropy"] <= 0.01')]
+    assert claims_changes(load(p, predicates(*CONCLUSIONS)), load(p, predicates(*other))) == {
+        "src/attnrepro/conclusions.py": {"changed": ['train.collapse (m["train.unscaled.entropy"] < 0.01 -> '
+                                                     'm["train.unscaled.entropy"] <= 0.01)']}}
 
 
 # ---------------------------------------------------------------- 2. the machine is the live one
@@ -243,13 +300,14 @@ def test_a_moved_headline_does_not_pass_by_editing_train_seed(committed, capsys)
 def test_a_moved_headline_does_not_pass_by_loosening_the_claims(committed, capsys):
     claims = yaml.safe_load((committed / "claims.yaml").read_text(encoding="utf-8"))
     claims["timings"] = ["*"]
-    for exp in claims["experiments"].values():
-        exp.pop("conclusions", None)
     (committed / "claims.yaml").write_text(yaml.safe_dump(claims), encoding="utf-8")
+    set_predicates(committed)  # no conclusion, no checksum predicate
     rc, out = check(committed, capsys)
     lines = first_lines(out)
     assert rc == 1 and lines[1] == "  claims.yaml differs from HEAD's; the verdict uses HEAD's:"
-    assert lines[2] == '    loosened  timings "*"' and lines[3].startswith("    removed   ")
+    assert lines[2] == '    loosened  timings "*"' and lines[3].startswith("    changed   timings")
+    assert lines[4] == "  src/attnrepro/conclusions.py differs from HEAD's; the verdict uses HEAD's:"
+    assert lines[5].startswith("    removed   charlm.learns, ") and lines[5].endswith(" and 48 more")
     assert "= 4.3 drifted from 3.70076 (exact)" in out
 
 

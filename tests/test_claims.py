@@ -1,5 +1,6 @@
-"""The expectations file: the safe expression language, the tolerance grammar, tables,
-claim classes, conclusions evaluated per seed, published values placed in a seed band."""
+"""The expectations: claims.yaml (tables, the tolerance grammar) and the predicates of
+conclusions.py (the metrics view they read), claim classes, conclusions evaluated per seed,
+published values placed in a seed band."""
 
 from __future__ import annotations
 
@@ -11,50 +12,73 @@ import pytest
 import yaml
 
 from attnrepro import claims as C
-from attnrepro.expr import ExprError, MissingMetric, eval_expr, parse, references
 from attnrepro.stats import distribution
+from test_check import predicates
 
 REPO = Path(__file__).resolve().parents[1]
 KNOWN = {"corpus", "train", "init_sweep", "heads", "failures", "precision", "kv_cache", "latency", "reversal",
          "charlm", "seeds", "critical", "qknorm", "sensitivity"}
-M = {"a.x": 2.0, "a.y": 3.0, "b.z.w": 0.5, "n.nan": None, "g.v_1": 1.0, "g.v_2": 4.0}
+M = {"a.x": 2.0, "a.y": 3.0, "b.z.w": 0.5, "n.nan": None, "g.v_2": 4.0, "g.v_1": 1.0}
 
 
-@pytest.mark.parametrize("expr,want", [
-    ("a.x + a.y * 2", 8.0),
-    ("(a.x + a.y) * 2", 10.0),
-    ("-a.x - -a.y", 1.0),
-    ("a.y / a.x", 1.5),
-    ("1e-3 * 1000", 1.0),
-    ("abs(a.x - a.y) + max(1, 2, b.z.w) + min(a.x, 7)", 5.0),
-    ("sqrt(16) + log(1)", 4.0),
-    ("a.x < a.y", True),
-    ("0 < b.z.w < 1 <= a.x", True),
-    ("0 < b.z.w < 0.1", False),
-    ("a.x == 2 and not a.y == 2", True),
-    ("1 / 0 > 1e308", True),
-    ("max(g.v_*) - min(g.v_*)", 3.0),
-    ("sum(g.*, a.x) == 7 and count(g.*) == 2", True),
+def test_the_view_reads_floats_and_records_every_key():
+    m = C.View(M)
+    assert m["a.x"] == 2.0 and isinstance(m["a.x"], float) and math.isnan(m["n.nan"])
+    assert m.all("g.v_*") == [1.0, 4.0]  # sorted by key
+    assert list(m.read) == ["a.x", "n.nan", "g.v_1", "g.v_2"] and m.files() == {"a", "n", "g"}
+
+
+def test_the_view_raises_missing_metric_for_a_key_or_a_glob_that_finds_nothing():
+    m = C.View(M)
+    with pytest.raises(C.MissingMetric) as e:
+        m["a.nope"]
+    assert e.value.key == "a.nope"
+    with pytest.raises(C.MissingMetric) as e:
+        m.all("q.*")
+    assert e.value.key == "q.*" and list(m.read) == ["a.nope", "q.*"]  # recorded too: a requires-cuda skip needs it
+
+
+def test_predicates_load_with_their_code_and_sides(tmp_path):
+    exp = C.load(write(tmp_path, {"a": {"section": "s"}}, predicates(
+        ("a", "conclusion", "one", "a one-line comparison", 'm["a.x"] < m["a.y"]'),
+        ("a", "checksum", "two", "two statements", 'x = m["a.x"]  # a comment\n    return x == 2 and max(m.all("g.*")) > 1'))))
+    one, two = exp.claims
+    assert (one.id, one.cls, one.source, two.source) == ("a.one", "conclusion", 'm["a.x"] < m["a.y"]',
+                                                         'x = m["a.x"]; return x == 2 and max(m.all("g.*")) > 1')
+    assert one.sides(C.View(M)) == (2.0, 3.0) and two.sides is None
+    r1, r2 = C.evaluate_all(exp, M, {}, {})
+    assert (r1.status, r1.value, r1.bound, r1.read) == ("pass", 2.0, 3.0, ("a.x", "a.y"))
+    assert r2.passed and r2.read == ("a.x", "g.v_1", "g.v_2")
+
+
+@pytest.mark.parametrize("body,msg", [
+    ('1 / (m["a.x"] - 2) > 0', "ZeroDivisionError"), ('math.log(-m["a.x"]) > 0', "ValueError")])
+def test_a_predicate_that_raises_an_arithmetic_error_does_not_hold(tmp_path, body, msg):
+    exp = C.load(write(tmp_path, {"a": {"section": "s"}}, predicates(("a", "conclusion", "c", "t", body))))
+    r = C.evaluate_all(exp, M, {}, {})[0]
+    assert r.status == "fail" and msg in r.detail
+
+
+@pytest.mark.parametrize("source,msg", [
+    ("def broken(:\n", "does not load (SyntaxError"),
+    ("import os\n", "expected a list CLAIMS"),
 ])
-def test_expressions(expr, want):
-    assert eval_expr(expr, M) == want
+def test_a_bad_conclusions_file_is_one_line(tmp_path, source, msg):
+    path = write(tmp_path, {"a": {"section": "s"}}, source)
+    with pytest.raises(C.ClaimError, match=re.escape(msg)) as e:
+        C.load(path)
+    assert "conclusions.py" in str(e.value) and "\n" not in str(e.value)
 
 
-def test_nan_compares_false_and_globs_only_inside_functions():
-    assert eval_expr("n.nan < 1", M) is False and eval_expr("n.nan >= 1", M) is False
-    assert math.isnan(eval_expr("0 / 0", M))
-    with pytest.raises(ExprError, match="glob"):
-        eval_expr("g.v_* > 0", M)
-    with pytest.raises(MissingMetric) as e:
-        eval_expr("max(q.*) > 0", M)
-    assert e.value.key == "q.*"
-
-
-@pytest.mark.parametrize("bad", ["__import__('os').system('true')", "open(a.x)", "a.x ** 2", "a.x +", "(a.x",
-                                 "lambda: 1", "x + 1", "a.x[0]", ""])
-def test_unsafe_or_malformed_expressions_are_rejected(bad):
-    with pytest.raises(ExprError):
-        parse(bad)
+@pytest.mark.parametrize("claim,msg", [
+    (("b", "conclusion", "c", "t", "True"), "experiment 'b' has no section in claims.yaml"),
+    (("a", "value", "c", "t", "True"), "expected conclusion or checksum"),
+    (("a", "conclusion", "Bad-Id", "t", "True"), "lower_snake_case"),
+    (("a", "conclusion", "c", "", "True"), "a non-empty string is required"),
+])
+def test_bad_predicates_are_one_line_errors(tmp_path, claim, msg):
+    with pytest.raises(C.ClaimError, match=re.escape(msg)):
+        C.load(write(tmp_path, {"a": {"section": "s"}}, predicates(claim)))
 
 
 @pytest.mark.parametrize("text,value,ref,ok", [
@@ -75,9 +99,13 @@ def test_bad_tolerances_are_one_line_errors(bad):
         C.Tol.parse(bad, "x.tol")
 
 
-def write(tmp_path, experiments, **top) -> Path:
+def write(tmp_path, experiments, conclusions: str = "", **top) -> Path:
+    """claims.yaml, and the predicates' source beside it (src/attnrepro/conclusions.py) if given."""
     p = tmp_path / "claims.yaml"
     p.write_text(yaml.safe_dump({"experiments": experiments, **top}, allow_unicode=True), encoding="utf-8")
+    if conclusions:
+        (tmp_path / C.CONCLUSIONS).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / C.CONCLUSIONS).write_text(conclusions, encoding="utf-8")
     return p
 
 
@@ -86,11 +114,14 @@ TABLE = {"id": "t", "text": "a table", "metric": "train.{row}.{col}", "columns":
 
 
 @pytest.mark.parametrize("body,msg", [
-    ({"section": "s", "conclusions": [{"id": "c", "text": "t", "expr": "train.v1.loss + 1"}]}, "comparison"),
     ({"section": "s", "conclusions": [{"id": "c", "text": "t", "metric": "x.{col}", "published": {"a": 1}}]},
-     "a conclusion is a comparison"),
-    ({"section": "s", "values": [{"id": "Bad-Id", "text": "t", "expr": "a.x > 1"}]}, "lower_snake_case"),
-    ({"section": "s", "values": [{"id": "v", "text": "t", "expr": "a.x > 1"}]}, "a value is a table cell"),
+     "conclusions are predicates in src/attnrepro/conclusions.py"),
+    ({"section": "s", "values": [{"id": "Bad-Id", "text": "t", "metric": "a.{col}", "published": {"x": 1}}]},
+     "lower_snake_case"),
+    ({"section": "s", "checksums": [{"id": "v", "text": "t", "expr": "a.x > 1"}]},
+     "a claim that is not a table is a Python predicate in src/attnrepro/conclusions.py"),
+    ({"section": "s", "values": [{**TABLE, "metric": "max(train.{row}.{col})"}]}, "is not a metric key"),
+    ({"section": "s", "values": [{**TABLE, "interval": ["a.{col} - 1", "a.{col}"]}]}, "is not a metric key"),
     ({"section": "s", "values": [{**TABLE, "rows": {"v1": [1.0]}}]}, "expected 2 numbers"),
     ({"section": "s", "values": [{**TABLE, "colour": "red"}]}, "unknown key"),
     ({"section": "s", "checksums": [{**TABLE}]}, "needs `tol:`"),
@@ -106,11 +137,13 @@ def test_file_validation_one_line_errors(tmp_path, body, msg):
 
 def test_tables_expand_to_cells_with_classes(tmp_path):
     exp = C.load(write(tmp_path, {"train": {
-        "section": "§2", "conclusions": [{"id": "c", "text": "t", "expr": "train.v2.loss > train.v1.loss"}],
+        "section": "§2",
         "checksums": [{"id": "k", "text": "t", "metric": "train.{col}", "published": {"n": 3}, "tol": "exact"}],
-        "values": [TABLE], "drift": [["train.*", "±1%", "why"]]}}))
-    got = {c.id: (c.cls, c.published, c.expr, c.gate) for c in exp.claims}
-    assert got == {"train.c": ("conclusion", None, "train.v2.loss > train.v1.loss", True),
+        "values": [TABLE], "drift": [["train.*", "±1%", "why"]]}},
+        predicates(("train", "conclusion", "c", "t", 'm["train.v2.loss"] > m["train.v1.loss"]'))))
+    got = {c.id: (c.cls, c.published, c.metric or c.source, c.gate) for c in exp.claims}
+    assert list(got)[0] == "train.c"  # conclusions first
+    assert got == {"train.c": ("conclusion", None, 'm["train.v2.loss"] > m["train.v1.loss"]', True),
                    "train.k.n": ("checksum", 3.0, "train.n", True),
                    "train.t.v1.loss": ("value", 4.0, "train.v1.loss", False),
                    "train.t.v2.loss": ("value", 4.5, "train.v2.loss", False),
@@ -123,8 +156,8 @@ def seeds_dist(values: dict[int, dict]) -> dict:
 
 
 def test_conclusions_hold_on_every_seed_and_the_mean_or_fail(tmp_path):
-    exp = C.load(write(tmp_path, {"train": {"section": "§2", "conclusions": [
-        {"id": "gap", "text": "t", "expr": "train.v2.loss > train.v1.loss"}]}}))
+    exp = C.load(write(tmp_path, {"train": {"section": "§2"}},
+                       predicates(("train", "conclusion", "gap", "t", 'm["train.v2.loss"] > m["train.v1.loss"]'))))
     run = {"train.v1.loss": 4.0, "train.v2.loss": 4.5}
     good = seeds_dist({1: {"v1": {"loss": 4.0}, "v2": {"loss": 4.6}}, 2: {"v1": {"loss": 4.1}, "v2": {"loss": 4.3}}})
     r = C.evaluate_all(exp, run, good, {})[0]
@@ -136,6 +169,18 @@ def test_conclusions_hold_on_every_seed_and_the_mean_or_fail(tmp_path):
     # and so does the run itself: it is recomputed from the raw metrics
     r = C.evaluate_all(exp, {"train.v1.loss": 4.5, "train.v2.loss": 4.0}, good, {})[0]
     assert r.status == "fail"
+
+
+def test_a_conclusion_is_evaluated_on_the_seeds_of_every_file_it_reads(tmp_path):
+    """Read only where the first test fails: on the run `or` never reads the seeds file, on a seed it does."""
+    exp = C.load(write(tmp_path, {"run": {"section": "s"}, "train": {"section": "§2"}}, predicates(
+        ("train", "conclusion", "c", "t", 'm["run.ok"] > 0 or m["train.v1.loss"] < 4.05'))))
+    dist = seeds_dist({1: {"v1": {"loss": 4.0}}, 2: {"v1": {"loss": 4.1}}})
+    r = C.evaluate_all(exp, {"run.ok": 1.0, "train.v1.loss": 4.0}, dist, {})[0]
+    assert r.passed and r.seeds_n is None  # reads no file with seeds
+    dist = {"run": distribution({1: {"ok": 1.0}, 2: {"ok": -1.0}}), **dist}
+    r = C.evaluate_all(exp, {"run.ok": 1.0, "train.v1.loss": 4.0}, dist, {})[0]
+    assert r.status == "fail" and (r.seeds_held, r.seeds_n) == (1, 2)  # seed 2: run.ok -1 and train's 4.1
 
 
 def test_published_values_are_placed_in_the_seed_band(tmp_path):
@@ -193,8 +238,8 @@ def test_a_bad_explanation_is_a_load_error(tmp_path, explain):
 
 
 def test_gpu_claims_are_skipped_on_a_cpu_run(tmp_path):
-    exp = C.load(write(tmp_path, {"latency": {"section": "§7", "conclusions": [
-        {"id": "fast", "text": "t", "expr": "latency.gpu_ms < 1", "requires": "cuda"}]}}))
+    exp = C.load(write(tmp_path, {"latency": {"section": "§7"}}, predicates(
+        ("latency", "conclusion", "fast", "t", 'm["latency.gpu_ms"] < 1', "cuda"))))
     r = C.evaluate_all(exp, {}, {}, {"latency": {"cuda_available": 0, "device": "cpu"}})[0]
     assert r.status == "skipped" and not r.gated_failure
     r = C.evaluate_all(exp, {}, {}, {"latency": {"cuda_available": 1, "device": "cuda"}})[0]
@@ -208,14 +253,28 @@ def test_project_claims_file_is_valid():
     assert set(exp.sections) <= KNOWN
     by = {cls: [c for c in exp.claims if c.cls == cls] for cls in C.CLASSES}
     assert len(by["conclusion"]) >= 20 and len(by["checksum"]) >= 30 and len(by["value"]) >= 100
+    assert all(c.predicate is not None for c in by["conclusion"]) and all(c.is_cell for c in by["value"])
     for c in exp.claims:
         assert c.experiment in KNOWN
-        files = {k.split(".")[0] for k in references(parse(c.expr))}
+        keys = re.findall(r'm(?:\[|\.all\()f?"([^"]+)"', c.source) if c.predicate else [c.metric]
+        files = {k.split(".")[0] for k in keys}
         assert files and files <= KNOWN, (c.id, files)
     ids = {c.id for c in exp.claims}
     assert {"train.gap_grows_with_dhead", "train.d256_unscaled_collapse_early"} <= ids
     for key in exp.headline:
         assert key.split(".")[0] in KNOWN
+
+
+def test_the_conclusions_module_imports_only_the_standard_library():
+    """`attnrepro check` executes the reference revision's copy: nothing of this package may be needed."""
+    import ast
+    import sys
+
+    tree = ast.parse((REPO / C.CONCLUSIONS).read_text(encoding="utf-8"))
+    names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    names |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert not any(isinstance(n, ast.ImportFrom) and n.level for n in ast.walk(tree))
+    assert names <= sys.stdlib_module_names, names
 
 
 def test_expectation_files_stay_small():
@@ -226,7 +285,7 @@ def test_expectation_files_stay_small():
 
 def test_published_numbers_live_only_in_the_claims_file():
     """A few distinctive published figures must not appear in the harness code."""
-    mine = [REPO / "src/attnrepro" / f for f in ("claims.py", "check.py", "report.py", "cli.py", "stats.py", "expr.py")]
+    mine = [REPO / "src/attnrepro" / f for f in ("claims.py", "check.py", "report.py", "cli.py", "stats.py")]
     mine += [REPO / "stages/report.py", REPO / "stages/seeds.py", REPO / "scripts/update_readme.py"]
     figures = ["4977", "425984", "425,984", "1376256", "982.9", "5458.8", "0.9964", "2621440", "4.666", "5.6"]
     for f in mine:

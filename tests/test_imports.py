@@ -74,7 +74,7 @@ LAYERS = [
     ("sweep", ["sweep.py", "store.py", "migrate.py", "engine.py"]),
     ("experiments", ["experiments/"]),
     ("stage", ["stage.py"]),
-    ("check/report", ["claims.py", "expr.py", "check.py", "reference.py", "report.py", "report_html.py", "figures.py", "headline.py"]),
+    ("check/report", ["claims.py", "conclusions.py", "check.py", "reference.py", "report.py", "report_html.py", "figures.py", "headline.py"]),
 ]
 
 

@@ -54,11 +54,12 @@ def test_every_checksum_holds_and_each_failing_conclusion_is_reported_not_reprod
 
 @pytest.fixture
 def reference(tmp_path, monkeypatch) -> Path:
-    """A git repository holding a copy of the committed reference (metrics, params, claims, dvc.yaml and
-    a dvc.lock recording them); the check runs on the machine the reference was made on."""
+    """A git repository holding a copy of the committed reference (metrics, params, claims and their
+    predicates, dvc.yaml and a dvc.lock recording them); the check runs on the machine the reference was made on."""
     root = tmp_path / "ref"
     root.mkdir()
-    for f in ("claims.yaml", "params.yaml", "dvc.yaml"):
+    for f in ("claims.yaml", "params.yaml", "dvc.yaml", "src/attnrepro/conclusions.py"):
+        (root / f).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO / f, root / f)
     shutil.copytree(REPO / "metrics", root / "metrics")
     relock(root)

@@ -23,6 +23,8 @@ def make_workspace(root: Path) -> Path:
                                                       "attention": params["attention"]},
                                                      allow_unicode=True), encoding="utf-8")
     shutil.copy(REPO / "claims.yaml", root / "claims.yaml")
+    (root / "src/attnrepro").mkdir(parents=True)  # the predicates, beside claims.yaml
+    shutil.copy(REPO / "src/attnrepro/conclusions.py", root / "src/attnrepro/conclusions.py")
     (root / "metrics" / "env").mkdir(parents=True)
     train = {v: {"params": 425984 if "d32" in v else 1376256, "loss_start": 7.1,
                  "loss_final": 4.0 + 0.1 * i, "entropy_step222": 0.5 - 0.1 * i} for i, v in enumerate(VARIANTS)}

@@ -1,12 +1,12 @@
 """`attnrepro check`: does this run reproduce the committed reference run?
 
-The reference is what a git revision holds (default HEAD; attnrepro.reference): claims.yaml,
-metrics/*.json, the seed distributions metrics/dist/*.json, the machine records
+The reference is what a git revision holds (default HEAD; attnrepro.reference): claims.yaml
+and the predicates of src/attnrepro/conclusions.py, metrics/*.json, the seed distributions metrics/dist/*.json, the machine records
 metrics/env/*.json, params.yaml and metrics/claims.json. The working tree supplies only the
 run: its metrics, which must still be what dvc.lock recorded (else "edited after the run"),
 and its env records, which must describe this machine (the live one) unless the user says
-where the run was made (--made-on). Claims or params edited in the working tree are listed
-in the first lines and never used. Each stage's metrics file gets one of two verdicts:
+where the run was made (--made-on). Claims, predicates or params edited in the working tree are
+listed in the first lines and never used. Each stage's metrics file gets one of two verdicts:
 
   exact        the run was made on the reference's kind of machine (same CPU model, torch,
                Python, device as the reference's record, by the live machine; the thread
@@ -37,10 +37,9 @@ from pathlib import Path
 from typing import Callable, Optional
 
 
-from .claims import (Expectations, ClaimResult, Tol, band, counts, evaluate_all, evaluate_claim, load,
-                     load_dists, load_envs, load_metrics_dir, seed_values, cuda_run)
+from .claims import (CONCLUSIONS, Expectations, ClaimResult, Tol, band, counts, evaluate_all, evaluate_claim,
+                     fmt_number, load, load_dists, load_envs, load_metrics_dir, seed_values, cuda_run)
 from .config import UserError, read_params
-from .expr import fmt_number
 from .reference import (Reference, Revision, claims_changes, listed, lock_problems, params_changes,
                         pipeline_stages, reference)
 from .stats import ALPHA, Band
@@ -356,8 +355,14 @@ def run_check(rev: str = "HEAD", root: str | Path = ".", metrics_dir: str = "met
         elif res.gated_failure:
             detail = res.detail or (f"{fmt_number(res.value)} vs published {fmt_number(c.published)} ({c.tol.text()})"
                                     if c.is_cell else "is false")
-            out.problems.append(f"{c.cls} {c.id} fails: {c.text} — {detail}")
+            out.problems.append(f"{c.cls} {c.id} fails: {c.text} — {detail}" + _read(res, cur))
     return out
+
+
+def _read(res: ClaimResult, metrics: dict) -> str:
+    """The metrics a failing predicate read on this run, and their values."""
+    shown = [f"{k} = {fmt_number(metrics.get(k))}" for k in res.read[:6]]
+    return f" (it read {', '.join(shown)}{' and more' if len(res.read) > 6 else ''})" if shown else ""
 
 
 def metric_problems(rows: list[Row], label: str) -> list[str]:
@@ -383,16 +388,19 @@ def changes(revision: Revision, ref: Reference, root: Path, claims_path: str, pa
     """The first lines: what the working tree (and HEAD's commits, against an older revision) change of the
     reference. The verdict uses the revision's files whatever they say."""
     lines = []
+    preds = (Path(claims_path).parent / CONCLUSIONS).as_posix()
     try:
         tree = load(root / claims_path)
     except UserError as e:
         tree = None
         if (root / claims_path).exists():
-            lines.append(f"{claims_path} in the working tree does not load ({e}); the verdict uses {ref.name}'s")
+            bad = preds if str(e).startswith(str(root / preds)) else claims_path
+            lines.append(f"{bad} in the working tree does not load ({e}); the verdict uses {ref.name}'s")
     diff = claims_changes(ref.expectations, tree) if tree is not None else {}
-    if diff:
-        lines.append(f"{claims_path} differs from {ref.name}'s; the verdict uses {ref.name}'s:")
-        lines += [f"  {what:<9} {listed(items)}" for what, items in diff.items()]
+    for file, changed in diff.items():
+        lines.append(f"{claims_path if file == 'claims.yaml' else preds} differs from {ref.name}'s; the verdict uses "
+                     f"{ref.name}'s:")
+        lines += [f"  {what:<9} {listed(items)}" for what, items in changed.items()]
     moved_params = params_changes(ref.params, params)
     if moved_params:
         lines.append(f"params.yaml differs from {ref.name}'s: {listed(moved_params, 4)}")
@@ -400,7 +408,7 @@ def changes(revision: Revision, ref: Reference, root: Path, claims_path: str, pa
     if own:
         lines.append(f"seed distributions differ from {ref.name}'s (bands and conclusions use {ref.name}'s): "
                      + ", ".join(f"{metrics_dir}/dist/{f}.json" for f in own))
-    committed = revision.changed_since([claims_path, "params.yaml", "dvc.yaml", metrics_dir])
+    committed = revision.changed_since([claims_path, preds, "params.yaml", "dvc.yaml", metrics_dir])
     if committed:
         lines.append(f"HEAD's commits change the reference since {ref.name}: {listed(committed)}")
     return lines

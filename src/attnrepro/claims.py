@@ -1,5 +1,6 @@
-"""The expectations file (claims.yaml): what the chapter says, and what this repository
-expects of its own results, in one format with one tolerance grammar.
+"""The expectations: claims.yaml (what the chapter publishes, and the tolerances: data) and
+src/attnrepro/conclusions.py (what it concludes, and this repository's checksums: Python
+predicates), in one list of claims with one tolerance grammar.
 
     gpu_only: [globs]          metrics that exist only on a CUDA run ("skipped" on a CPU run)
     timings: [globs]           metrics that depend on the machine's speed and load: never compared
@@ -7,34 +8,42 @@ expects of its own results, in one format with one tolerance grammar.
     experiments:
       <file>:                  one per metrics/<file>.json, in the spec's order
         section: "§2 train"
-        conclusions: [...]     class conclusion: the chapter's experimental findings. Gated.
-        checksums: [...]       class checksum: true by construction (a count, an identity, an
+        checksums: [tables]    class checksum: true by construction (a count, an identity, an
                                IEEE fact, an injected invariant). Gated, counted apart.
-        values: [...]          class value: the chapter's published numbers. Informational.
+        values: [tables]       class value: the chapter's published numbers. Informational.
         drift: [[glob, tol, why], ...]   how far a rerun on another machine may move the
                                metrics that have no seed distribution (first match wins)
 
-An entry is an expression `{id, text, expr, note?}` (a comparison, e.g. a < b) or a table
-`{id, text, metric, columns, rows}` with `metric` a template such as "train.{row}.{col}"
-(any expression; {row} and {col} are replaced) and `rows: {row: [one number per column]}`
-(null: nothing published); a one-row table gives `published: {col: number}` instead. Its
-cells are claims `<id>.<row>.<col>`. A table may carry `tol` (how close a cell must come
-when no seed distribution exists), `requires: cuda`, `note`, and `explain: {cell or "*":
-{by: [metric keys], moved_by: [sensitivity rows], note: ...}}` (the measurement in this
-repository that explains a deviation; a value outside its band with no explanation is
-reported "unexplained"); a table with rows may carry `match: <regex>` (see Matching).
-`moved_by` cites rows <variant>.<metric>.<choice> of the sensitivity stage: the
+A table is `{id, text, metric, columns, rows}` with `metric` a template such as
+"train.{row}.{col}" that is a metric key once {row} and {col} are replaced, and
+`rows: {row: [one number per column]}` (null: nothing published); a one-row table gives
+`published: {col: number}` instead. Its cells are claims `<id>.<row>.<col>`. A table may carry
+`tol` (how close a cell must come when no seed distribution exists), `interval: [lo, hi]` (two
+key templates with {col}: our interval for the number), `requires: cuda`, `note`, and
+`explain: {cell or "*": {by: [metric keys], moved_by: [sensitivity rows], note: ...}}` (the
+measurement in this repository that explains a deviation; a value outside its band with no
+explanation is reported "unexplained"); a table with rows may carry `match: <regex>` (see
+Matching). `moved_by` cites rows <variant>.<metric>.<choice> of the sensitivity stage: the
 explanation stands only while each row moves the number toward the published figure by
 more than MOVE_SD seed sd and at least half-way there (on the log scale where the seed
 band is on it); on a run where one does not, the cell is "unexplained".
+
+Conclusions (class conclusion: the chapter's experimental findings, gated) and the checksums
+that are not tables are functions of conclusions.py, `@claim(experiment, cls, id, text)`, each
+a predicate over a View of the metrics: m["<file>.<key>"] a float, m.all("<glob>") the sorted
+matches; the view records what it reads. `load` executes that file (never imports it: the
+check runs the reference revision's copy); its path is CONCLUSIONS beside claims.yaml (a tree
+without one has no predicates). Within an experiment the claims come as conclusions, checksum
+tables, checksum predicates, values.
 
 Tolerance grammar (Tol): exact | ±x | ±x% | ×x (within x times either way) |
 <= N eps32 / <= N eps64 (float noise: N machine epsilons, whatever the reference) | info
 (reported, never gated).
 
 Evaluation. A conclusion is recomputed from the raw per-variant metrics, on the run in
-metrics/ and, where the stage has a seed distribution (metrics/dist/<file>.json), on
-every seed and on the seed means: it holds only if it holds on all of them. A value cell
+metrics/ and, where a file it reads has a seed distribution (metrics/dist/<file>.json), on
+every seed and on the seed means: it holds only if it holds on all of them. A predicate that
+raises an arithmetic error (x/0, log of a negative) does not hold. A value cell
 whose metric has a seed distribution is judged by where the published figure falls in
 it: inside the 95% prediction interval of one new run, or k seed standard deviations
 away (attnrepro.stats); without a distribution, by its `tol`.
@@ -60,6 +69,7 @@ decide). Each cell is then judged against the matched row of ours, which its res
 
 from __future__ import annotations
 
+import ast
 import fnmatch
 import math
 import re
@@ -67,22 +77,75 @@ import statistics
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import Mapping, Optional
+from typing import Callable, Mapping, Optional
 
 import yaml
 
 from .config import UserError, read_yaml_mapping
 from .io import read_json
-from .expr import ExprError, MissingMetric, evaluate, fmt_number, lookups, parse, references
 from .stats import Band, flatten, from_summary, percentile_of
 
 CLASSES = ("conclusion", "checksum", "value")
 ID_RE = re.compile(r"^[a-z0-9_]+$")
+KEY_RE = re.compile(r"^[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)+$")  # a metric key: <file>.<key path>
+CONCLUSIONS = "src/attnrepro/conclusions.py"  # the predicates, relative to the directory of claims.yaml
 EPS = {"eps16": 2.0 ** -10, "epsbf16": 2.0 ** -7, "eps32": 2.0 ** -23, "eps64": 2.0 ** -52}
 
 
 class ClaimError(UserError):
     """A malformed claims file; the message names the place."""
+
+
+class MissingMetric(Exception):
+    """A claim read a metric (or a glob matching none) that is not in the metrics."""
+
+    def __init__(self, key: str):
+        super().__init__(key)
+        self.key = key
+
+
+class View:
+    """The metrics as a predicate sees them: m["<file>.<key>"] a float (None reads nan),
+    m.all("<glob>") the floats of the matching keys, sorted by key (fnmatch); MissingMetric for
+    a key or glob that finds nothing. Every key read (or glob that found nothing) is recorded,
+    in order, in `read`."""
+
+    def __init__(self, metrics: Mapping[str, float]):
+        self._metrics = metrics
+        self.read: dict[str, None] = {}  # an ordered set
+
+    def __getitem__(self, key: str) -> float:
+        self.read[key] = None
+        if key not in self._metrics:
+            raise MissingMetric(key)
+        v = self._metrics[key]
+        return math.nan if v is None else float(v)
+
+    def all(self, pattern: str) -> list[float]:
+        keys = sorted(k for k in self._metrics if fnmatch.fnmatchcase(k, pattern))
+        if not keys:
+            self.read[pattern] = None
+            raise MissingMetric(pattern)
+        return [self[k] for k in keys]
+
+    def files(self) -> set[str]:
+        return {k.split(".", 1)[0] for k in self.read}
+
+
+def fmt_number(x) -> str:
+    """Short, stable text for a number in tables (up to 7 significant digits)."""
+    if x is None:
+        return "—"
+    x = float(x)
+    if math.isnan(x):
+        return "nan"
+    if math.isinf(x) or abs(x) >= 1e300:
+        return "inf" if x > 0 else "-inf"
+    if abs(x) >= 1e7:
+        return f"{x:.6g}"
+    if x == int(x):
+        return f"{int(x):,}" if abs(x) >= 10000 else str(int(x))
+    return f"{x:.7g}"
 
 
 # ---------------------------------------------------------------- the tolerance grammar
@@ -152,7 +215,11 @@ class Claim:
     section: str
     cls: str  # conclusion | checksum | value
     text: str
-    expr: str  # a comparison (expression claims) or a numeric expression (table cells)
+    metric: str = ""  # table cells: the metric key
+    predicate: Optional[Callable] = None  # predicates (conclusions.py): the function of a View
+    source: str = ""  # predicates: the function's body as written (its returned expression alone)
+    code: str = ""  # predicates: what it computes (ast of its body and the module's shared code), to compare revisions
+    sides: Optional[Callable] = None  # predicates that return one comparison a OP b: View -> (a, b)
     published: Optional[float] = None  # table cells: the source's figure
     published_half: float = 0.0  # half a unit of its last printed digit (0: exact)
     tol: Optional[Tol] = None
@@ -161,7 +228,7 @@ class Claim:
     evidence: tuple[str, ...] = ()
     evidence_note: str = ""
     moved_by: tuple[str, ...] = ()  # sensitivity rows that must move it half-way to the published figure
-    interval: Optional[tuple[str, str]] = None  # expressions of our interval for this number (lo, hi)
+    interval: Optional[tuple[str, str]] = None  # metric keys of our interval for this number (lo, hi)
     match: Optional["Match"] = None  # a matched table's cell: its row is matched with one of ours
     row: str = ""  # table cells: the published row and column
     col: str = ""
@@ -190,7 +257,7 @@ class Match:
     groups: list[list[str]]
     scale: list[float]  # per column: the sd of the published column
 
-    def expr(self, row: str, col: str) -> str:
+    def key(self, row: str, col: str) -> str:
         return self.template.replace("{row}", row).replace("{col}", col)
 
     def assign(self, row: str, metrics: Mapping[str, float]) -> str:
@@ -199,8 +266,8 @@ class Match:
         from scipy.optimize import linear_sum_assignment  # imported here: scipy.optimize is slow to import
 
         group = next(g for g in self.groups if row in g)
-        lookup, expand = lookups(metrics)
-        ours = {r: [float(evaluate(parse(self.expr(r, c)), lookup, expand)) for c in self.columns] for r in group}
+        m = View(metrics)
+        ours = {r: [m[self.key(r, c)] for c in self.columns] for r in group}
 
         def cost(pub: str, our: str) -> float:
             d = sum(abs(o - p) / s for p, o, s in zip(self.rows[pub], ours[our], self.scale) if p is not None)
@@ -271,8 +338,10 @@ def _half(text: str) -> float:
     return float(Decimal(5).scaleb(d.as_tuple().exponent - 1)) if d.is_finite() else 0.0
 
 
-def load(path: str | Path = "claims.yaml") -> Expectations:
-    """Read and validate the expectations file; every problem is one line naming the place."""
+def load(path: str | Path = "claims.yaml", conclusions: str | Path | None = None, name: str = "") -> Expectations:
+    """Read and validate the expectations: claims.yaml at `path` and the predicates, `conclusions`
+    (their source text, which `name` names in errors, or a path; by default CONCLUSIONS beside
+    claims.yaml, where it exists). Every problem is one line naming the place."""
     path = Path(path)
     read_yaml_mapping(path, "claims file not found", ClaimError)  # a missing or malformed file: one line
     data = yaml.load(path.read_text(encoding="utf-8"), Loader=_PrintedLoader) or {}
@@ -283,23 +352,31 @@ def load(path: str | Path = "claims.yaml") -> Expectations:
     exps = data.get("experiments")
     if not isinstance(exps, dict) or not exps:
         raise ClaimError(f"{path}: expected `experiments:`, a mapping of metrics file -> expectations")
-    claims, drift, sections = [], [], {}
-    for name, body in exps.items():
-        where = f"{path}: experiments.{name}"
+    if conclusions is None and (path.parent / CONCLUSIONS).is_file():
+        conclusions = path.parent / CONCLUSIONS
+    if isinstance(conclusions, Path):
+        name, conclusions = str(conclusions), conclusions.read_text(encoding="utf-8")
+    tables, drift, sections = [], [], {}
+    for exp, body in exps.items():
+        where = f"{path}: experiments.{exp}"
         if not isinstance(body, dict):
             raise ClaimError(f"{where}: expected a mapping")
-        bad = sorted(set(body) - {"section", "conclusions", "checksums", "values", "drift"})
+        bad = sorted(set(body) - {"section", "checksums", "values", "drift"})
         if bad:
-            raise ClaimError(f"{where}.{bad[0]}: unknown key (known: section, conclusions, checksums, values, drift)")
-        sections[name] = _text(body.get("section"), f"{where}.section")
-        for cls, key in (("conclusion", "conclusions"), ("checksum", "checksums"), ("value", "values")):
+            raise ClaimError(f"{where}.{bad[0]}: unknown key (known: section, checksums, values, drift; conclusions "
+                             f"are predicates in {CONCLUSIONS})")
+        sections[exp] = _text(body.get("section"), f"{where}.section")
+        for cls, key in (("checksum", "checksums"), ("value", "values")):
             for i, entry in enumerate(body.get(key) or []):
-                claims += _entry(entry, cls, name, sections[name], f"{where}.{key}[{i}]")
+                tables += _entry(entry, cls, exp, sections[exp], f"{where}.{key}[{i}]")
         for i, rule in enumerate(body.get("drift") or []):
             if not (isinstance(rule, list) and len(rule) == 3 and isinstance(rule[0], str)):
                 raise ClaimError(f"{where}.drift[{i}]: expected [glob, tolerance, why]")
             drift.append(DriftRule(rule[0], Tol.parse(rule[1], f"{where}.drift[{i}]"),
                                    _text(rule[2], f"{where}.drift[{i}] why")))
+    preds = predicates(conclusions, name or CONCLUSIONS, sections) if conclusions else []
+    order = {(e, c): i for i, (e, c) in enumerate((e, c) for e in sections for c in CLASSES)}
+    claims = sorted(tables + preds, key=lambda c: (order[c.experiment, c.cls], c.predicate is not None))
     seen = set()
     for c in claims:
         if c.id in seen:
@@ -310,6 +387,58 @@ def load(path: str | Path = "claims.yaml") -> Expectations:
         if not isinstance(val, list) or not all(isinstance(v, str) for v in val):
             raise ClaimError(f"{path}: {what}: expected a list of metric keys (globs)")
     return Expectations(claims, drift, lists["gpu_only"], lists["timings"], lists["headline"], sections)
+
+
+def predicates(text: str, where: str, sections: Mapping[str, str]) -> list[Claim]:
+    """The claims that a conclusions.py source registers, executed in a fresh namespace (what it
+    imports is its own affair: the standard library), in its order."""
+    try:
+        tree = ast.parse(text, where)
+        namespace: dict = {"__name__": "attnrepro_conclusions"}
+        exec(compile(tree, where, "exec"), namespace)
+    except Exception as e:  # noqa: BLE001 (any failure of that code is the file's: one line)
+        raise ClaimError(f"{where}: does not load ({type(e).__name__}: {e})") from None
+    registry = namespace.get("CLAIMS")
+    if not isinstance(registry, list):
+        raise ClaimError(f"{where}: expected a list CLAIMS (what @claim registers)")
+    def first(n):  # a statement's first line (a decorated function's: its first decorator's)
+        return min([d.lineno for d in getattr(n, "decorator_list", [])] + [n.lineno])
+
+    def line(e):  # the first line of a registered function (None: not a function)
+        return getattr(getattr(e.get("fn") if isinstance(e, dict) else None, "__code__", None), "co_firstlineno", None)
+
+    functions = {first(f): f for f in tree.body if isinstance(f, ast.FunctionDef)}
+    claimed = {line(e) for e in registry}
+    shared = [ast.dump(n) for n in tree.body[1 if ast.get_docstring(tree) else 0:]  # the registry, helpers, constants
+              if first(n) not in claimed]
+    out = []
+    for e in registry:
+        node = functions.get(line(e))
+        here = f"{where}: {node.name if node else 'a registered claim'}"
+        if node is None or not isinstance(e.get("id"), str) or not ID_RE.match(e["id"]):
+            raise ClaimError(f"{here}: expected a module-level function with @claim(experiment, cls, id, text) and a "
+                             "lower_snake_case id")
+        cid, exp, cls = e["id"], e.get("experiment"), e.get("cls")
+        if exp not in sections:
+            raise ClaimError(f"{here}: experiment {exp!r} has no section in claims.yaml")
+        if cls not in ("conclusion", "checksum"):
+            raise ClaimError(f"{here}: class {cls!r}, expected conclusion or checksum (published values are tables)")
+        if e.get("requires") not in (None, "cuda"):
+            raise ClaimError(f"{here}: requires={e.get('requires')!r}, expected cuda or nothing")
+        body = node.body[1:] if ast.get_docstring(node) is not None else node.body
+        sides = None
+        if len(body) == 1 and isinstance(body[0], ast.Return) and isinstance(body[0].value, ast.Compare) \
+                and len(body[0].value.ops) == 1:  # a single comparison: the report shows its two sides
+            both = ast.Tuple([body[0].value.left, body[0].value.comparators[0]], ast.Load())
+            sides = eval(compile(ast.fix_missing_locations(ast.Expression(ast.Lambda(node.args, both))), where,
+                                 "eval"), namespace)
+        source = ast.get_source_segment(text, body[0].value) if len(body) == 1 and isinstance(body[0], ast.Return) \
+            else "; ".join(ast.get_source_segment(text, b) for b in body)
+        out.append(Claim(f"{exp}.{cid}", exp, sections[exp], cls, _text(e.get("text"), f"{here}: text"),
+                         predicate=e["fn"], source=" ".join(source.split()), sides=sides,
+                         code="\n".join([ast.dump(node.args), *(ast.dump(b) for b in body), *shared]),
+                         requires=e.get("requires"), note=" ".join(str(e.get("note") or "").split())))
+    return out
 
 
 def _text(v, where: str) -> str:
@@ -337,20 +466,14 @@ def _published(x, where: str) -> tuple[Optional[float], float]:
     return _number(x, where), half
 
 
-_EXPR_KEYS = {"id", "text", "expr", "note", "requires"}
 _TABLE_KEYS = {"id", "text", "metric", "columns", "rows", "published", "tol", "interval", "requires", "note",
                "explain", "match"}
 
 
-def _check_expr(text, where: str, boolean: bool):
-    try:
-        node = parse(text)
-    except ExprError as e:
-        raise ClaimError(f"{where}: {e}") from None
-    if not references(node):
-        raise ClaimError(f"{where}: the expression refers to no metric")
-    if boolean != (node[0] in ("cmp", "and", "or", "not")):
-        raise ClaimError(f"{where}: expected {'a comparison (e.g. a < b)' if boolean else 'a number, not a comparison'}")
+def _key(key: str, where: str) -> str:
+    if not KEY_RE.match(key):
+        raise ClaimError(f"{where}: {key!r} is not a metric key (<file>.<key>, e.g. train.d32_scaled.loss_final)")
+    return key
 
 
 def _entry(raw, cls: str, exp: str, section: str, where: str) -> list[Claim]:
@@ -365,24 +488,14 @@ def _entry(raw, cls: str, exp: str, section: str, where: str) -> list[Claim]:
         raise ClaimError(f"{where}.requires: {requires!r}, expected cuda or nothing")
     text = _text(raw.get("text"), f"{where}.text")
     if "expr" in raw:
-        if cls == "value":
-            raise ClaimError(f"{where}: a value is a table cell (metric + published), not an expr")
-        bad = sorted(set(raw) - _EXPR_KEYS)
-        if bad:
-            raise ClaimError(f"{where}.{bad[0]}: unknown key for an expression claim")
-        expr = " ".join(str(raw["expr"]).split())
-        _check_expr(expr, where, boolean=True)
-        return [Claim(f"{exp}.{cid}", exp, section, cls, text, expr, requires=requires,
-                      note=" ".join(str(raw.get("note", "")).split()))]
-    if cls == "conclusion":
-        raise ClaimError(f"{where}: a conclusion is a comparison: give `expr:`")
+        raise ClaimError(f"{where}.expr: a claim that is not a table is a Python predicate in {CONCLUSIONS}")
     bad = sorted(set(raw) - _TABLE_KEYS)
     if bad:
         raise ClaimError(f"{where}.{bad[0]}: unknown key for a table (known: {', '.join(sorted(_TABLE_KEYS))})")
     template = raw.get("metric")
     if not isinstance(template, str) or "{col}" not in template:
         raise ClaimError(f"{where}.metric: a template with {{col}} (and {{row}} for a table with rows) is required")
-    cells: list[tuple[str, str, str, Optional[float], float]] = []  # (row, col, expression, published, half)
+    cells: list[tuple[str, str, str, Optional[float], float]] = []  # (row, col, metric key, published, half)
     match = None
     if "published" in raw:
         if not isinstance(raw["published"], dict) or "rows" in raw or "{row}" in template or "match" in raw:
@@ -399,6 +512,7 @@ def _entry(raw, cls: str, exp: str, section: str, where: str) -> list[Claim]:
             if not isinstance(vals, list) or len(vals) != len(cols):
                 raise ClaimError(f"{where}.rows.{row}: expected {len(cols)} numbers (one per column; null for none)")
             for col, pub in zip(cols, vals):
+                _key(template.replace("{row}", row).replace("{col}", col), f"{where}.metric")
                 if pub is not None:
                     cells.append((row, col, template.replace("{row}", row).replace("{col}", col),
                                   *_published(pub, f"{where}.rows.{row}")))
@@ -416,16 +530,16 @@ def _entry(raw, cls: str, exp: str, section: str, where: str) -> list[Claim]:
         raise ClaimError(f"{where}.explain: expected {{cell or '*': {{by: [metric keys], note: text}}}}")
     shape = "expected {by: [metric keys], moved_by: [sensitivity rows], note: text}"
     out = []
-    for row, col, expr, pub, half in cells:
+    for row, col, key, pub, half in cells:
         cell = f"{row}.{col}" if row else col
-        _check_expr(expr, f"{where} cell {cell}", boolean=False)
+        _key(key, f"{where}.metric")
         ex = explain.get(cell) or explain.get("*") or {}
         if not isinstance(ex, dict) or set(ex) - {"by", "moved_by", "note"} or not all(
                 isinstance(ex.get(k, []), list) and all(isinstance(x, str) for x in ex.get(k, []))
                 for k in ("by", "moved_by")):
             raise ClaimError(f"{where}.explain.{cell}: {shape}")
-        bounds = tuple(t.replace("{col}", col) for t in interval) if interval else None
-        out.append(Claim(f"{exp}.{cid}.{cell}", exp, section, cls, text, expr, published=pub, published_half=half,
+        bounds = tuple(_key(t.replace("{col}", col), f"{where}.interval") for t in interval) if interval else None
+        out.append(Claim(f"{exp}.{cid}.{cell}", exp, section, cls, text, key, published=pub, published_half=half,
                          tol=tol, requires=requires, note=" ".join(str(raw.get("note", "")).split()),
                          evidence=tuple(ex.get("by", [])), evidence_note=" ".join(str(ex.get("note", "")).split()),
                          moved_by=tuple(ex.get("moved_by", [])), interval=bounds, match=match, row=row, col=col))
@@ -528,6 +642,7 @@ class ClaimResult:
     missing_evidence: tuple[str, ...] = ()  # cited metrics that this run does not have
     not_moved: tuple[str, ...] = ()  # cited sensitivity rows that no longer move it half-way
     matched: Optional[str] = None  # matched tables: our row this cell was judged against
+    read: tuple[str, ...] = ()  # predicates: the metric keys it read on the run
 
     @property
     def passed(self) -> bool:
@@ -573,61 +688,84 @@ def _variants(metrics: Mapping[str, float], dists: Mapping[str, dict], files: se
     return out
 
 
-def _holds(node, metrics) -> tuple[bool, Optional[float], Optional[float]]:
-    lookup, expand = lookups(metrics)
-    ok = bool(evaluate(node, lookup, expand))
-    left = right = None
-    if node[0] == "cmp" and len(node[2]) == 1 and node[1][0][0] != "glob" and node[1][1][0] != "glob":
-        left, right = float(evaluate(node[1][0], lookup, expand)), float(evaluate(node[1][1], lookup, expand))
-    return ok, left, right
+def _call(claim: Claim, view: View) -> tuple[bool, str]:
+    """Does the predicate hold on the view's metrics? With the arithmetic error it raised, if it raised
+    one (it does not hold then). MissingMetric propagates."""
+    try:
+        return bool(claim.predicate(view)), ""
+    except (ArithmeticError, ValueError) as e:
+        return False, f"{type(e).__name__}: {e}"
+
+
+def _needs_cuda(keys, metrics: Mapping[str, float], envs: Mapping[str, dict]) -> bool:
+    """A `requires: cuda` claim reading `keys` is skipped: a file of them was made without CUDA, or no machine
+    record is known and a metric is missing."""
+    cuda = [cuda_run(k.split(".", 1)[0], envs) for k in keys]
+    return any(c is False for c in cuda) or (all(c is None for c in cuda) and any(k not in metrics for k in keys))
 
 
 def evaluate_claim(claim: Claim, metrics: Mapping[str, float], dists: Mapping[str, dict],
                    envs: Mapping[str, dict]) -> ClaimResult:
-    node = parse(claim.expr)
-    refs = references(node)
-    if claim.requires == "cuda":
-        cuda = [cuda_run(k.split(".", 1)[0], envs) for k in refs]
-        if any(c is False for c in cuda) or (all(c is None for c in cuda) and any(k not in metrics for k in refs)):
-            return ClaimResult(claim, "skipped", detail="needs a CUDA run")
+    if claim.predicate is None:
+        return _cell(claim, metrics, dists, envs)
+    skipped = ClaimResult(claim, "skipped", detail="needs a CUDA run")
+    view = View(metrics)
+    try:
+        ok, error = _call(claim, view)
+        if claim.requires == "cuda" and _needs_cuda(view.read, metrics, envs):
+            return skipped
+        res = ClaimResult(claim, "pass" if ok else "fail", detail=error, read=tuple(view.read))
+        if claim.sides is not None and not error:
+            res.value, res.bound = (float(x) for x in claim.sides(View(metrics)))
+        if claim.cls == "conclusion":  # on each seed of the files it reads, and on their means
+            files, reads, held = set(), view.files(), []
+            while not reads <= files:  # what it reads on a seed may bring in another file's seeds
+                files |= reads
+                others = _variants(metrics, dists, files)
+                held = []
+                for _, m in others:
+                    seen = View(m)
+                    held.append(_call(claim, seen)[0])
+                    reads |= seen.files()
+            if held:
+                n, mean_ok = len(held) - 1, held[-1]
+                res.seeds_held, res.seeds_n, res.mean_holds = sum(held[:-1]), n, mean_ok
+                if res.seeds_held < n or not mean_ok:
+                    res.status = "fail"
+                    res.detail = f"holds on {res.seeds_held} of {n} seeds" + ("" if mean_ok else ", not on their mean")
+        return res
+    except MissingMetric as e:
+        if claim.requires == "cuda" and _needs_cuda(view.read, metrics, envs):
+            return skipped
+        return ClaimResult(claim, "missing", detail=f"metric {e.key} not found")
+
+
+def _cell(claim: Claim, metrics, dists, envs) -> ClaimResult:
+    if claim.requires == "cuda" and _needs_cuda([claim.metric], metrics, envs):
+        return ClaimResult(claim, "skipped", detail="needs a CUDA run")
     try:
         if claim.match is not None:
             ours = claim.match.assign(claim.row, metrics)
-            res = _judge(claim, parse(claim.match.expr(ours, claim.col)), metrics, dists)
+            res = _judge(claim, claim.match.key(ours, claim.col), metrics, dists)
             res.matched = ours
             res.detail = "; ".join(filter(None, (res.detail or f"{fmt_number(res.value)} vs "
                                                  f"{fmt_number(claim.published)}", f"matched with our {ours}")))
             return res
-        if claim.is_cell:
-            return _judge(claim, node, metrics, dists)
-        ok, left, right = _holds(node, metrics)
-        res = ClaimResult(claim, "pass" if ok else "fail", value=left, bound=right)
-        if claim.cls == "conclusion":
-            others = _variants(metrics, dists, {k.split(".", 1)[0] for k in refs})
-            seeds = [m for name, m in others if name != "mean"]
-            if seeds:
-                held = sum(_holds(node, m)[0] for m in seeds)
-                mean_ok = _holds(node, others[-1][1])[0]
-                res.seeds_held, res.seeds_n, res.mean_holds = held, len(seeds), mean_ok
-                if held < len(seeds) or not mean_ok:
-                    res.status = "fail"
-                    res.detail = f"holds on {held} of {len(seeds)} seeds" + ("" if mean_ok else ", not on their mean")
-        return res
+        return _judge(claim, claim.metric, metrics, dists)
     except MissingMetric as e:
         return ClaimResult(claim, "missing", detail=f"metric {e.key} not found")
 
 
-def _judge(claim: Claim, node, metrics, dists) -> ClaimResult:
+def _judge(claim: Claim, key: str, metrics, dists) -> ClaimResult:
     """A table cell: the published figure (a value's rounding interval) against our interval, band or tol."""
-    lookup, expand = lookups(metrics)
-    value = float(evaluate(node, lookup, expand))
+    m = View(metrics)
+    value = m[key]
     lo_p, hi_p = claim.published_range
     if claim.interval:  # our interval for this number, e.g. a bootstrap interval over seeds
-        lo, hi = (float(evaluate(parse(x), lookup, expand)) for x in claim.interval)
+        lo, hi = (m[k] for k in claim.interval)
         return ClaimResult(claim, "pass" if lo <= hi_p and lo_p <= hi else "fail", value=value,
                            detail=f"our 95% interval {fmt_number(lo)} – {fmt_number(hi)}")
-    key = references(node)[0]
-    b = band(dists, key) if node[0] == "ref" and claim.cls == "value" else None
+    b = band(dists, key) if claim.cls == "value" else None
     if b is not None:
         return ClaimResult(claim, "pass" if _meets(b, lo_p, hi_p) else "fail", value=value, band=b,
                            z=b.z(claim.published), percentile=percentile_of(seed_values(dists, key), claim.published),

@@ -1,10 +1,12 @@
 """What `attnrepro check` judges a run against, and whether the run's files are still the run.
 
 The reference is a git revision (default HEAD; in CI the merge base with the pull request's
-base branch). It supplies claims.yaml, params.yaml, the reference metrics (metrics/*.json),
-their seed distributions (metrics/dist/), machine records (metrics/env/) and verdicts
-(metrics/claims.json). The working tree supplies only the run's outputs: a claims.yaml or
-params.yaml edited there is listed (`claims_changes`, `params_changes`), never used to judge.
+base branch). It supplies claims.yaml, the predicates (src/attnrepro/conclusions.py, executed
+from the revision's text: never the working tree's module), params.yaml, the reference metrics
+(metrics/*.json), their seed distributions (metrics/dist/), machine records (metrics/env/) and
+verdicts (metrics/claims.json). The working tree supplies only the run's outputs: claims,
+predicates or params edited there are listed (`claims_changes`, `params_changes`), never used
+to judge.
 
 The run's own record is dvc.lock: every metrics/ and plots/ output of the pipeline's stages
 with its md5 (a directory's as DVC computes it, `out_md5`) and every param value each stage
@@ -24,7 +26,7 @@ from typing import Optional
 
 import yaml
 
-from .claims import METRIC_FILES_EXCLUDED, ClaimError, Expectations, Tol, load
+from .claims import CONCLUSIONS, METRIC_FILES_EXCLUDED, ClaimError, Expectations, Tol, load
 from .config import UserError
 from .stats import flatten
 
@@ -80,13 +82,20 @@ class Revision:
             return {}
 
     def expectations(self, path: str) -> Expectations:
-        """claims.yaml as committed (claims.load reads a file: the revision's text, in a temporary one)."""
+        """claims.yaml and the predicates beside it as committed (claims.load reads claims.yaml from a
+        file: the revision's text, in a temporary one; the predicates from the revision's text)."""
         text = self.show(path)
+        preds = (Path(path).parent / CONCLUSIONS).as_posix()
+        try:
+            code = self._git("show", f"{self.commit}:{preds}")
+        except UserError:
+            raise UserError(f"{self.name} has no {preds} (the predicates of its conclusions): it cannot be the "
+                            "reference of this version of the check") from None
         with tempfile.TemporaryDirectory() as d:
             tmp = Path(d) / Path(path).name
             tmp.write_text(text, encoding="utf-8")
             try:
-                return load(tmp)
+                return load(tmp, code, f"{self.name}:{preds}")
             except ClaimError as e:
                 raise ClaimError(str(e).replace(str(tmp), f"{self.name}:{path}")) from None
 
@@ -140,11 +149,13 @@ def _tol(t: Optional[Tol]) -> str:
 
 def _shape(c) -> tuple:
     """What a claim asserts, besides its class and tolerance (its text and notes aside)."""
-    return (c.expr, c.published, c.requires, c.interval, c.match.rows if c.match else None)
+    return (c.metric, c.code, c.published, c.requires, c.interval, c.match.rows if c.match else None)
 
 
-def claims_changes(ref: Expectations, tree: Expectations) -> dict[str, list[str]]:
-    """How the working tree's claims differ from the reference's: {loosened, removed, added, changed}."""
+def claims_changes(ref: Expectations, tree: Expectations) -> dict[str, dict[str, list[str]]]:
+    """How the working tree's claims differ from the reference's, per file: {"claims.yaml": {loosened,
+    removed, added, changed}, CONCLUSIONS: {...}} (a predicate's code compared as ast: comments, layout
+    and its text aside; a conclusion made a value, or a predicate newly skipped without CUDA, is loosened)."""
     old, new = {c.id: c for c in ref.claims}, {c.id: c for c in tree.claims}
     out: dict[str, list[str]] = {"loosened": [], "removed": sorted(set(old) - set(new)),
                                  "added": sorted(set(new) - set(old)), "changed": []}
@@ -154,8 +165,18 @@ def claims_changes(ref: Expectations, tree: Expectations) -> dict[str, list[str]
             out["loosened" if b.cls == "value" else "changed"].append(f"{cid} ({a.cls} -> {b.cls})")
         elif a.tol != b.tol:
             out["loosened" if looser(a.tol, b.tol) else "changed"].append(f"{cid} ({_tol(a.tol)} -> {_tol(b.tol)})")
-        if _shape(a) != _shape(b):
-            out["changed"].append(cid if a.expr == b.expr else f"{cid} ({short(a.expr, 40)} -> {short(b.expr, 40)})")
+        if a.requires is None and b.requires == "cuda":
+            out["loosened"].append(f"{cid} (requires cuda)")
+        elif _shape(a) != _shape(b):
+            what = a.source or a.metric, b.source or b.metric
+            out["changed"].append(cid if what[0] == what[1] else f"{cid} ({short(what[0], 40)} -> {short(what[1], 40)})")
+    predicate = {c.id for c in (*ref.claims, *tree.claims) if c.predicate is not None}
+    order = ("loosened", "removed", "added", "changed")
+    files = {f: {k: [] for k in order} for f in ("claims.yaml", CONCLUSIONS)}
+    for what, items in out.items():
+        for item in items:
+            files[CONCLUSIONS if item.split(" ", 1)[0] in predicate else "claims.yaml"][what].append(item)
+    out = files["claims.yaml"]
     for what in ("timings", "gpu_only"):  # a glob added there takes metrics out of the gate
         a, b = getattr(ref, what), getattr(tree, what)
         out["loosened"] += [f'{what} "{g}"' for g in b if g not in a]
@@ -174,7 +195,7 @@ def claims_changes(ref: Expectations, tree: Expectations) -> dict[str, list[str]
         out["changed"].append("drift rules reordered")
     if ref.headline != tree.headline:
         out["changed"].append("headline")
-    return {k: v for k, v in out.items() if v}
+    return {f: {k: v for k, v in d.items() if v} for f, d in files.items() if any(d.values())}
 
 
 def _leaves(d, path: tuple = ()) -> dict[tuple, object]:

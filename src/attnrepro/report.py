@@ -24,10 +24,9 @@ from pathlib import Path
 from typing import Optional
 
 from .experiments.sensitivity import sensitivity_target
-from .claims import (CLASSES, MOVE_SD, ClaimResult, claims_json, counts, evaluate_all, load, load_dists, load_envs,
-                     load_metrics_dir)
+from .claims import (CLASSES, MOVE_SD, ClaimResult, claims_json, counts, evaluate_all, fmt_number, load, load_dists,
+                     load_envs, load_metrics_dir)
 from .config import require
-from .expr import fmt_number
 from .report_html import markdown_to_html, resolver
 from .stats import Band, percentile_of
 
@@ -171,7 +170,8 @@ def _cell(text) -> str:
 
 
 def _expr(r: ClaimResult) -> str:
-    return "`" + _cell(r.claim.expr) + "`"
+    """A predicate's test: its code (the returned expression, for a one-line predicate)."""
+    return "`" + _cell(r.claim.source) + "`"
 
 
 def _where(r: ClaimResult) -> str:
@@ -224,7 +224,7 @@ def experiment_markdown(title: str | None, results: list[ClaimResult]) -> str:
             continue
         out += [f"**{CLASS_WORDS[cls].capitalize()}**\n", "| claim | test | this run | result |", "| --- | --- | --- | --- |"]
         for r in rs:
-            test = _expr(r) if not r.claim.is_cell else f"`{_cell(r.claim.expr)}` = {fmt_number(r.claim.published)} ({r.claim.tol.text()})"
+            test = _expr(r) if not r.claim.is_cell else f"`{_cell(r.claim.metric)}` = {fmt_number(r.claim.published)} ({r.claim.tol.text()})"
             label = r.claim.text if not r.claim.is_cell else r.claim.id.split(".", 2)[-1]
             mark = "❌ not reproduced" if cls == "conclusion" and r.status == "fail" else MARK.get(r.status, r.status)
             out.append(f"| {_cell(label)} | {test} | {_where(r) if not r.claim.is_cell else fmt_number(r.value)} | "
@@ -452,7 +452,7 @@ def sensitivity_markdown(m: dict, exp) -> str:
     """The one-factor table: choice -> effect on each deviating metric, in units of seed sd."""
     if not m:
         return ""
-    published = {c.expr: c.published for c in exp.claims if c.cls == "value"}
+    published = {c.metric: c.published for c in exp.claims if c.cls == "value"}
     choices = sorted({c for v in m.values() for e in v.values() for c in e})
     out = ["Effect of changing one choice, in units of the seed standard deviation of the plain protocol "
            "(mean paired difference over seeds; log scale for attention statistics). ▲/▼: the published figure lies "
