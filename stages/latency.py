@@ -16,7 +16,7 @@ says which, and GPU-only keys are absent (not zero) on CPU.
 
 Outputs: metrics/latency.json (timings: they vary run to run), metrics/env/latency.json
 (device fingerprint: CPU, RAM, GPU name/driver/memory via NVML), plots/latency/latency.csv
-(every point, OOM rows included: a table), plots/latency/median_ms.csv (the plotted series:
+(every point, OOM rows included: a table), plots/latency/mean_ms.csv (the plotted series:
 one row per measured point, its `series` "<impl> <dtype>" a line of its own in `dvc plots`)
 and latency.png.
 """
@@ -43,7 +43,7 @@ def main(st: Stage) -> None:
     result = latency.run(cfg, device)
     root = Path(st.args.out_root)
     write_csv(root / "plots/latency/latency.csv", result.rows, COLUMNS)
-    write_csv(root / "plots/latency/median_ms.csv", result.series, SERIES_COLUMNS)
+    write_csv(root / "plots/latency/mean_ms.csv", result.series, SERIES_COLUMNS)
     latency_figure(result.rows, root / "plots/latency/latency.png", result.title)
     write_json(root / "metrics/latency.json", result.metrics)
     write_json(root / "metrics/env/latency.json", result.env)

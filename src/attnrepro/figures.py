@@ -421,11 +421,11 @@ def latency_figure(rows: list[dict], path, title: str) -> None:
             series.setdefault(f"{r['impl']} {r['dtype']}", []).append(r)
     for label, pts in series.items():
         n = [p["n"] for p in pts]
-        ax.plot(n, [p["median_ms"] for p in pts], "o-", label=label)
+        ax.plot(n, [p["mean_ms"] for p in pts], "o-", label=label)
         ax.fill_between(n, [p["p20_ms"] for p in pts], [p["p80_ms"] for p in pts], alpha=0.2)
     if series:
         first = next(iter(series.values()))
-        n0, t0 = first[0]["n"], first[0]["median_ms"]
+        n0, t0 = first[0]["n"], first[0]["mean_ms"]
         ns = [p["n"] for p in first]
         ax.plot(ns, [t0 * (n / n0) ** 2 for n in ns], "k:", label="~ n^2 from the first point")
     for r in rows:
@@ -433,5 +433,5 @@ def latency_figure(rows: list[dict], path, title: str) -> None:
             ax.axvline(r["n"], color="red", ls="--", alpha=0.5)
             ax.text(r["n"], ax.get_ylim()[1], f" OOM {r['impl']} {r['dtype']}", color="red", fontsize=7,
                     rotation=90, va="top")
-    _loglog_finish(ax, "sequence length n", "forward time (ms, median; band p20-p80)", title, legend_size=8)
+    _loglog_finish(ax, "sequence length n", "forward time (ms, mean of the timed calls; band p20-p80)", title, legend_size=8)
     save(fig, path)

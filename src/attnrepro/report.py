@@ -682,11 +682,11 @@ def _answer_latency(m, M, D) -> str:
     where = "on CUDA" if setup.get("cuda") else "on the CPU (no CUDA on this machine: the published GPU timings are not measured)"
     text = (f"Measured {where}: time grows as n^" + ", ".join(f"{v['exponent']:.2f} for {k}" for k, v in impls.items())
             + " over the measured lengths")
-    ns = sorted(set.intersection(*[{int(k[1:].split("_")[0]) for k in v if re.fullmatch(r"n\d+_median_ms", k)}
+    ns = sorted(set.intersection(*[{int(k[1:].split("_")[0]) for k in v if re.fullmatch(r"n\d+_mean_ms", k)}
                                    for v in impls.values()]))
     if ns:
         n = ns[-1]
-        t = {k: v[f"n{n}_median_ms"] for k, v in impls.items()}
+        t = {k: v[f"n{n}_mean_ms"] for k, v in impls.items()}
         slow, fast = max(t, key=lambda k: (t[k], k)), min(t, key=lambda k: (t[k], k))
         text += (f"; at n = {n} one forward takes {t[fast]:.3g} ms with {fast} and {t[slow]:.3g} ms with {slow} "
                  f"({t[slow] / t[fast]:.1f}×)")

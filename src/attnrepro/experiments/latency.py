@@ -7,7 +7,7 @@ attnrepro.benchmark.measure (cold first call, warm-up, timed repetitions).
 
 FLOP convention: a full attention forward costs 4 n^2 d h FLOPs (QK^T and PV,
 2 FLOPs per multiply-add); the causal half is counted, 2 n^2 d h, which is the
-work a causal kernel actually does. Achieved TFLOP/s = that / median time.
+work a causal kernel actually does. Achieved TFLOP/s = that / mean time.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 COLUMNS = ["impl", "dtype", "n", "oom", "median_ms", "p20_ms", "p80_ms", "mean_ms", "cv", "cold_ms", "reps",
            "tflops", "frac_peak", "peak_bytes", "nxn_bytes"]
-SERIES_COLUMNS = ["series", "n", "median_ms", "p20_ms", "p80_ms"]
+SERIES_COLUMNS = ["series", "n", "mean_ms", "p20_ms", "p80_ms"]
 
 
 @dataclass
@@ -120,7 +120,7 @@ def run_point(impl: str, n: int, *, heads: int, d_head: int, dtype: torch.dtype,
             row.update(measure(fn, device, warmup, reps))
         if cuda:
             row["peak_bytes"] = torch.cuda.max_memory_allocated() - base
-        row["tflops"] = causal_flops(n, d_head, heads) / (row["median_ms"] * 1e-3) / 1e12
+        row["tflops"] = causal_flops(n, d_head, heads) / (row["mean_ms"] * 1e-3) / 1e12
     except OOM_ERRORS:
         row = {"impl": impl, "n": n, "oom": 1}
     finally:
@@ -187,13 +187,13 @@ def metrics_from(rows: list[dict], cfg: LatencyConfig, device: str, env: dict) -
             if p["oom"]:
                 sec[f"n{n}_oom"] = 1
                 continue
-            for k in ("median_ms", "p20_ms", "p80_ms", "cv", "cold_ms", "tflops", "frac_peak", "peak_bytes"):
+            for k in ("mean_ms", "median_ms", "p20_ms", "p80_ms", "cv", "cold_ms", "tflops", "frac_peak", "peak_bytes"):
                 if k in p:
                     sec[f"n{n}_{k}"] = p[k]
         if len(ok) >= 2:
-            sec["exponent"] = fit_exponent([p["n"] for p in ok], [p["median_ms"] for p in ok])
-            sec["exponent_top3"] = fit_exponent([p["n"] for p in ok[-3:]], [p["median_ms"] for p in ok[-3:]])
-            sec["ratio_last_first"] = ok[-1]["median_ms"] / ok[0]["median_ms"]
+            sec["exponent"] = fit_exponent([p["n"] for p in ok], [p["mean_ms"] for p in ok])
+            sec["exponent_top3"] = fit_exponent([p["n"] for p in ok[-3:]], [p["mean_ms"] for p in ok[-3:]])
+            sec["ratio_last_first"] = ok[-1]["mean_ms"] / ok[0]["mean_ms"]
             sec["n_ratio_last_first"] = ok[-1]["n"] / ok[0]["n"]
         sec["oom_count"] = len(pts) - len(ok)
         out[name] = sec
