@@ -1,25 +1,25 @@
-"""DVC stage `sensitivity`: which unstated choice moves which deviating number, in seed sd?
+"""DVC stage `sensitivity`: which unstated choice accounts for which deviation from the chapter?
 
-The source leaves open its weight-decay value and grouping (its snippet is
-`AdamW(model.parameters(), ...)`), its warm-up and schedule, the block size of the
-failures table, its validation split and its init scheme. Each choice of
-`sensitivity.choices` changes ONE of them on top of the train protocol (params `train`)
-and is trained at `sensitivity.seeds` for the variants whose numbers deviate from the
-published ones (`sensitivity.metrics`): train variants, and the failures table's models
-as `failures_<variant>` (`failures_correct`, `failures_mask_zero`, ...; the failures
-protocol, 300 steps). The effect of a choice on a metric is the mean over seeds
-of its paired difference from the plain protocol at the same seed, in units of the
-plain protocol's seed standard deviation (the reference distribution of the seeds and
-failures stages; the log scale for attention statistics and scales).
+Only settings docs/PROTOCOL.md marks unstated are varied: the weight-decay value, the validation
+split's position, and for the failures table only (its run settings are unstated, the case's are
+stated) its schedule, block size and init. Each choice of `sensitivity.choices` (and each
+combination of `sensitivity.combinations`) changes the baseline, the protocol as params state it
+(`train`, `failures`), and is trained at every seed of `sensitivity.seeds` for every variant of
+`sensitivity.metrics` its scope covers: train variants, and the failures table's models as
+`failures_<variant>`. The baseline runs at the same seeds are the pairs (at shared seeds they are
+the seeds and failures stages' own runs, from the run store).
 
-Choice kinds: {optim: {OptimConfig fields}}, {model: {ModelConfig fields}} or
-{split: first} (the first 10% of the token stream is the validation set instead of the
-last). The failures symptoms are measured as in the failures stage (its summary's
-`diag_weight`, rows 1-63 of 64); its second protocol, over rows 0-31 as the source likely
-measured, needs no retraining and is a metric of the failures stage itself.
+Per (variant, metric, choice): the mean paired difference on the analysis scale (log for attention
+statistics and scales), its standard error, t interval and p-value; Holm's adjusted p over all
+cells. Per protocol and cell: its seed band (centre, sd, prediction interval). Nothing is read from
+another stage's outputs: the unit and the SE come from the sweep's own seeds. Whether a choice
+accounts for a published figure (experiments.sensitivity.accounts_for), the pre-registered
+explanations (docs/sensitivity_preregistration.yaml) and the joint protocol table are judged
+against claims.yaml by claims.py and the report.
 
-Writes metrics/sensitivity.json (<variant>.<metric>.<choice>: effect_sd, mean, baseline)
-and plots/sensitivity/effects.csv (one row per variant, metric and choice).
+Writes metrics/sensitivity.json (<variant>.<metric>.<protocol>: band; and for a choice its paired
+effect, p, p_holm, significant, effect_sd; design: seeds, cells, runs) and
+plots/sensitivity/effects.csv (one row per cell).
 """
 
 from __future__ import annotations

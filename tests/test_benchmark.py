@@ -100,13 +100,13 @@ def test_latency_stage_cpu_fallback_with_mocked_oom(tmp_path, monkeypatch):
     flat = {k for sec in m.values() for k in sec}
     assert not any("frac_peak" in k or "peak_bytes" in k for k in flat)
     assert m["naive_fp32"]["n128_oom"] == 1 and m["naive_fp32"]["oom_count"] == 1
-    assert "n128_median_ms" not in m["naive_fp32"] and "n64_median_ms" in m["naive_fp32"]
+    assert "n128_mean_ms" not in m["naive_fp32"] and "n64_mean_ms" in m["naive_fp32"]
     assert "exponent" in m["sdpa_fp32"] and m["sdpa_fp32"]["oom_count"] == 0
     csv = (tmp_path / "plots/latency/latency.csv").read_text().splitlines()
     assert csv[0].startswith("impl,dtype,n,oom") and len(csv) == 7
     # the plotted series: one per impl x dtype, measured points only (the OOM row is left out)
-    series = (tmp_path / "plots/latency/median_ms.csv").read_text().splitlines()
-    assert series[0] == "series,n,median_ms,p20_ms,p80_ms" and len(series) == 1 + 5
+    series = (tmp_path / "plots/latency/mean_ms.csv").read_text().splitlines()
+    assert series[0] == "series,n,mean_ms,p20_ms,p80_ms" and len(series) == 1 + 5
     assert sorted({r.split(",")[0] for r in series[1:]}) == ["naive fp32", "sdpa fp32"]
     assert (tmp_path / "plots/latency/latency.png").stat().st_size > 1000
     env = json.loads((tmp_path / "metrics/env/latency.json").read_text())

@@ -201,32 +201,29 @@ def test_published_values_are_placed_in_the_seed_band(tmp_path):
     assert out["train.t.v1.loss"]["band_lo"] < 4.05 < out["train.t.v1.loss"]["band_hi"]
 
 
-def test_an_explanation_by_a_choice_lapses_when_the_choice_stops_moving_it(tmp_path):
+def test_an_explanation_by_a_choice_lapses_when_the_choice_stops_accounting_for_it(tmp_path):
+    from attnrepro.experiments.sensitivity import protocol_band
+
     exp = C.load(write(tmp_path, {"train": {"section": "§2", "values": [
         {"id": "t", "text": "t", "metric": "train.{row}.{col}", "columns": ["loss"], "rows": {"v": [5.0]},
          "explain": {"v.loss": {"moved_by": ["sens.v.loss.block"], "note": "blocks move it"}}}]}}))
     dist = seeds_dist({s: {"v": {"loss": 4.0 + 0.01 * s}} for s in range(5)})
+    base = protocol_band([4.0, 4.02, 3.98, 4.01, 3.99], log=False)
 
-    def explanation(effect_sd, mean):
-        row = {"sens.v.loss.block.effect_sd": effect_sd, "sens.v.loss.block.mean": mean,
-               "sens.v.loss.block.baseline": 4.0}
-        return C.evaluate_all(exp, {"train.v.loss": 4.02, **row}, dist, {})[0].explanation
+    def explanation(choice, p_holm=0.001):
+        row = {**protocol_band(choice, log=False), "p_holm": p_holm}
+        flat = {**{f"sens.v.loss.baseline.{k}": v for k, v in base.items()},
+                **{f"sens.v.loss.block.{k}": v for k, v in row.items()}}
+        return C.evaluate_all(exp, {"train.v.loss": 4.02, **flat}, dist, {})[0].explanation
 
-    lapsed = "unexplained (the cited sens.v.loss.block no longer moves it more than 2 sd and half-way"
-    assert explanation(9.0, 4.6) == "blocks move it"  # past half-way (4.5)
-    assert explanation(9.0, 5.8) == "blocks move it"  # past the published figure
-    assert explanation(9.0, 4.4).startswith(lapsed)  # beyond 2 sd, but not half-way
-    assert explanation(1.5, 4.6).startswith(lapsed)  # half-way, but within seed noise
-    assert explanation(-9.0, 3.0).startswith(lapsed)  # away from it
-    assert C.evaluate_all(exp, {"train.v.loss": 4.02}, dist, {})[0].explanation == (
-        "unexplained (the cited sens.v.loss.block.effect_sd, sens.v.loss.block.mean, sens.v.loss.block.baseline is "
-        "missing)")
-
-
-def test_half_way_is_the_geometric_mean_on_the_log_scale():
-    assert C.moves_half_way(3.0, 0.09, 0.05, 0.15, log=False) is False  # linear mid-point 0.10
-    assert C.moves_half_way(3.0, 0.09, 0.05, 0.15, log=True) is True  # geometric mid-point 0.0866
-    assert C.moves_half_way(-3.0, 0.85, 0.93, 0.83, log=True) is True  # downward
+    lapsed = "unexplained (the cited sens.v.loss.block no longer accounts for it"
+    assert explanation([4.5, 4.52, 4.48, 4.51, 4.49]) == "blocks move it"  # toward, short of it
+    assert explanation([5.0, 5.02, 4.98, 5.01, 4.99]) == "blocks move it"  # onto it
+    assert explanation([5.8, 5.82, 5.78, 5.81, 5.79]).startswith(lapsed)  # past the published figure's band
+    assert explanation([4.5, 4.52, 4.48, 4.51, 4.49], p_holm=0.2).startswith(lapsed)  # not significant after Holm
+    assert explanation([3.5, 3.52, 3.48, 3.51, 3.49]).startswith(lapsed)  # away from it
+    missing = C.evaluate_all(exp, {"train.v.loss": 4.02}, dist, {})[0].explanation
+    assert missing.startswith("unexplained (the cited sens.v.loss.block.n, sens.v.loss.block.center")
 
 
 @pytest.mark.parametrize("explain", [{"because": "x"}, {"moved_by": "sens.v.loss.block"}, {"by": [1.0]}])

@@ -86,8 +86,8 @@ def fixture_rows(path: str) -> list[dict]:
         return [{"step": s, "lr": 1e-3, "loss": 7 - s / 100, "grad_norm": 1.0} for s in STEPS]
     if path == "plots/kv_cache/latency.csv":
         return [{"context": c, "uncached_ms": c / 10, "cached_ms": 1.0, "speedup": c / 10} for c in (16, 64, 256)]
-    if path == "plots/latency/median_ms.csv":
-        rows = [{"impl": impl, "dtype": "fp32", "n": n, "oom": 0, "median_ms": n / 100, "p20_ms": n / 110,
+    if path == "plots/latency/mean_ms.csv":
+        rows = [{"impl": impl, "dtype": "fp32", "n": n, "oom": 0, "mean_ms": n / 100, "p20_ms": n / 110,
                  "p80_ms": n / 90} for impl in ("sdpa", "naive") for n in (128, 256, 512)]
         from attnrepro.experiments import latency
 

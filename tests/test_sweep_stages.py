@@ -42,10 +42,14 @@ def repo(tmp_path_factory):
     p["seeds"]["mode_statistic"] = "entropy_step3"  # a step the tiny runs record
     p["critical"].update(d_heads=[8, 16, 32], min_d_model=16, seeds=[11, 12, 13])
     p["qknorm"]["seeds"] = [11, 12, 13]
-    p["sensitivity"].update(seeds=[11, 12], choices={k: p["sensitivity"]["choices"][k]
-                                                    for k in ("decay_all_params", "block_32", "val_first_10pct")})
-    p["sensitivity"]["choices"]["block_32"] = {"model": {"block_size": 8}}
-    p["sensitivity"]["metrics"]["d256_scaled"] = ["loss_final", "entropy_final", "entropy_step3"]
+    p["sensitivity"].update(seeds=[11, 12, 13, 14, 15], combinations={},
+                            choices={k: p["sensitivity"]["choices"][k]
+                                     for k in ("no_weight_decay", "block_32", "val_first_10pct")})
+    p["sensitivity"]["choices"]["block_32"] = {"model": {"block_size": 8}, "scope": "failures"}
+    p["sensitivity"]["metrics"] = {"d256_scaled": ["loss_final", "entropy_final", "entropy_step3"],
+                                   "d32_scaled": ["loss_final", "trained_w_qkv_fro_l0"],
+                                   "failures_correct": ["entropy", "diag_weight"],
+                                   "failures_mask_zero": ["loss_final"]}
     (repo / "params.yaml").write_text(yaml.safe_dump(p, allow_unicode=True, sort_keys=False), encoding="utf-8")
     for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "tiny"]):
         subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo, check=True)
@@ -95,12 +99,21 @@ def test_qknorm_forms(repo):
 def test_sensitivity_effects(repo):
     m = load(repo, "sensitivity")
     p = yaml.safe_load((repo / "params.yaml").read_text(encoding="utf-8"))["sensitivity"]
+    design = m.pop("design")
     assert {v: sorted(ms) for v, ms in m.items()} == {v: sorted(ms) for v, ms in p["metrics"].items()}
-    assert "failures_mask_zero" in m  # a failures variant other than the correct model
-    for metrics in m.values():
-        for effects in metrics.values():
-            assert set(effects) == {"decay_all_params", "block_32", "val_first_10pct"}
-            assert all(math.isfinite(e["effect_sd"]) for e in effects.values())
+    assert design["seeds"] == 5 and design["correction"] == "holm"
+    # block_32 is failures-only: 2 train variants x 2 choices + 2 failures variants x 3 choices, per metric
+    assert design["cells"] == 3 * 2 + 2 * 2 + 2 * 3 + 1 * 3
+    assert design["runs"] == 5 * (4 + 4 + 4 + 2)  # baseline 4 variants, 2 choices x 4, block_32 x 2
+    for v, metrics in m.items():
+        for rows in metrics.values():
+            want = {"baseline", "no_weight_decay", "val_first_10pct"} | ({"block_32"} if v.startswith("failures_")
+                                                                         else set())
+            assert set(rows) == want
+            assert rows["baseline"]["n"] == 5 and rows["baseline"]["pi_lo"] <= rows["baseline"]["pi_hi"]
+            for c in want - {"baseline"}:
+                r = rows[c]
+                assert r["ci_lo"] <= r["diff"] <= r["ci_hi"] and r["p"] <= r["p_holm"] <= 1 and r["se"] >= 0
 
 
 def test_a_second_repro_trains_nothing(repo):
@@ -110,9 +123,11 @@ def test_a_second_repro_trains_nothing(repo):
 
 @pytest.mark.parametrize("change, message", [
     ({"choices": {"typo": {"optim": {"wd": 0.0}}}}, "sensitivity.choices.typo.optim"),
-    ({"choices": {"plain": {"optim": {"weight_decay": 0.0}}}}, "none named 'plain'"),
+    ({"choices": {"baseline": {"optim": {"weight_decay": 0.0}}}}, "none named 'baseline'"),
+    ({"seeds": [1, 2]}, "at least 5 different seeds"),
     ({"metrics": {"d256_scaled": ["loss_finale"]}}, "sensitivity.metrics.d256_scaled: loss_finale"),
     ({"metrics": {"failures_correct": ["diag_weight_all_rows_half_block"]}}, "diag_weight_all_rows_half_block"),
+    ({"metrics": {"d32_scaled": ["entropy_step222"]}}, "sensitivity.metrics.d32_scaled: entropy_step222"),
     ({"metrics": {"failures_typo": ["entropy"]}}, "sensitivity.metrics: got 'failures_typo'"),
 ])
 def test_a_bad_sensitivity_param_stops_it_before_any_run(repo, tmp_path, change, message):

@@ -24,9 +24,10 @@ key templates with {col}: our interval for the number), `requires: cuda`, `note`
 measurement in this repository that explains a deviation; a value outside its band with no
 explanation is reported "unexplained"); a table with rows may carry `match: <regex>` (see
 Matching). `moved_by` cites rows <variant>.<metric>.<choice> of the sensitivity stage: the
-explanation stands only while each row moves the number toward the published figure by
-more than MOVE_SD seed sd and at least half-way there (on the log scale where the seed
-band is on it); on a run where one does not, the cell is "unexplained".
+explanation stands only while each row accounts for the deviation by the sweep's own rule
+(experiments.sensitivity.accounts_for: significant after Holm's correction over all its
+cells, toward the published figure, not past the published figure's own band); on a run
+where one does not, the cell is "unexplained".
 
 Conclusions (class conclusion: the chapter's experimental findings, gated) and the checksums
 that are not tables are functions of conclusions.py, `@claim(experiment, cls, id, text)`, each
@@ -227,7 +228,7 @@ class Claim:
     note: str = ""
     evidence: tuple[str, ...] = ()
     evidence_note: str = ""
-    moved_by: tuple[str, ...] = ()  # sensitivity rows that must move it half-way to the published figure
+    moved_by: tuple[str, ...] = ()  # sensitivity rows that must account for its deviation (accounts_for)
     interval: Optional[tuple[str, str]] = None  # metric keys of our interval for this number (lo, hi)
     match: Optional["Match"] = None  # a matched table's cell: its row is matched with one of ours
     row: str = ""  # table cells: the published row and column
@@ -640,7 +641,7 @@ class ClaimResult:
     percentile: Optional[float] = None  # cells with seeds: where the published figure sits among them (%)
     mode: Optional[int] = None  # cells whose seeds fall into modes: the mode nearest the published figure
     missing_evidence: tuple[str, ...] = ()  # cited metrics that this run does not have
-    not_moved: tuple[str, ...] = ()  # cited sensitivity rows that no longer move it half-way
+    not_moved: tuple[str, ...] = ()  # cited sensitivity rows that no longer account for it
     matched: Optional[str] = None  # matched tables: our row this cell was judged against
     read: tuple[str, ...] = ()  # predicates: the metric keys it read on the run
 
@@ -662,8 +663,8 @@ class ClaimResult:
         if self.missing_evidence:
             return f"unexplained (the cited {', '.join(self.missing_evidence)} is missing)"
         if self.not_moved:
-            return (f"unexplained (the cited {', '.join(self.not_moved)} no longer moves it more than {MOVE_SD} sd "
-                    "and half-way to the published figure)")
+            return (f"unexplained (the cited {', '.join(self.not_moved)} no longer accounts for it: significant "
+                    "after Holm, toward the published figure, not past its band)")
         return self.claim.evidence_note
 
 
@@ -784,25 +785,30 @@ def _meets(b: Band, lo: float, hi: float) -> bool:
 def evaluate_all(exp: Expectations, metrics, dists, envs) -> list[ClaimResult]:
     results = [evaluate_claim(c, metrics, dists, envs) for c in exp.claims]
     for r in results:
-        cited = list(r.claim.evidence) + [f"{row}.{k}" for row in r.claim.moved_by for k in MOVE_KEYS]
+        cited = list(r.claim.evidence) + [k for row in r.claim.moved_by for k in moved_by_keys(row)]
         r.missing_evidence = tuple(k for k in cited if k not in metrics)
         if r.claim.moved_by and not r.missing_evidence and r.claim.published is not None:
-            log = r.band is not None and r.band.log
             r.not_moved = tuple(row for row in r.claim.moved_by
-                                if not moves_half_way(*(metrics[f"{row}.{k}"] for k in MOVE_KEYS), r.claim.published, log))
+                                if accounts(metrics, row, r.claim.published, r.claim.published_half) != "accounts")
     return results
 
 
-MOVE_SD = 2  # an explaining choice moves the number by more than this many seed sd ...
-MOVE_KEYS = ("effect_sd", "mean", "baseline")  # ... read from a sensitivity row
+def moved_by_keys(row: str) -> list[str]:
+    """The metrics a cited sensitivity row <file>.<variant>.<metric>.<choice> is judged by: the
+    choice's band and Holm-adjusted p, and the baseline's band (experiments.sensitivity.ROW_KEYS)."""
+    from .experiments.sensitivity import BASELINE, ROW_KEYS
+
+    base = row.rsplit(".", 1)[0] + "." + BASELINE
+    return [f"{row}.{k}" for k in ROW_KEYS] + [f"{base}.{k}" for k in ROW_KEYS if k != "p_holm"]
 
 
-def moves_half_way(effect_sd: float, mean: float, baseline: float, published: float, log: bool) -> bool:
-    """Does a choice move our baseline toward `published` by more than MOVE_SD seed sd, and at least
-    half-way there (past it counts)? Half-way is the geometric mean on the log scale."""
-    up = published > baseline
-    mid = math.sqrt(baseline * published) if log else (baseline + published) / 2
-    return (effect_sd > MOVE_SD and mean >= mid) if up else (effect_sd < -MOVE_SD and mean <= mid)
+def accounts(metrics: Mapping[str, float], row: str, published: float, half: float) -> str:
+    """experiments.sensitivity.accounts_for on a cited row, read from the flat metrics."""
+    from .experiments.sensitivity import BASELINE, ROW_KEYS, accounts_for
+
+    base = row.rsplit(".", 1)[0] + "." + BASELINE
+    return accounts_for({k: metrics[f"{base}.{k}"] for k in ROW_KEYS if f"{base}.{k}" in metrics},
+                        {k: metrics[f"{row}.{k}"] for k in ROW_KEYS if f"{row}.{k}" in metrics}, published, half)
 
 
 def counts(results: list[ClaimResult]) -> dict:

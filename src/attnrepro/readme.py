@@ -170,7 +170,8 @@ def stage_runs(params: dict) -> dict[str, int]:
     loops: experiments/comparison.py, failures.py, critical.py, qknorm.py, sensitivity.py). A run
     another stage shares (same spec) or the store holds is not trained again."""
     train, fail = params["train"], params["failures"]
-    sens = params["sensitivity"]
+    from .experiments.sensitivity import planned_runs
+
     return {
         "train": len(train["variants"]),
         "failures": len(fail["variants"]) * (1 + len(fail.get("spread_seeds") or [])),
@@ -178,7 +179,7 @@ def stage_runs(params: dict) -> dict[str, int]:
         "critical": len(params["critical"]["d_heads"]) * 2 * len(params["critical"]["seeds"]),
         "qknorm": (len(params["qknorm"]["references"]) + len(params["qknorm"]["forms"]))
         * len(params["qknorm"]["seeds"]),
-        "sensitivity": (1 + len(sens["choices"])) * len(sens["metrics"]) * len(sens["seeds"]),
+        "sensitivity": planned_runs(params),
     }
 
 

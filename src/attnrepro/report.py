@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from .experiments.sensitivity import sensitivity_target
-from .claims import (CLASSES, MOVE_SD, ClaimResult, claims_json, counts, evaluate_all, fmt_number, load, load_dists,
-                     load_envs, load_metrics_dir)
+from .experiments import sensitivity as sens
+from .claims import (CLASSES, ClaimResult, claims_json, counts, evaluate_all, fmt_number, load, load_dists, load_envs,
+                     load_metrics_dir)
 from .config import require
 from .report_html import markdown_to_html, resolver
 from .stats import Band, percentile_of
@@ -448,31 +448,74 @@ def qknorm_markdown(m: dict) -> str:
     return "\n".join(out) + "\n\n"
 
 
-def sensitivity_markdown(m: dict, exp) -> str:
-    """The one-factor table: choice -> effect on each deviating metric, in units of seed sd."""
-    if not m:
-        return ""
-    published = {c.metric: c.published for c in exp.claims if c.cls == "value"}
-    choices = sorted({c for v in m.values() for e in v.values() for c in e})
-    out = ["Effect of changing one choice, in units of the seed standard deviation of the plain protocol "
-           "(mean paired difference over seeds; log scale for attention statistics). ▲/▼: the published figure lies "
-           f"above/below our baseline; **bold**: the choice moves the metric more than {MOVE_SD} sd toward it. A choice "
-           "explains a deviation in the tables above (claims.yaml `moved_by`) only if it also moves it at least half-way "
-           "there.\n",
-           "| metric | ours (baseline) | published | " + " | ".join(choices) + " |", "| --- " * (3 + len(choices)) + "|"]
-    for variant, metrics in m.items():
-        for metric, effects in metrics.items():
-            key = ".".join((*sensitivity_target(variant), metric))
-            pub = published.get(key)
-            base = next(iter(effects.values()))["baseline"]
-            arrow = "" if pub is None else ("▲" if pub > base else "▼")
-            cells = []
-            for c in choices:
-                e = effects[c]["effect_sd"]
-                toward = pub is not None and abs(e) > MOVE_SD and (e > 0) == (pub > base)
-                cells.append(f"**{e:+.1f}**" if toward else f"{e:+.1f}")
-            out.append(f"| {variant}.{metric} | {base:.4g} | {'' if pub is None else f'{pub:.4g} {arrow}'} | "
-                       + " | ".join(cells) + " |")
+def sensitivity_published(claims) -> dict[tuple[str, str], tuple[float, float]]:
+    """(sensitivity variant, metric) -> (published figure, half a unit of its last digit), for every
+    value cell of claims.yaml (`claims`: its Claims) that names one metric of the train or failures stage."""
+    out = {}
+    for c in claims:
+        if c.cls != "value" or c.published is None:
+            continue
+        parts = c.metric.split(".")
+        if len(parts) == 3 and parts[0] in ("train", "failures"):
+            v = parts[1] if parts[0] == "train" else sens.SENSITIVITY_FAILURES + parts[1]
+            out[(v, parts[2])] = (c.published, c.published_half)
+    return out
+
+
+def _sens_cells(m: dict) -> dict:
+    return sens.cells(m) if isinstance(m, dict) else {}
+
+
+def sensitivity_markdown(m: dict, exp, prereg_path: Path = sens.PREREGISTRATION) -> str:
+    """The paired effects with Holm's correction and each choice's verdict, the pre-registered
+    explanations (held / failed / not testable) and the joint protocol table."""
+    table = _sens_cells(m)
+    if not table:
+        return ("metrics/sensitivity.json predates the paired design (no baseline band per cell): rerun the "
+                "sensitivity stage.\n\n" if m else "")
+    published = sensitivity_published(exp.claims)
+    d = m.get("design", {})
+    alpha = d.get("alpha", 0.05)
+    out = [f"Paired effects (choice − baseline at the same seed; mean over {d.get('seeds', '?')} seeds, on the log "
+           "scale for attention statistics and scales, ± its standard error, 95% t interval), Holm's adjusted p over "
+           f"all {d.get('cells', '?')} cells, and whether the choice accounts for our deviation from the published "
+           "figure (significant after Holm, toward it, not past the published figure's own band: "
+           "experiments.sensitivity.accounts_for).\n",
+           "| cell | baseline | published | choice | choice's mean | effect ± se [95% CI] | p_holm | verdict |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for (v, metric), rows in sorted(table.items()):
+        base = rows[sens.BASELINE]
+        pub = published.get((v, metric))
+        for c, r in rows.items():
+            if c == sens.BASELINE:
+                continue
+            verdict = "—" if pub is None else sens.accounts_for(base, r, pub[0], pub[1], alpha)
+            if verdict == "accounts":
+                verdict = "**accounts**"
+            out.append(f"| {v}.{metric} | {base['mean']:.4g} | {'—' if pub is None else f'{pub[0]:.4g}'} | {c} | "
+                       f"{r['mean']:.4g} | {r['diff']:+.3g} ± {r['se']:.2g} [{r['ci_lo']:+.3g}, {r['ci_hi']:+.3g}] | "
+                       f"{r['p_holm']:.2g} | {verdict} |")
+    out.append("")
+    if Path(prereg_path).is_file():
+        verdicts = sens.prereg_verdicts(sens.load_prereg(prereg_path), m, published, alpha)
+        n = {k: sum(x["verdict"] == k for x in verdicts) for k in ("held", "failed", "not testable")}
+        out += [f"Pre-registered explanations ({prereg_path}, committed before the sweep ran): "
+                f"{n['held']} held, {n['failed']} failed, {n['not testable']} not testable.\n",
+                "| cell | choice | verdict | gap closed | reason given in advance |", "| --- | --- | --- | --- | --- |"]
+        for x in verdicts:
+            verdict = x["verdict"] + (f" ({x['why']})" if x["why"] else "")
+            share = "—" if x.get("closes") is None else f"{100 * x['closes']:.2g}%"
+            out.append(f"| {x['cell']} | {x['choice']} | {verdict} | {share} | {_cell(x['reason'])} |")
+        out.append("")
+    joint = sens.joint_table(m, published)
+    if joint:
+        out += ["Protocols judged jointly: over the cells with a published figure, how many published figures fall "
+                "inside each protocol's seed band (the rounding interval meets its 95% prediction interval; a "
+                "failures-only choice leaves the train cells at the baseline's band) and the joint score Σ z², z = "
+                "(published − centre) / sd of that protocol's seeds (lower: closer).\n",
+                "| protocol | cells changed | inside | joint score Σz² |", "| --- | --- | --- | --- |"]
+        for j in joint:
+            out.append(f"| {j['protocol']} | {j['changed']} | {j['inside']} of {j['cells']} | {j['score']:.4g} |")
     return "\n".join(out) + "\n\n"
 
 
@@ -532,9 +575,11 @@ SECTIONS: tuple[Section, ...] = (
             "without 1/√d_k, against the plain scaled and unscaled models, over seeds: had QK-norm been used, would the "
             "failed experiment have failed?"),
     Section("sensitivity", "Sensitivity to the source's unstated choices", "beyond the chapter", ("sensitivity",),
-            "One-factor changes of each choice the chapter leaves unstated (weight-decay grouping and value, schedule, "
-            "initialisation, block size, validation split), each paired with the plain protocol over seeds; effects in "
-            "units of the seed standard deviation."),
+            "Paired changes of the settings the chapter leaves unstated (docs/PROTOCOL.md): the weight-decay value and "
+            "the validation split for every run, and the failures table's schedule, block size and init for its runs "
+            "only; each choice, and the combinations params list, against the protocol as written at the same seeds. "
+            "Effects with their own paired standard errors, Holm's correction over all cells, the no-overshoot rule, "
+            "the pre-registered explanations (docs/sensitivity_preregistration.yaml) and the protocols judged jointly."),
     Section("reversal", "Companion: digit reversal", "companion chapter", ("reversal",),
             "A two-block transformer learns to reverse six digits; four heads, one head, and four heads without the "
             "causal mask; accuracy, the reverse-alignment weight of each layer, and what the mask prevents."),
@@ -766,19 +811,31 @@ def _answer_qknorm(m, M, D) -> str:
             f"loss is {best}'s ({ok[best]['loss_final']['mean']:.3f}).")
 
 
-def _answer_sensitivity(m, M, D) -> str:
-    if not m:
+def _answer_sensitivity(m, M, D, claims=()) -> str:
+    if not _sens_cells(m):
         return ""
-    by_choice: dict[str, float] = {}
-    for metrics in m.values():
-        for effects in metrics.values():
-            for c, e in effects.items():
-                by_choice[c] = max(by_choice.get(c, 0.0), abs(e["effect_sd"]))
-    order = sorted(by_choice, key=lambda c: (-by_choice[c], c))
-    small = [c for c in order if by_choice[c] <= MOVE_SD]
-    return ("Largest effect of each choice on any metric, in seed sd: "
-            + ", ".join(f"{c} {by_choice[c]:.1f}" for c in order)
-            + (f". Within {MOVE_SD} sd everywhere: {', '.join(small)}." if small else "."))
+    published = sensitivity_published(claims)
+    joint = sens.joint_table(m, published)
+    if not joint:
+        return ""
+    base = next(j for j in joint if j["protocol"] == sens.BASELINE)
+    best = min(joint, key=lambda j: (j["score"], j["protocol"]))
+    most = max(joint, key=lambda j: (j["inside"], -j["score"]))
+    sig = sum(1 for rows in _sens_cells(m).values() for c, r in rows.items()
+              if c != sens.BASELINE and r.get("significant"))
+    d = m.get("design", {})
+    return (f"{sig} of {d.get('cells', '?')} cells move significantly after Holm's correction. The baseline (the "
+            f"protocol as written) puts {base['inside']} of {base['cells']} published figures inside its seed band "
+            f"(joint score {base['score']:.3g}); "
+            + (f"the protocol with the most inside is {most['protocol']} ({most['inside']}), "
+               if most["inside"] > base["inside"] else "no protocol tried puts more inside; ")
+            + f"the lowest joint score is {best['protocol']}'s ({best['score']:.3g}). "
+            + ("No protocol tried reconciles the chapter as a whole (puts every published figure inside its band). "
+               if most["inside"] < most["cells"] else f"{most['protocol']} reconciles every cell measured. ")
+            + "What it does not show: that the chapter used that protocol (other unstated settings, and the stated "
+            "ones we kept, could move the same cells), anything about cells the sweep does not measure, or effects "
+            "smaller than its 5 paired seeds resolve after the correction; the joint score weighs a cell by our "
+            "seed sd, so a cell with a tiny sd dominates it.")
 
 
 def _answer_reversal(m, M, D) -> str:
@@ -814,7 +871,8 @@ def answer(key: str, metrics: dict, dists: dict, results: list[ClaimResult]) -> 
     """The section's one-paragraph answer, written from the numbers (never typed figures); metrics a
     partial workspace lacks leave their sentence out."""
     try:
-        text = ANSWERS[key](metrics.get(key) or {}, metrics, dists)
+        extra = ([r.claim for r in results],) if key == "sensitivity" else ()
+        text = ANSWERS[key](metrics.get(key) or {}, metrics, dists, *extra)
     except (KeyError, TypeError, ValueError, IndexError, ZeroDivisionError):
         text = ""  # a metrics file of another layout: the claims sentence still answers
     claims = _claims_sentence([r for r in results if r.claim.experiment == key])
@@ -843,6 +901,12 @@ def runs_count(key: str, metrics: dict, dists: dict) -> tuple[int | None, str]:
         if m and len(seeds) == 1 and None not in seeds:
             n = seeds.pop()
             return len(m) * n, f"{len(m)} forms and references × {n} seeds (references shared through the run store)"
+    if key == "sensitivity":
+        d = m.get("design") if isinstance(m, dict) else None
+        if d and d.get("runs"):
+            return d["runs"], (f"{d['protocols']} protocols (the baseline, choices, combinations) × the variants each "
+                               f"applies to × {d['seeds']} paired seeds; the baseline's runs at shared seeds are the "
+                               "seeds and failures stages' own")
     if key == "reversal":
         models = [k for k, v in m.items() if isinstance(v, dict) and "digit_acc" in v]
         return (len(models), f"{len(models)} models of {_g(m, 'config.steps')} steps") if models else (None, "")

@@ -1,26 +1,40 @@
-"""One-factor changes of the choices the chapter leaves open, in seed sd (params `sensitivity`)."""
+"""Paired changes of the choices the chapter leaves unstated (params `sensitivity`), judged with
+their own seeds: effects with standard errors, Holm's correction, the "accounts for" rule, the
+pre-registered explanations and the joint protocol table.
+
+Everything a verdict needs is computed from the sweep's own runs: the baseline (the protocol as
+written: `train` / `failures` params) and every protocol of `sensitivity.choices` and
+`sensitivity.combinations` at the same seeds. Nothing is read from the default run's
+metrics/dist/, so a rerun of the seeds or failures stage never makes this sweep stale.
+
+The statistics (`paired_effect`, `holm`, `accounts_for`, `joint_table`, `prereg_verdicts`) are
+plain functions of numbers; claims.py and report.py call them, so the rule lives here once.
+"""
 
 from __future__ import annotations
 
 import io
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
-
-import numpy as np
-import pandas as pd
+from typing import TYPE_CHECKING, Mapping, Optional, Sequence
 
 from ..config import ConfigError, require
-from ..envinfo import stage_environment
-from ..io import read_json
-from ..runspec import RunSpec
-from ..stats import Band, from_summary
-from ..engine import EngineConfig
-from ..sweep import require_ok, run_sweep
-from .failures import SYMPTOMS, FailuresConfig
-from .protocol import TrainConfig, corpus_inputs, model_config, optim_config
+from ..stats import ALPHA, Band, holm_adjusted, log_scale
+
+if TYPE_CHECKING:  # the run path's imports stay inside run(): claims.py imports this module
+    from ..engine import EngineConfig
+    from .failures import FailuresConfig
+    from .protocol import TrainConfig
 
 SENSITIVITY_FAILURES = "failures_"  # a sensitivity variant failures_<bug> names a model of the failures table
+BASELINE = "baseline"  # the protocol as written: the name of the unchanged protocol in the outputs
+KINDS = ("optim", "model", "split")  # what a choice changes
+SCOPES = ("all", "train", "failures")  # which runs a choice applies to
+MIN_SEEDS = 5
+PREREGISTRATION = Path("docs/sensitivity_preregistration.yaml")
+ROW_KEYS = ("n", "center", "sd", "log", "pi_lo", "pi_hi", "p_holm")  # what accounts_for reads of a row
 
 
 def sensitivity_target(variant: str) -> tuple[str, str]:
@@ -34,45 +48,97 @@ def sensitivity_target(variant: str) -> tuple[str, str]:
 @dataclass
 class SensitivityConfig:
     seeds: list[int]
-    choices: dict[str, dict]  # name -> {optim: {...}} | {model: {...}} | {split: first}
-    metrics: dict[str, list[str]]  # train variant or failures_<variant> -> the deviating metrics
+    choices: dict[str, dict]  # name -> {optim: {...}} | {model: {...}} | {split: first}, plus scope
+    metrics: dict[str, list[str]]  # train variant or failures_<variant> -> the metrics measured
+    combinations: dict[str, list[str]]  # name -> two or more choices together ({} for none)
 
     def validate(self, prefix: str = "sensitivity") -> None:
-        require(len(self.seeds) >= 2 and len(set(self.seeds)) == len(self.seeds), f"{prefix}.seeds", self.seeds,
-                "at least 2 different seeds")
-        require(bool(self.choices) and "plain" not in self.choices, f"{prefix}.choices", sorted(self.choices),
-                "at least one choice, none named 'plain' (the unchanged protocol's name)")
+        require(len(self.seeds) >= MIN_SEEDS and len(set(self.seeds)) == len(self.seeds), f"{prefix}.seeds",
+                self.seeds, f"at least {MIN_SEEDS} different seeds (each choice is paired with the baseline at each)")
+        require(bool(self.choices) and BASELINE not in self.choices, f"{prefix}.choices", sorted(self.choices),
+                f"at least one choice, none named '{BASELINE}' (the unchanged protocol's name)")
         require(bool(self.metrics) and all(self.metrics.values()), f"{prefix}.metrics", self.metrics,
                 "at least one variant, each with at least one metric")
         for name, c in self.choices.items():
-            require(isinstance(c, dict) and len(c) == 1 and next(iter(c)) in ("optim", "model", "split"),
-                    f"{prefix}.choices.{name}", c, "one of {optim: {...}}, {model: {...}}, {split: first}")
-            if "split" in c:
-                require(c["split"] == "first", f"{prefix}.choices.{name}.split", c["split"], "first")
+            where = f"{prefix}.choices.{name}"
+            kinds = [k for k in (c or {}) if k in KINDS] if isinstance(c, dict) else []
+            require(isinstance(c, dict) and len(kinds) == 1 and set(c) <= {*KINDS, "scope"}, where, c,
+                    "one of {optim: {...}}, {model: {...}}, {split: first}, with an optional scope")
+            require(c.get("scope", "all") in SCOPES, f"{where}.scope", c.get("scope"), " | ".join(SCOPES))
+            kind = kinds[0]
+            if kind == "split":
+                require(c["split"] == "first", f"{where}.split", c["split"], "first")
             else:
-                kind = next(iter(c))
-                require(isinstance(c[kind], dict) and bool(c[kind]), f"{prefix}.choices.{name}.{kind}", c[kind],
+                require(isinstance(c[kind], dict) and bool(c[kind]), f"{where}.{kind}", c[kind],
                         f"a mapping of {'OptimConfig' if kind == 'optim' else 'ModelConfig'} fields")
+        for name, parts in (self.combinations or {}).items():
+            where = f"{prefix}.combinations.{name}"
+            require(name not in self.choices and name != BASELINE, where, name,
+                    "a name that is neither a choice nor the baseline")
+            require(isinstance(parts, list) and len(parts) >= 2 and len(set(parts)) == len(parts)
+                    and all(p in self.choices for p in parts), where, parts, "two or more different choices")
+            self.protocol(name)  # no two parts set the same field
+            require(any(self.applies(name, v) for v in self.metrics), where, parts,
+                    "choices whose scopes share at least one measured variant")
+
+    def protocol(self, name: str) -> dict:
+        """The changes of a protocol: {optim: {...}, model: {...}, split: bool, scope: {scopes}}."""
+        if name == BASELINE:
+            return {"optim": {}, "model": {}, "split": False, "scope": set(SCOPES[1:])}
+        parts = self.combinations.get(name, [name]) if self.combinations else [name]
+        out: dict = {"optim": {}, "model": {}, "split": False, "scope": set(SCOPES[1:])}
+        for p in parts:
+            c = self.choices[p]
+            for kind in ("optim", "model"):
+                clash = set(out[kind]) & set(c.get(kind, {}))
+                if clash:
+                    raise ConfigError(f"sensitivity.combinations.{name}: {', '.join(sorted(clash))} set by two of "
+                                      f"its choices")
+                out[kind].update(c.get(kind, {}))
+            out["split"] = out["split"] or "split" in c
+            scope = c.get("scope", "all")
+            out["scope"] &= set(SCOPES[1:]) if scope == "all" else {scope}
+        return out
+
+    def protocols(self) -> list[str]:
+        return [BASELINE, *self.choices, *(self.combinations or {})]
+
+    def applies(self, name: str, variant: str) -> bool:
+        """Does protocol `name` change the runs of `variant`? (The baseline applies everywhere.)"""
+        return sensitivity_target(variant)[0] in self.protocol(name)["scope"]
+
+    def planned(self) -> list[tuple[str, str, int]]:
+        """(variant, protocol, seed) of every run the sweep schedules."""
+        return [(v, p, s) for p in self.protocols() for v in self.metrics if self.applies(p, v) for s in self.seeds]
 
 
-def seed_bands(cfg: SensitivityConfig) -> dict[tuple[str, str], Band]:
-    """(variant, metric) -> the plain protocol's seed distribution, read before any run starts."""
-    files = {"train": "metrics/dist/train.json", "failures": "metrics/dist/failures.json"}
-    stats = {k: read_json(Path(path))["stats"] for k, path in files.items()}
-    bands = {}
-    for v, names in cfg.metrics.items():
-        for m in names:
-            file, name = sensitivity_target(v)
-            band = stats[file].get(f"{name}.{m}")
-            if band is None or (file == "failures" and m not in SYMPTOMS):
-                raise ConfigError(f"sensitivity.metrics.{v}: {m} has no seed distribution in metrics/dist/ that a "
-                                  "run records; run the seeds and failures stages first, or name a metric they record")
-            bands[(v, m)] = from_summary(band)
-    return bands
+_TRAIN_METRIC = re.compile(r"(loss_final|loss_last_step|loss_start|val_loss_final|grad_norm_final"
+                           r"|(entropy|logit_std|jacobian_fro)_(final|final_l(?P<a>\d+)|step(?P<step>\d+))"
+                           r"|(init|trained)_(q_std|k_std|logit_std|w_qkv_fro)_l(?P<b>\d+))")
+
+
+def train_metric(name: str, diag_steps: Sequence[int], n_layer: int) -> bool:
+    """Is `name` a metric that a train-protocol run's summary records (corpus_lm.chapter_summary)? Checked
+    before any run starts, without reading another stage's outputs."""
+    m = _TRAIN_METRIC.fullmatch(name)
+    if m is None:
+        return False
+    layer = m.group("a") or m.group("b")
+    return (m.group("step") is None or int(m.group("step")) in diag_steps) and (layer is None or int(layer) < n_layer)
+
+
+def planned_runs(params: Mapping) -> int:
+    """The runs the sensitivity sweep schedules, from params.yaml's `sensitivity` section."""
+    s = params["sensitivity"]
+    cfg = SensitivityConfig(seeds=s["seeds"], choices=s["choices"], metrics=s["metrics"],
+                            combinations=s.get("combinations") or {})
+    return len(cfg.planned())
 
 
 def first_split(inputs: dict[str, bytes]) -> dict[str, bytes]:
     """The same token stream, with its first len(val) tokens as validation instead of its last."""
+    import numpy as np
+
     train, val = (np.load(io.BytesIO(inputs[k])) for k in ("train.npy", "val.npy"))
     ids = np.concatenate([train, val])
     out = dict(inputs)
@@ -83,71 +149,313 @@ def first_split(inputs: dict[str, bytes]) -> dict[str, bytes]:
     return out
 
 
-def effect(ours: list[float], base: list[float], band: Band) -> dict:
-    """The mean paired difference of `ours` from `base` (same seeds) in units of the seed sd."""
-    f = math.log if band.log else (lambda x: x)
-    diff = float(np.mean([f(o) - f(p) for o, p in zip(ours, base)]))
-    return {"effect_sd": diff / band.sd if band.sd else (0.0 if diff == 0 else math.copysign(math.inf, diff)),
-            "mean": float(np.mean(ours)), "baseline": float(np.mean(base)), "log_scale": int(band.log)}
+# ---------------------------------------------------------------- statistics
 
+def _f(x: float, log: bool) -> float:
+    return math.log(x) if log else float(x)
+
+
+def _finite(d: dict) -> dict:
+    return {k: v for k, v in d.items() if not isinstance(v, float) or math.isfinite(v)}
+
+
+def t_quantile(q: float, df: int) -> float:
+    from scipy.stats import t
+
+    return float(t.ppf(q, df))
+
+
+def protocol_band(values: Sequence[float], log: bool, alpha: float = ALPHA) -> dict:
+    """One protocol's seed band of a metric: n, centre and sd on the analysis scale (log for attention
+    statistics and scales), `mean` the centre on the metric's own scale (the geometric mean on the log
+    scale), and the 1 - alpha prediction interval of one new run (pi_lo, pi_hi)."""
+    b = Band.of(list(values), log=log)
+    lo, hi = b.prediction_interval(alpha)
+    return _finite({"n": b.n, "center": b.mean, "sd": b.sd, "log": int(log),
+                    "mean": math.exp(b.mean) if log else b.mean, "pi_lo": lo, "pi_hi": hi})
+
+
+def paired_effect(ours: Sequence[float], base: Sequence[float], log: bool, alpha: float = ALPHA) -> dict:
+    """The mean paired difference of `ours` from `base` (seed i of each shares its init draw and batches),
+    on the analysis scale: diff, its standard error se = sd(differences) / sqrt(n), the 1 - alpha t
+    interval (ci_lo, ci_hi, n - 1 degrees of freedom) and the two-sided paired t-test's p."""
+    from scipy.stats import t
+
+    require(len(ours) == len(base) and len(ours) >= 2, "sensitivity pairs", (len(ours), len(base)),
+            "two equally long lists of at least 2 paired values")
+    d = [_f(o, log) - _f(b, log) for o, b in zip(ours, base)]
+    n = len(d)
+    mean = sum(d) / n
+    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1))
+    se = sd / math.sqrt(n)
+    if se == 0:
+        p = 1.0 if mean == 0 else 0.0
+    else:
+        p = float(2 * t.sf(abs(mean / se), n - 1))
+    half = t_quantile(1 - alpha / 2, n - 1) * se
+    return {"diff": mean, "se": se, "ci_lo": mean - half, "ci_hi": mean + half, "p": p}
+
+
+def analyse(values: Mapping[tuple[str, str, str], Sequence[float]], cfg: SensitivityConfig,
+            alpha: float = ALPHA) -> tuple[dict, list[dict]]:
+    """metrics/sensitivity.json and its rows from every run's value: values[(variant, metric, protocol)]
+    = one value per seed of cfg.seeds (in that order). Every protocol's band; each non-baseline
+    protocol's paired effect, its effect in units of the baseline's own seed sd, and Holm's adjusted
+    p over ALL cells tested (variant x metric x protocol other than the baseline)."""
+    out: dict = {}
+    rows: list[dict] = []
+    for v, names in cfg.metrics.items():
+        for m in names:
+            log = log_scale(m)
+            base = values[(v, m, BASELINE)]
+            cell = out.setdefault(v, {}).setdefault(m, {})
+            cell[BASELINE] = protocol_band(base, log, alpha)
+            for p in cfg.protocols()[1:]:
+                if not cfg.applies(p, v):
+                    continue
+                ours = values[(v, m, p)]
+                e = paired_effect(ours, base, log, alpha)
+                sd = cell[BASELINE].get("sd", 0.0)
+                e["effect_sd"] = e["diff"] / sd if sd else (0.0 if e["diff"] == 0 else math.copysign(math.inf, e["diff"]))
+                cell[p] = {**protocol_band(ours, log, alpha), **e}
+                rows.append({"variant": v, "metric": m, "choice": p})
+    # Holm, not Benjamini-Hochberg: an explained cell is a claim read one at a time, so the error to
+    # bound is any false explanation, not their share; and Holm holds under any dependence, which the
+    # cells have (several metrics of the same runs)
+    adjusted = holm_adjusted([out[r["variant"]][r["metric"]][r["choice"]]["p"] for r in rows])
+    for r, q in zip(rows, adjusted):
+        row = out[r["variant"]][r["metric"]][r["choice"]]
+        row["p_holm"], row["significant"] = q, int(q < alpha)
+        out[r["variant"]][r["metric"]][r["choice"]] = _finite(row)
+        r.update({k: row.get(k) for k in ("diff", "se", "ci_lo", "ci_hi", "p", "p_holm", "significant",
+                                          "effect_sd", "mean", "log")})
+        r["baseline"] = out[r["variant"]][r["metric"]][BASELINE]["mean"]
+    out["design"] = {"seeds": len(cfg.seeds), "cells": len(rows), "alpha": alpha, "correction": "holm",
+                     "protocols": len(cfg.protocols()), "runs": len(cfg.planned())}
+    return out, rows
+
+
+def cells(m: Mapping) -> dict[tuple[str, str], dict]:
+    """(variant, metric) -> {protocol: row} of a metrics/sensitivity.json (the design entry left out)."""
+    return {(v, k): rows for v, ms in m.items() if v != "design" and isinstance(ms, dict)
+            for k, rows in ms.items() if isinstance(rows, dict) and BASELINE in rows}
+
+
+# ---------------------------------------------------------------- the "accounts for" rule
+
+def _meets(lo: float, hi: float, published: float, half: float) -> bool:
+    return published - half <= hi and lo <= published + half
+
+
+def accounts_for(base: Mapping, row: Mapping, published: float, half: float = 0.0, alpha: float = ALPHA) -> str:
+    """Does one choice account for our deviation from a published figure? Returns "accounts" or why not:
+    "no deviation", "not significant", "away", "overshoots" (or "missing" where a number is absent).
+
+    base, row: the baseline's and the choice's entries of metrics/sensitivity.json for the cell (n,
+    center, sd, log, pi_lo, pi_hi; the row's p_holm). published, half: the figure and half a unit of
+    its last printed digit.
+
+    - a deviation: the published figure's rounding interval misses the baseline's prediction interval
+      (else there is nothing to account for: "no deviation");
+    - (a) significant: Holm's adjusted p of the paired effect below alpha;
+    - (b) toward: the choice's centre moves from the baseline's toward the published figure;
+    - (c) no overshoot: the choice's centre stays on our side of the far edge of the published
+      figure's own band, published +/- (half + w), w the choice's own prediction half-width
+      t(1 - alpha/2, n - 1) * sd * sqrt(1 + 1/n), all on the analysis scale.
+
+    Why that band: the published figure is one run of the chapter's protocol. Were the choice that
+    protocol, the figure would be one draw from the choice's seed distribution, so any centre within w
+    of it (either side, and anywhere in its rounding interval) predicts it; a centre beyond that far
+    edge predicts the published figure on the other side of it, i.e. the choice trades our deviation
+    for an opposite one. A move toward that stops short still counts (the choice accounts for part of
+    the deviation); `closes` in the report says how much of it.
+    """
+    if any(k not in base for k in ("center", "pi_lo", "pi_hi", "log")) or any(
+            k not in row for k in ("center", "sd", "n", "p_holm")):
+        return "missing"
+    if _meets(base["pi_lo"], base["pi_hi"], published, half):
+        return "no deviation"
+    log = bool(base["log"])
+    if log and published - half <= 0:
+        return "missing"
+    if row["p_holm"] >= alpha:
+        return "not significant"
+    target = _f(published, log)
+    up = target > base["center"]
+    if (row["center"] > base["center"]) != up or row["center"] == base["center"]:
+        return "away"
+    w = t_quantile(1 - alpha / 2, int(row["n"]) - 1) * row["sd"] * math.sqrt(1 + 1 / row["n"])
+    edge = _f(published + half, log) + w if up else _f(published - half, log) - w
+    if (row["center"] > edge) if up else (row["center"] < edge):
+        return "overshoots"
+    return "accounts"
+
+
+def closes(base: Mapping, row: Mapping, published: float) -> Optional[float]:
+    """The share of the gap from the baseline's centre to the published figure that the choice closes
+    (1: all of it; above 1: past it), on the analysis scale."""
+    log = bool(base.get("log"))
+    if "center" not in base or "center" not in row or (log and published <= 0):
+        return None
+    gap = _f(published, log) - base["center"]
+    return (row["center"] - base["center"]) / gap if gap else None
+
+
+# ---------------------------------------------------------------- protocols judged jointly
+
+def joint_table(m: Mapping, published: Mapping[tuple[str, str], tuple[float, float]],
+                protocols: Optional[Sequence[str]] = None) -> list[dict]:
+    """Per protocol (baseline, each choice, each combination): over the cells the sweep measures that
+    have a published figure, how many published figures fall inside that protocol's seed band (the
+    rounding interval meets the prediction interval) and the joint score, the sum over cells of
+    ((published - centre) / sd)^2 on the analysis scale. A protocol that does not apply to a variant
+    (a failures-only choice on a train variant) leaves its runs as the baseline's, so every row counts
+    the same cells."""
+    all_cells = {k: v for k, v in cells(m).items() if k in published}
+    names = list(protocols) if protocols else sorted({p for rows in all_cells.values() for p in rows},
+                                                     key=lambda p: (p != BASELINE, p))
+    out = []
+    for p in names:
+        inside, score, changed, n = 0, 0.0, 0, 0
+        for key, rows in sorted(all_cells.items()):
+            r = rows.get(p, rows[BASELINE])
+            changed += p in rows and p != BASELINE
+            pub, half = published[key]
+            log = bool(r.get("log"))
+            if log and pub <= 0:
+                continue
+            n += 1
+            inside += _meets(r["pi_lo"], r["pi_hi"], pub, half)
+            sd = r.get("sd", 0.0)
+            dz = _f(pub, log) - r["center"]
+            score += (dz / sd) ** 2 if sd else (0.0 if dz == 0 else math.inf)
+        out.append({"protocol": p, "cells": n, "changed": changed, "inside": inside, "score": score})
+    return out
+
+
+# ---------------------------------------------------------------- pre-registration
+
+def load_prereg(path: Path = PREREGISTRATION) -> list[dict]:
+    """The pre-registered explanations: [{cell: <variant>.<metric>, choice, reason}, ...]."""
+    import yaml
+
+    doc = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    entries = doc.get("entries") or []
+    for i, e in enumerate(entries):
+        require(isinstance(e, dict) and {"cell", "choice", "reason"} <= set(e) and e["cell"].count(".") == 1,
+                f"{path}: entries[{i}]", e, "{cell: <variant>.<metric>, choice: <choice>, reason: text}")
+    return entries
+
+
+def prereg_verdicts(entries: Sequence[Mapping], m: Mapping,
+                    published: Mapping[tuple[str, str], tuple[float, float]], alpha: float = ALPHA) -> list[dict]:
+    """Per pre-registered entry: held (the choice accounts for the cell's deviation), failed (measured,
+    and it does not: why) or not testable (why: not measured, no published figure, no deviation left
+    at the baseline)."""
+    table = cells(m)
+    out = []
+    for e in entries:
+        v, metric = e["cell"].split(".")
+        rows = table.get((v, metric))
+        res = {**e, "verdict": "not testable", "why": ""}
+        if rows is None:
+            res["why"] = "the sweep does not measure this cell"
+        elif e["choice"] not in rows:
+            res["why"] = "the choice is not run for this variant"
+        elif (v, metric) not in published:
+            res["why"] = "no published figure"
+        else:
+            pub, half = published[(v, metric)]
+            why = accounts_for(rows[BASELINE], rows[e["choice"]], pub, half, alpha)
+            res["closes"] = closes(rows[BASELINE], rows[e["choice"]], pub)
+            if why == "accounts":
+                res["verdict"] = "held"
+            elif why in ("no deviation", "missing"):
+                res["why"] = "no deviation at the baseline" if why == "no deviation" else "a number is missing"
+            else:
+                res["verdict"], res["why"] = "failed", why
+        out.append(res)
+    return out
+
+
+# ---------------------------------------------------------------- the stage
 
 @dataclass
 class SensitivityResult:
     """What the sensitivity stage writes."""
-    metrics: dict  # metrics/sensitivity.json: <variant>.<metric>.<choice>: effect_sd, mean, baseline
+    metrics: dict  # metrics/sensitivity.json: <variant>.<metric>.<protocol>: band, paired effect, p_holm
     rows: list[dict]  # plots/sensitivity/effects.csv: one row per variant, metric and choice
     env: dict  # metrics/env/sensitivity.json
 
     def table(self) -> str:
-        """effect_sd per (variant, metric) and choice, to one decimal."""
-        table = pd.DataFrame(self.rows).pivot_table(index=["variant", "metric"], columns="choice", values="effect_sd")
-        return table.round(1).to_string()
+        """diff / se and Holm's p per (variant, metric) and choice."""
+        lines = []
+        for r in self.rows:
+            lines.append(f"{r['variant']}.{r['metric']} {r['choice']}: {r['diff']:+.4g} ± {r['se']:.2g} "
+                         f"(p_holm {r['p_holm']:.2g}{', significant' if r['significant'] else ''})")
+        return "\n".join(lines)
 
 
-def run(train: TrainConfig, failures: FailuresConfig, cfg: SensitivityConfig, device: str,
-        engine: EngineConfig) -> SensitivityResult:
-    """Every choice of sensitivity.choices and the plain protocol, for every variant of sensitivity.metrics
-    at every seed of sensitivity.seeds (one sweep per input set); each choice's effect in seed sd.
-    The params and the seed distributions are checked before any run starts."""
-    for v in cfg.metrics:
+def run(train: "TrainConfig", failures: "FailuresConfig", cfg: SensitivityConfig, device: str,
+        engine: "EngineConfig") -> SensitivityResult:
+    """Every protocol (the baseline, each choice, each combination) for every variant of
+    sensitivity.metrics it applies to, at every seed of sensitivity.seeds (one sweep per input set).
+    The baseline is the `train` / `failures` protocol as params state it, so its runs are the seeds and
+    failures stages' own at shared seeds (same spec, one run in the store). Params are checked before
+    any run starts."""
+    from ..envinfo import stage_environment
+    from ..sweep import require_ok, run_sweep
+    from .failures import SYMPTOMS
+    from .protocol import corpus_inputs, model_config, optim_config
+
+    for v, names in cfg.metrics.items():
         file, name = sensitivity_target(v)
         require(name in (failures.variants if file == "failures" else train.variants), "sensitivity.metrics", v,
                 f"a train variant or {SENSITIVITY_FAILURES}<a failures variant>")
-    for name, c in cfg.choices.items():
-        if "optim" in c:
-            optim_config(train, f"sensitivity.choices.{name}.optim", **c["optim"])
-    bands = seed_bands(cfg)
+        if file == "failures":
+            bad = [m for m in names if m not in SYMPTOMS]
+            what = f"a symptom a failures run records ({', '.join(SYMPTOMS)})"
+        else:
+            n_layer = model_config(train.models, train.variants[name], f"train.variants.{name}").n_layer
+            bad = [m for m in names if not train_metric(m, train.diag_steps, n_layer)]
+            what = "a metric a train run records (metrics/train.json's keys)"
+        if bad:
+            raise ConfigError(f"sensitivity.metrics.{v}: {', '.join(bad)} is not {what}")
+    for name in cfg.protocols()[1:]:
+        optim = cfg.protocol(name)["optim"]
+        if optim:
+            optim_config(train, f"sensitivity.choices.{name}.optim", **optim)
     inputs = corpus_inputs()
     alt = first_split(inputs)
 
-    def spec(variant: str, choice: dict, seed: int, label: str) -> RunSpec:
-        model, optim = choice.get("model", {}), choice.get("optim", {})
+    def spec(variant: str, protocol: dict, seed: int, label: str):
+        model, optim = protocol["model"], protocol["optim"]
         file, name = sensitivity_target(variant)
         if file == "failures":
             return failures.spec(name, seed, device, model=model, label=label, **optim)
         v = {**train.variants[name], **model}
         return train.run(model_config(train.models, v, f"sensitivity.{variant}"), seed, device, label, **optim)
 
-    plan = {"plain": {}, **cfg.choices}
-    keys = [(v, c, s) for c in plan for v in cfg.metrics for s in cfg.seeds]
-    specs = {k: spec(k[0], plan[k[1]], k[2], f"{k[0]} {k[1]} seed {k[2]}") for k in keys}  # all checked first
+    keys = cfg.planned()
+    specs = {k: spec(k[0], cfg.protocol(k[1]), k[2], f"{k[0]} {k[1]} seed {k[2]}") for k in keys}  # all checked first
     records = {}
     for split in (False, True):  # the runs of each input set are one sweep
-        sub = [k for k in keys if ("split" in plan[k[1]]) == split]
+        sub = [k for k in keys if cfg.protocol(k[1])["split"] == split]
         if sub:
             recs = run_sweep(f"sensitivity{' (first split)' if split else ''}", [specs[k] for k in sub],
                              alt if split else inputs, engine)
             require_ok(recs, "sensitivity")
             records.update(zip(sub, recs))
 
-    rows, metrics = [], {}
+    values = {}
     for v, names in cfg.metrics.items():
-        for m in names:
-            for c in cfg.choices:
-                base = [records[(v, "plain", s)].summary()[m] for s in cfg.seeds]
-                ours = [records[(v, c, s)].summary()[m] for s in cfg.seeds]
-                row = {"variant": v, "metric": m, "choice": c, **effect(ours, base, bands[(v, m)])}
-                rows.append(row)
-                metrics.setdefault(v, {}).setdefault(m, {})[c] = {k: row[k] for k in ("effect_sd", "mean", "baseline")}
-    return SensitivityResult(metrics=metrics, rows=rows,
-                             env=stage_environment(device, list(records.values())))
+        for p in cfg.protocols():
+            if not cfg.applies(p, v):
+                continue
+            summaries = [records[(v, p, s)].summary() for s in cfg.seeds]
+            for m in names:
+                if any(m not in s for s in summaries):
+                    raise ConfigError(f"sensitivity.metrics.{v}: {m} is not a metric its runs record")
+                values[(v, m, p)] = [float(s[m]) for s in summaries]
+    metrics, rows = analyse(values, cfg)
+    return SensitivityResult(metrics=metrics, rows=rows, env=stage_environment(device, list(records.values())))
