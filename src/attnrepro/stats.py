@@ -28,6 +28,13 @@ ALPHA = 0.05  # two-sided; the check spends it family-wise (Bonferroni, attnrepr
 LOG_SCALE = ("entropy", "jacobian", "logit_std", "q_std", "k_std", "w_qkv", "grad_norm", "diag_weight")
 
 
+# Power from structure (issue 18): a metric that the same seed moves by at most FLOAT_ORDER_RATIO seed
+# sd between float orders (benchmarks/divergence_profile.py -> docs/float_order.json) is held, on another
+# machine, to FLOAT_ORDER_TOL seed sd of the reference run: ten times the largest drift measured.
+FLOAT_ORDER_RATIO = 0.01
+FLOAT_ORDER_TOL = 0.1
+
+
 def log_scale(key: str) -> bool:
     return any(p in key for p in LOG_SCALE)
 
