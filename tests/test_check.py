@@ -336,3 +336,18 @@ def test_float_order_tolerance_holds_a_rerun_of_the_same_run_far_tighter_than_th
                                       encoding="utf-8")
     rc, out = check(repo, capsys)
     assert rc == 0 and "float order" not in out, out
+
+
+def test_detectable_shifts_follow_the_prediction_interval_welch_and_the_float_order_tolerance():
+    from attnrepro.check import detectable_shifts
+
+    dists = {"train": distribution(SEEDS)}  # n = 5
+    rows = {r["metric"]: r for r in detectable_shifts(dists, ["train.scaled.loss_final"],
+                                                      {"train.unscaled.loss_final": 0.003})}
+    head = rows["train.scaled.loss_final"]  # a family of one: alpha 0.05
+    assert head["one_seed_sd"] == pytest.approx(2.7764 * (1 + 1 / 5) ** 0.5, rel=1e-4)
+    assert head["five_seeds_sd"] == pytest.approx(2.3060 * (2 / 5) ** 0.5, rel=1e-4)  # Welch df 8
+    assert rows["train.unscaled.loss_final"]["one_seed_sd"] == rows["train.unscaled.loss_final"]["five_seeds_sd"] == 0.1
+    others = [r for r in rows.values() if not r["headline"] and not r["float_order"]]
+    assert others and all(r["one_seed_sd"] > head["one_seed_sd"] for r in others)  # a larger family: stricter
+    assert "train.scaled.params" not in rows  # no spread: not banded

@@ -42,7 +42,7 @@ from .claims import (CONCLUSIONS, Expectations, ClaimResult, Tol, band, counts, 
 from .config import UserError, read_params
 from .reference import (Reference, Revision, claims_changes, listed, lock_problems, params_changes,
                         pipeline_stages, reference)
-from .stats import ALPHA, FLOAT_ORDER_RATIO, FLOAT_ORDER_TOL, Band
+from .stats import ALPHA, FLOAT_ORDER_RATIO, FLOAT_ORDER_TOL, Band, t_quantile
 
 # what decides whether a rerun must be byte-identical: the machine's float order and the software
 MACHINE_KEYS = ("cpu", "cpu_capability", "torch", "python", "torch_threads", "device", "cuda_available", "cuda_version",
@@ -214,6 +214,36 @@ def families(keys, ref: "Reference", headline: list[str]) -> dict[str, float]:
     head = [k for k in banded if k in headline]
     rest = [k for k in banded if k not in headline]
     return {**{k: ALPHA / len(head) for k in head}, **{k: ALPHA / len(rest) for k in rest}}
+
+
+def detectable_shifts(dists: dict, headline: list[str], float_order: dict[str, float],
+                      timing: Callable[[str], bool] = lambda k: False) -> list[dict]:
+    """The gate's power per banded metric: the smallest shift of a rerun's expected value that the check
+    fails at least half the time, in seed sd and in the metric's units, for a one-seed rerun (its
+    value against the prediction interval: t(1 - a/2, n - 1) sqrt(1 + 1/n) sd) and a five-seed rerun
+    (Welch's test of its seeds' mean, equal sd: t(1 - a/2, df) sqrt(1/5 + 1/n) sd), a = ALPHA / m at
+    the first step of Holm's within the metric's family of m (the headline, or all other banded
+    metrics of a complete rerun). A metric on its float-order tolerance (docs/float_order.json) is
+    held to FLOAT_ORDER_TOL sd whatever the seeds. Seeds split into modes are not modelled."""
+    keys = sorted(f"{file}.{k}" for file, d in dists.items() for k, s in (d.get("stats") or {}).items()
+                  if s and s.get("n", 0) >= 2 and s.get("sd", 0) > 0 and not timing(f"{file}.{k}"))
+    head = [k for k in keys if k in headline]
+    rest = [k for k in keys if k not in headline]
+    out = []
+    for family in (head, rest):
+        for key in family:
+            b = band(dists, key)
+            a, n = ALPHA / len(family), b.n
+            one = t_quantile(1 - a / 2, n - 1) * math.sqrt(1 + 1 / n)
+            va, vb = 1 / 5, 1 / n
+            df = (va + vb) ** 2 / (va ** 2 / 4 + vb ** 2 / (n - 1))
+            five = t_quantile(1 - a / 2, df) * math.sqrt(va + vb)
+            tight = float_order.get(key, math.inf) <= FLOAT_ORDER_RATIO
+            if tight:
+                one = five = FLOAT_ORDER_TOL
+            out.append({"metric": key, "headline": key in headline, "n": n, "sd": b.sd, "log": b.log,
+                        "float_order": tight, "one_seed_sd": one, "five_seeds_sd": five})
+    return out
 
 
 def holm(rows: list["Row"], headline: list[str]) -> None:
