@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from attnrepro.cli import main
-from attnrepro.stats import distribution
+from attnrepro.stats import Band, distribution
 from test_check_lock import relock
 
 REPO = Path(__file__).resolve().parents[1]
@@ -314,3 +314,40 @@ def test_a_missing_or_broken_params_file_is_one_line(repo, capsys, damage):
     rc, out = check(repo, capsys)
     expected = "params file not found" if damage == "missing" else "not valid YAML at line"
     assert rc == 2 and out.count("\n") == 1 and out.startswith(f"error: {p}") and expected in out, out
+
+
+def test_float_order_tolerance_holds_a_rerun_of_the_same_run_far_tighter_than_the_seed_band(repo, live, capsys):
+    """docs/float_order.json at the reference says the same seed drifts < 0.01 seed sd between float orders:
+    a rerun on another machine must then land within 0.1 seed sd of the reference run (issue 18, 5a)."""
+    dump(repo / "docs/float_order.json", {"ratio": {"train.scaled.loss_final": 0.002, "train.unscaled.loss_final": 0.5}})
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "float-order profile")
+    sd = Band.of([SEEDS[s]["scaled"]["loss_final"] for s in SEEDS]).sd  # 0.0158
+    another_machine(repo, live)
+    edit(repo, "train", lambda d: d["scaled"].__setitem__("loss_final", 3.70 + 0.05 * sd))
+    rc, out = check(repo, capsys)
+    assert rc == 0, out
+    edit(repo, "train", lambda d: d["scaled"].__setitem__("loss_final", 3.70 + 0.5 * sd))  # inside the seed band
+    rc, out = check(repo, capsys)
+    assert rc == 1 and "metric train.scaled.loss_final" in out and "float order: within ±0.00158 (0.1 seed sd)" in out
+    # a metric that drifts more between float orders keeps its seed band; other params: another run, the band again
+    edit(repo, "train", lambda d: d["unscaled"].__setitem__("loss_final", 5.13))
+    (repo / "params.yaml").write_text(yaml.safe_dump({"train": {"lr": 0.003, "seed": 1}, "init": {"seed": 0}}),
+                                      encoding="utf-8")
+    rc, out = check(repo, capsys)
+    assert rc == 0 and "float order" not in out, out
+
+
+def test_detectable_shifts_follow_the_prediction_interval_welch_and_the_float_order_tolerance():
+    from attnrepro.check import detectable_shifts
+
+    dists = {"train": distribution(SEEDS)}  # n = 5
+    rows = {r["metric"]: r for r in detectable_shifts(dists, ["train.scaled.loss_final"],
+                                                      {"train.unscaled.loss_final": 0.003})}
+    head = rows["train.scaled.loss_final"]  # a family of one: alpha 0.05
+    assert head["one_seed_sd"] == pytest.approx(2.7764 * (1 + 1 / 5) ** 0.5, rel=1e-4)
+    assert head["five_seeds_sd"] == pytest.approx(2.3060 * (2 / 5) ** 0.5, rel=1e-4)  # Welch df 8
+    assert rows["train.unscaled.loss_final"]["one_seed_sd"] == rows["train.unscaled.loss_final"]["five_seeds_sd"] == 0.1
+    others = [r for r in rows.values() if not r["headline"] and not r["float_order"]]
+    assert others and all(r["one_seed_sd"] > head["one_seed_sd"] for r in others)  # a larger family: stricter
+    assert "train.scaled.params" not in rows  # no spread: not banded

@@ -42,7 +42,7 @@ from .claims import (CONCLUSIONS, Expectations, ClaimResult, Tol, band, counts, 
 from .config import UserError, read_params
 from .reference import (Reference, Revision, claims_changes, listed, lock_problems, params_changes,
                         pipeline_stages, reference)
-from .stats import ALPHA, Band
+from .stats import ALPHA, FLOAT_ORDER_RATIO, FLOAT_ORDER_TOL, Band, t_quantile
 
 # what decides whether a rerun must be byte-identical: the machine's float order and the software
 MACHINE_KEYS = ("cpu", "cpu_capability", "torch", "python", "torch_threads", "device", "cuda_available", "cuda_version",
@@ -216,6 +216,36 @@ def families(keys, ref: "Reference", headline: list[str]) -> dict[str, float]:
     return {**{k: ALPHA / len(head) for k in head}, **{k: ALPHA / len(rest) for k in rest}}
 
 
+def detectable_shifts(dists: dict, headline: list[str], float_order: dict[str, float],
+                      timing: Callable[[str], bool] = lambda k: False) -> list[dict]:
+    """The gate's power per banded metric: the smallest shift of a rerun's expected value that the check
+    fails at least half the time, in seed sd and in the metric's units, for a one-seed rerun (its
+    value against the prediction interval: t(1 - a/2, n - 1) sqrt(1 + 1/n) sd) and a five-seed rerun
+    (Welch's test of its seeds' mean, equal sd: t(1 - a/2, df) sqrt(1/5 + 1/n) sd), a = ALPHA / m at
+    the first step of Holm's within the metric's family of m (the headline, or all other banded
+    metrics of a complete rerun). A metric on its float-order tolerance (docs/float_order.json) is
+    held to FLOAT_ORDER_TOL sd whatever the seeds. Seeds split into modes are not modelled."""
+    keys = sorted(f"{file}.{k}" for file, d in dists.items() for k, s in (d.get("stats") or {}).items()
+                  if s and s.get("n", 0) >= 2 and s.get("sd", 0) > 0 and not timing(f"{file}.{k}"))
+    head = [k for k in keys if k in headline]
+    rest = [k for k in keys if k not in headline]
+    out = []
+    for family in (head, rest):
+        for key in family:
+            b = band(dists, key)
+            a, n = ALPHA / len(family), b.n
+            one = t_quantile(1 - a / 2, n - 1) * math.sqrt(1 + 1 / n)
+            va, vb = 1 / 5, 1 / n
+            df = (va + vb) ** 2 / (va ** 2 / 4 + vb ** 2 / (n - 1))
+            five = t_quantile(1 - a / 2, df) * math.sqrt(va + vb)
+            tight = float_order.get(key, math.inf) <= FLOAT_ORDER_RATIO
+            if tight:
+                one = five = FLOAT_ORDER_TOL
+            out.append({"metric": key, "headline": key in headline, "n": n, "sd": b.sd, "log": b.log,
+                        "float_order": tight, "one_seed_sd": one, "five_seeds_sd": five})
+    return out
+
+
 def holm(rows: list["Row"], headline: list[str]) -> None:
     """Holm's step-down within each family (the headline metrics; the other banded metrics): sorted
     by p-value, the i-th of m is outside while p < ALPHA / (m - i). Family-wise error ALPHA as
@@ -240,7 +270,7 @@ def holm(rows: list["Row"], headline: list[str]) -> None:
 
 
 def compare(cur: dict, ref: Reference, cur_dists: dict, exp: Expectations, modes: dict[str, str],
-            envs: dict) -> list[Row]:
+            envs: dict, why: Optional[dict[str, str]] = None) -> list[Row]:
     rows = []
     keys = sorted(set(ref.metrics) | set(cur))
     alphas = families([k for k in keys if k in cur and k in ref.metrics and not exp.is_timing(k)], ref, exp.headline)
@@ -262,6 +292,10 @@ def compare(cur: dict, ref: Reference, cur_dists: dict, exp: Expectations, modes
             rows.append(Row(key, r, c, "exact", "ok" if _same(r, c) else "DRIFT", b, alpha))
             continue
         rule = exp.drift_rule(key)
+        ratio = ref.float_order.get(key)
+        if b is not None and ratio is not None and ratio <= FLOAT_ORDER_RATIO and "other params" not in (why or {}).get(file, ""):
+            rows.append(float_order_row(key, r, c, b))
+            continue
         if b is not None and b.sd == 0:  # the same on every seed (a count, a row sum): its drift rule, or exact,
             b = None  # against the full-precision value (the stored summary keeps 6 significant digits, too few for a 7-digit count)
         if b is not None:
@@ -282,6 +316,21 @@ def compare(cur: dict, ref: Reference, cur_dists: dict, exp: Expectations, modes
             rows.append(Row(f"dist/{file}", None, None, "exact", "DRIFT" if file in cur_dists else "MISSING"))
     holm(rows, exp.headline)
     return rows
+
+
+def float_order_row(key: str, r: float, c: float, b: Band) -> Row:
+    """Power from structure: the same seed under other float orders moved this metric by at most
+    FLOAT_ORDER_RATIO seed sd (docs/float_order.json at the reference), so a rerun of the same run on
+    another machine must land within FLOAT_ORDER_TOL seed sd of the reference run, ten times that
+    drift, instead of anywhere in the seed band."""
+    tol = FLOAT_ORDER_TOL * b.sd
+    if b.log:
+        ok = r > 0 and c > 0 and abs(math.log(c) - math.log(r)) <= tol
+        how = f"float order: within ×{math.exp(tol):.4g} ({FLOAT_ORDER_TOL:g} seed sd, log scale)"
+    else:
+        ok = abs(c - r) <= tol
+        how = f"float order: within ±{tol:.3g} ({FLOAT_ORDER_TOL:g} seed sd)"
+    return Row(key, r, c, how, "ok" if ok else "DRIFT")
 
 
 def _runs(dists: dict, file: str) -> Optional[dict]:
@@ -338,7 +387,7 @@ def run_check(rev: str = "HEAD", root: str | Path = ".", metrics_dir: str = "met
     m = machines(files, envs, ref.envs, made_on, live, f"{metrics_dir}/env")
     modes, why = decide_modes(files, m, ref, params, stage_params(root, params), mode)
 
-    rows = compare(cur, ref, cur_dists, exp, modes, envs)
+    rows = compare(cur, ref, cur_dists, exp, modes, envs, why)
     results = evaluate_all(exp, cur, ref.dists, envs)  # conclusions: on this run and the reference's seeds
     out = Outcome(rows, results, modes, why, exp.headline, ref.label)
     out.notes = m.notes + changes(revision, ref, root, claims_path, params, cur_dists, metrics_dir)
@@ -493,6 +542,7 @@ def render(o: Outcome, rev: Optional[str] = None, show_all: bool = False) -> str
     lines.append(f"  checksums   {c['checksum']['passed']} of {c['checksum']['n'] - c['checksum']['skipped']} hold")
     lines.append(f"  metrics     {sum(not r.failure for r in gated)} of {len(gated)} within their reference "
                  f"({sum(r.how.startswith('band') for r in gated)} against a seed band, "
+                 f"{sum(r.how.startswith('float order') for r in gated)} to their float-order tolerance, "
                  f"{sum(r.how == 'exact' for r in gated)} exact); "
                  f"{sum(r.how == 'timing, not gated' for r in o.rows)} timings and "
                  f"{sum(r.how == 'not gated' for r in o.rows)} informational metrics not gated")

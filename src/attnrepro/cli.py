@@ -53,7 +53,9 @@ ran with) with the same params every metric must be identical (reruns are
 byte-identical). Otherwise each metric with a seed distribution (metrics/dist/) must fall
 in the prediction interval of one new run over the reference seeds (alpha = 0.05
 family-wise: Holm's step-down over the headline metrics, and again over the others), and the
-others within their drift tolerance (claims.yaml). Conclusions are recomputed from the
+others within their drift tolerance (claims.yaml). Where the reference's docs/float_order.json
+says the same seed drifts at most 0.01 seed sd between float orders, a rerun with the same
+params must land within 0.1 seed sd of the reference run. Conclusions are recomputed from the
 raw metrics, on this run and on the reference's seeds. Published values are reported,
 not gated. GPU-only metrics and claims are "skipped" on a run without CUDA, never "passed".
 """

@@ -20,7 +20,7 @@ import json
 import re
 import subprocess
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
@@ -29,6 +29,11 @@ import yaml
 from .claims import CONCLUSIONS, METRIC_FILES_EXCLUDED, ClaimError, Expectations, Tol, load
 from .config import UserError
 from .stats import flatten
+
+
+# the drift of each metric between float orders at the reference's seed, in seed sd
+# (benchmarks/divergence_profile.py; check.compare holds a rerun to it where it is tiny)
+FLOAT_ORDER = "docs/float_order.json"
 
 
 # ---------------------------------------------------------------- the revision
@@ -114,6 +119,7 @@ class Reference:
     params: dict
     verdicts: dict  # claim id -> its verdict on the reference (metrics/claims.json)
     expectations: Expectations  # its claims.yaml
+    float_order: dict = field(default_factory=dict)  # metric -> its drift between float orders, in seed sd
 
 
 def reference(r: Revision, metrics_dir: str, claims_path: str) -> Reference:
@@ -127,7 +133,9 @@ def reference(r: Revision, metrics_dir: str, claims_path: str) -> Reference:
     for name in r.files(f"{metrics_dir}/env"):
         envs[Path(name).stem] = r.json(name)
     verdicts = r.json(f"{metrics_dir}/claims.json") if f"{metrics_dir}/claims.json" in r.files(metrics_dir) else {}
-    return Reference(r.label, r.name, metrics, dists, envs, r.yaml("params.yaml"), verdicts, r.expectations(claims_path))
+    float_order = r.json(FLOAT_ORDER)["ratio"] if FLOAT_ORDER in r.files("docs") else {}
+    return Reference(r.label, r.name, metrics, dists, envs, r.yaml("params.yaml"), verdicts, r.expectations(claims_path),
+                     float_order)
 
 
 # ---------------------------------------------------------------- what the working tree changes

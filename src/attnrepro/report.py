@@ -26,6 +26,7 @@ from typing import Optional
 from .experiments import sensitivity as sens
 from .claims import (CLASSES, ClaimResult, claims_json, counts, evaluate_all, fmt_number, load, load_dists, load_envs,
                      load_metrics_dir)
+from .check import detectable_shifts
 from .config import require
 from .report_html import markdown_to_html, resolver
 from .stats import Band, percentile_of
@@ -445,6 +446,43 @@ def qknorm_markdown(m: dict) -> str:
         out.append(f"| {name} | {v['seeds']} | {cell(v['loss_final'], 4)} | {cell(v['val_loss_final'], 4)} | "
                    f"{cell(v['logit_std_step0'])} | " + " | ".join(cell(v[k]) for k in steps)
                    + f" | {cell(v['entropy_final'])} | {cell(v['jacobian_fro_final'])} |")
+    return "\n".join(out) + "\n\n"
+
+
+FLOAT_ORDER_PATH = Path("docs/float_order.json")  # benchmarks/divergence_profile.py
+
+
+def power_markdown(dists: dict, exp, float_order: dict) -> str:
+    """How large a change the check catches (check.detectable_shifts): the headline metrics one by one,
+    the other banded metrics summarised per stage."""
+    rows = detectable_shifts(dists, exp.headline, float_order, exp.is_timing)
+    if not rows:
+        return "No seed distributions yet (metrics/dist/).\n\n"
+
+    def units(r, k):
+        x = r[k] * r["sd"]
+        return f"×{math.exp(x):.3g}" if r["log"] else f"±{x:.3g}"
+
+    out = ["The smallest shift of a metric's expected value that `attnrepro check` fails at least half the time, "
+           "in reference seed sd and in the metric's units (×: a factor, for metrics judged on the log scale): a "
+           "one-seed rerun against the prediction interval, a five-seed rerun by Welch's test of its mean, each at "
+           "the first step of Holm's correction within its family (check.detectable_shifts). Metrics on their "
+           "float-order tolerance (the same seed drifts at most 0.01 sd between float orders: docs/float_order.json) "
+           f"are held to 0.1 sd whatever the seeds; {sum(r['float_order'] for r in rows)} of {len(rows)} here.\n",
+           "| headline metric | seeds | 1-seed rerun: sd | units | 5-seed rerun: sd | units |",
+           "| --- | --- | --- | --- | --- | --- |"]
+    for r in (r for r in rows if r["headline"]):
+        out.append(f"| {r['metric']} | {r['n']} | {r['one_seed_sd']:.2f} | {units(r, 'one_seed_sd')} | "
+                   f"{r['five_seeds_sd']:.2f} | {units(r, 'five_seeds_sd')} |")
+    out += ["", "| other banded metrics | count | 1-seed rerun: median sd (range) | 5-seed rerun: median sd (range) |",
+            "| --- | --- | --- | --- |"]
+    by_file: dict[str, list[dict]] = {}
+    for r in (r for r in rows if not r["headline"]):
+        by_file.setdefault(r["metric"].split(".")[0], []).append(r)
+    for file, rs in sorted(by_file.items()):
+        one, five = sorted(r["one_seed_sd"] for r in rs), sorted(r["five_seeds_sd"] for r in rs)
+        out.append(f"| {file} | {len(rs)} | {one[len(one) // 2]:.2f} ({one[0]:.2f}–{one[-1]:.2f}) | "
+                   f"{five[len(five) // 2]:.2f} ({five[0]:.2f}–{five[-1]:.2f}) |")
     return "\n".join(out) + "\n\n"
 
 
@@ -1082,6 +1120,7 @@ def build(claims_path: Path, metrics_dir: Path, plots_dir: Path, pairs, smooth: 
     if rest:
         md.append("## Other figures\n")
         md += [f"![{st}: {name}]({plots_href}/{st}/{name})\n" for st, name in rest]
+    md += ["## Gate power\n", power_markdown(dists, exp, _read(FLOAT_ORDER_PATH).get("ratio", {}))]
     md += ["## Appendix: machine records\n", env_markdown(envs)]
     summary = {cls: {k: v for k, v in c[cls].items()} for cls in CLASSES}
     markdown = "\n".join(md).rstrip() + "\n"
