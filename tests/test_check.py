@@ -351,3 +351,25 @@ def test_detectable_shifts_follow_the_prediction_interval_welch_and_the_float_or
     others = [r for r in rows.values() if not r["headline"] and not r["float_order"]]
     assert others and all(r["one_seed_sd"] > head["one_seed_sd"] for r in others)  # a larger family: stricter
     assert "train.scaled.params" not in rows  # no spread: not banded
+
+
+def test_a_sweep_mean_that_a_conclusion_reads_is_gated_by_welch(repo, live, capsys):
+    """Sweep summaries are informational, except those a gated conclusion reads (issue 18, 5c)."""
+    dump(repo / "metrics/sweep.json", {"seeds": 3, "gap": 0.2, "cell": {"mean": 0.5, "sd": 0.05, "min": 0.45,
+                                                                        "max": 0.55}})
+    claims = CONCLUSIONS + [("sweep", "conclusion", "cell_positive", "the cell's gap is positive",
+                                     'm["sweep.cell.min"] > 0')]
+    (repo / "src/attnrepro/conclusions.py").write_text(predicates(*claims), encoding="utf-8")
+    relock(repo)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "a sweep cell and its conclusion")
+    another_machine(repo, live)
+    edit(repo, "sweep", lambda d: d["cell"].update(mean=0.56, min=0.5))  # within its seeds' noise
+    rc, out = check(repo, capsys)
+    assert rc == 0 and "1 sweep means read by a conclusion" in out, out
+    edit(repo, "sweep", lambda d: d["cell"].update(mean=0.9, min=0.85, max=0.95))  # the conclusion still holds
+    rc, out = check(repo, capsys)
+    assert rc == 1 and "metric sweep.cell.mean: this run's seeds differ from the reference's (Welch p" in out, out
+    edit(repo, "sweep", lambda d: d.update(gap=5.0))  # read by no conclusion: still informational
+    edit(repo, "sweep", lambda d: d["cell"].update(mean=0.5, min=0.45, max=0.55))
+    assert check(repo, capsys)[0] == 0

@@ -389,6 +389,7 @@ def run_check(rev: str = "HEAD", root: str | Path = ".", metrics_dir: str = "met
 
     rows = compare(cur, ref, cur_dists, exp, modes, envs, why)
     results = evaluate_all(exp, cur, ref.dists, envs)  # conclusions: on this run and the reference's seeds
+    gate_sweep_means(rows, results, cur, ref.metrics)
     out = Outcome(rows, results, modes, why, exp.headline, ref.label)
     out.notes = m.notes + changes(revision, ref, root, claims_path, params, cur_dists, metrics_dir)
     out.provenance, numerics = provenance(envs)
@@ -412,6 +413,33 @@ def _read(res: ClaimResult, metrics: dict) -> str:
     """The metrics a failing predicate read on this run, and their values."""
     shown = [f"{k} = {fmt_number(metrics.get(k))}" for k in res.read[:6]]
     return f" (it read {', '.join(shown)}{' and more' if len(res.read) > 6 else ''})" if shown else ""
+
+
+def gate_sweep_means(rows: list[Row], results: list[ClaimResult], cur: dict, ref: dict) -> None:
+    """A sweep's summaries are informational, except the ones a gated conclusion reads (issue 18, 5c):
+    for each statistic it reads of a sweep cell (its mean, min, max or sd over the sweep's seeds), the
+    cell's mean is judged by Welch's test of this run's seeds against the reference's, from the two
+    summaries (mean, sd, and the sweep's seed count, `<prefix>.seeds`), at ALPHA over the number of
+    such means (Bonferroni: they are few)."""
+    read = {k for r in results if r.claim.cls == "conclusion" for k in r.read}
+    cells = {k.rsplit(".", 1)[0] for k in read if k.rsplit(".", 1)[-1] in ("mean", "min", "max", "sd")}
+    targets = [r for r in rows if r.how == "not gated" and r.key.endswith(".mean") and r.key[:-5] in cells]
+    for row in targets:
+        cell = row.key[:-5]
+        n_ref, n_cur = _sweep_seeds(ref, cell), _sweep_seeds(cur, cell)
+        if None in (n_ref, n_cur, ref.get(f"{cell}.sd"), cur.get(f"{cell}.sd")) or min(n_ref, n_cur) < 2:
+            continue
+        theirs = Band(int(n_ref), row.ref, ref[f"{cell}.sd"])
+        row.p = theirs.welch(Band(int(n_cur), row.cur, cur[f"{cell}.sd"]))
+        row.alpha = ALPHA / len(targets)
+        row.how, row.verdict = "sweep mean (Welch)", "OUTSIDE" if row.p < row.alpha else "ok"
+
+
+def _sweep_seeds(metrics: dict, cell: str) -> Optional[float]:
+    """The seed count of a sweep cell: `<prefix>.seeds` for the longest prefix of the cell that has one."""
+    parts = cell.split(".")
+    return next((metrics[f"{'.'.join(parts[:i])}.seeds"] for i in range(len(parts) - 1, 0, -1)
+                 if f"{'.'.join(parts[:i])}.seeds" in metrics), None)
 
 
 def metric_problems(rows: list[Row], label: str) -> list[str]:
@@ -543,6 +571,7 @@ def render(o: Outcome, rev: Optional[str] = None, show_all: bool = False) -> str
     lines.append(f"  metrics     {sum(not r.failure for r in gated)} of {len(gated)} within their reference "
                  f"({sum(r.how.startswith('band') for r in gated)} against a seed band, "
                  f"{sum(r.how.startswith('float order') for r in gated)} to their float-order tolerance, "
+                 f"{sum(r.how == 'sweep mean (Welch)' for r in gated)} sweep means read by a conclusion, "
                  f"{sum(r.how == 'exact' for r in gated)} exact); "
                  f"{sum(r.how == 'timing, not gated' for r in o.rows)} timings and "
                  f"{sum(r.how == 'not gated' for r in o.rows)} informational metrics not gated")
