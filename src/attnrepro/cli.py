@@ -57,9 +57,8 @@ others within their drift tolerance (claims.yaml). Where the reference's docs/fl
 says the same seed drifts at most 0.01 seed sd between float orders, a rerun with the same
 params must land within 0.1 seed sd of the reference run. A sweep's summaries are informational,
 except the cell means a gated conclusion reads (Welch's test of the two sweeps' seeds).
-Conclusions are recomputed from the
-raw metrics, on this run and on the reference's seeds. Published values are reported,
-not gated. GPU-only metrics and claims are "skipped" on a run without CUDA, never "passed".
+Conclusions are recomputed from the raw metrics, on this run and on the reference's seeds.
+Published values are reported, not gated. GPU-only metrics and claims are "skipped" on a run without CUDA, never "passed".
 """
 
 
