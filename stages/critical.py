@@ -1,25 +1,31 @@
-"""DVC stage `critical`: the chapter's exercises 1 and 2 (§1.20.1-1.20.2), the critical d_head.
+"""DVC stage `critical`: the chapter's exercises 1 and 2 (§1.20.1-1.20.2), the critical width.
 
 "When attention starts to break is a property of your system, not a universal constant":
-the loss gap (unscaled - scaled) and the final layer-0 entropy against d_head, over seeds,
-under the train stage's protocol (params section `train`). The model family keeps the
-chapter's two models at its ends: d_model is the smallest multiple of d_head that is at
-least `critical.min_d_model`, n_head = d_model / d_head (d_head 32 -> 128 x 4 heads, the
-small model; 64 -> 128 x 2, exercise 1; 96 -> 192 x 2; 128 -> 128 x 1; 192 -> 192 x 1;
-256 -> 256 x 1, the large model). So d_model moves with d_head between the ends; the
-runs at d_head 32 and 256 are the seeds stage's own (the run store shares them).
+the loss gap (unscaled - scaled) and the final layer-0 entropy against the width, over
+seeds, under the train stage's protocol (params section `train`). Two designs, one sweep;
+docs/CRITICAL.md argues them and what they cost:
 
-The onset, at the grid's resolution (stats.onset_interval): the interval (previous grid
-point, d_head] of the first d_head whose mean gap has a 95% lower confidence bound above the
-upper bound of the d_head-32 gap: seed noise sets the threshold, and the answer is never
-finer than the grid. Since d_model moves with d_head here, the curve mixes two variables:
-plots/critical/gap_vs_logit_std.png shows every run's gap against the unscaled logit std at
-init, which depends on both (the chapter's explanation of when it breaks).
+  one variable (critical.one_variable): the large model (d_model 256, 1 head, value width
+  256) with only its per-head q/k width d_qk moving (32, 48, 64, 80, 96, 128, 192, 256): the
+  d_k of 1/sqrt(d_k), nothing else. 5 paired seeds; its d_qk-256 runs are the seeds stage's
+  own d_head-256 runs (the run store shares them). Each arm's seeds at each d_qk are tested
+  for two modes (stats.find_modes), as the seeds stage tests its variants.
+  mixed width (critical.d_heads, min_d_model, seeds): d_model = the smallest multiple of
+  d_head >= 128 and n_head = d_model / d_head, so d_model and n_head move with d_head (the
+  chapter's suggested grid; exercise 1 is its d_head-64 point). Labelled as such.
 
-Writes metrics/critical.json (per d_head: gap and entropies with seed statistics, the
-exercise-1 logit-std ratio and gap, the onset interval), plots/critical/curve.csv (per
-d_head: mean, min, max) and plots/critical/per_seed.csv, plots/critical/curve.png,
-plots/critical/gap_vs_logit_std.png.
+The onset, at the grid's resolution (stats.onset_interval), on each curve: the interval
+(previous grid point, point] of the first point whose mean gap has a 95% lower confidence
+bound above the upper bound of the first point's gap: seed noise sets the threshold, and
+the answer is never finer than the grid. plots/critical/gap_vs_logit_std.png shows every
+seed's gap against the unscaled logit std at init for both designs, with the chapter's two
+models (its train.variants at the one-variable seeds) as separate reference points.
+
+Writes metrics/critical.json (the mixed-width curve at the top level, the one-variable curve
+under d_qk: per point the gap and entropies with seed statistics and modes, the onsets,
+exercise 1), plots/critical/curve.csv and per_seed.csv (mixed width), qk_curve.csv and
+qk_per_seed.csv (one variable), references.csv (the chapter's models per seed),
+plots/critical/curve.png and plots/critical/gap_vs_logit_std.png.
 """
 
 from __future__ import annotations
@@ -41,10 +47,17 @@ def main(st: Stage) -> None:
     write_json("metrics/env/critical.json", result.env)
     write_csv("plots/critical/curve.csv", result.curve)
     write_csv("plots/critical/per_seed.csv", result.rows)
-    critical_figure(result.curve, result.metrics["onset"], "plots/critical/curve.png", len(cfg.seeds))
-    chapter = {(m["d_model"] // m["n_head"], m["d_model"]): f"the chapter's {name} model"
-               for name, m in train.models.items()}
-    gap_vs_logit_std_figure(result.rows, "plots/critical/gap_vs_logit_std.png", chapter)
+    write_csv("plots/critical/qk_curve.csv", result.qk_curve)
+    write_csv("plots/critical/qk_per_seed.csv", result.qk_rows)
+    write_csv("plots/critical/references.csv", result.references)
+    q = result.metrics["d_qk"]
+    qk_title = (f"ONE VARIABLE ({q['seeds']} seeds): the {q['model']} model, d_model {q['d_model']}, "
+                f"{q['n_head']} head, v width {q['d_head']}; only d_qk moves")
+    critical_figure(result.qk_curve, q["onset"], qk_title, result.curve, result.metrics["onset"],
+                    "plots/critical/curve.png", len(cfg.seeds), sorted({r["d_model"] for r in result.rows}))
+    designs = {f"one variable: d_qk at d_model {q['d_model']}, {q['n_head']} head": ("d_qk", result.qk_rows),
+               "mixed width: d_head with d_model, n_head moving": ("d_head", result.rows)}
+    gap_vs_logit_std_figure(designs, result.references, "plots/critical/gap_vs_logit_std.png")
     for line in result.lines():
         print(line)
 

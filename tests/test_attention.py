@@ -152,3 +152,17 @@ def test_trace_gets_four_steps():
     assert torch.isneginf(trace["masked"][..., future(5, 5)]).all()
     assert (trace["exp"][..., future(5, 5)] == 0).all()
     torch.testing.assert_close(trace["weights"], res.weights)
+
+
+@pytest.mark.parametrize("scaled", [True, False])
+@pytest.mark.parametrize("tq,tk", [(9, 9), (4, 9)])
+def test_narrower_q_k_than_v_scales_by_the_q_k_width(scaled, tq, tk):
+    """ModelConfig.d_qk: q and k 8 wide, v 32 wide; the scale is 1/sqrt(8), SDPA agrees (its Ev may differ)."""
+    q, k, _ = qkv(tq=tq, tk=tk, d=8, seed=3)
+    v = qkv(tq=tk, d=32, seed=4)[2]
+    res = attention(q, k, v, scaled=scaled, causal=True)
+    assert res.out.shape[-1] == 32
+    assert torch.allclose(res.logits, q @ k.transpose(-2, -1) / (math.sqrt(8) if scaled else 1.0), atol=1e-12)
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(tq, tk), scale=1 / math.sqrt(8) if scaled else 1.0)
+    assert (res.out - ref).abs().max().item() <= 1e-12
+    assert (fused_attention(q, k, v, scaled=scaled, causal=True) - ref).abs().max().item() <= 1e-12

@@ -170,3 +170,69 @@ def test_generate_greedy_and_seeded():
     assert not torch.equal(s1, s3)
     k1 = generate(m, prompt, 10, temperature=1.0, top_k=1, generator=torch.Generator().manual_seed(1))
     assert torch.equal(k1, generate(m, prompt, 10, temperature=0))
+
+
+# ---------------------------------------------------------------- d_qk: the q/k width apart from the value width
+
+def test_d_qk_equal_to_d_head_is_null_and_the_same_model():
+    """A d_qk equal to d_head is stored as null (one place: ModelConfig.__post_init__): same config, same
+    parameter count, same weights from the same seed, same outputs."""
+    for shape, expected in ((SMALL, 425_984), (LARGE, 1_376_256)):
+        d_head = shape["d_model"] // shape["n_head"]
+        cfg = tinygpt(**shape, d_qk=d_head)
+        assert cfg.d_qk is None and cfg == tinygpt(**shape, d_qk=None) and cfg.d_k == d_head
+        assert TinyGPT(cfg).num_params() == expected
+    a, b = make(seed=3, d_qk=8), make(seed=3, d_qk=None)  # TINY: d_model 16, 2 heads, d_head 8
+    x = tokens()
+    assert torch.equal(a(x)[0], b(x)[0])
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_d_qk_changes_only_the_q_k_width(fused):
+    """q and k d_qk wide per head, v d_head wide; only the q and k projections change size; the scores are
+    divided by sqrt(d_qk)."""
+    base = dict(LARGE, fused_qkv=fused)
+    m = TinyGPT(tinygpt(**base, d_qk=32)).eval()
+    full = TinyGPT(tinygpt(**base)).eval()
+    assert full.num_params() - m.num_params() == 2 * 2 * 256 * (256 - 32)  # 2 layers x (q, k) x d_model x width
+    a = m.attentions[0]
+    q, k, v = a.project(torch.randn(2, 5, 256))
+    assert q.shape == k.shape == (2, 1, 5, 32) and v.shape == (2, 1, 5, 256)
+    m.set_record(True)
+    x = tokens(vocab=1200)
+    m(x)
+    last = m.attentions[0].last
+    assert torch.allclose(last["logits"], last["q"] @ last["k"].transpose(-2, -1) / math.sqrt(32), atol=1e-5)
+    assert m.cfg.d_k == 32 and m.cfg.d_head == 256
+
+
+def test_d_qk_multi_head_and_qk_norm_and_checkpoint(tmp_path):
+    m = make(seed=0, d_qk=4, n_head=2, qk_norm="layernorm")  # TINY: d_head 8, q/k 4 wide
+    assert m.attentions[0].q_norm.normalized_shape == (4,)
+    logits, loss = m(tokens(), tokens(seed=1))
+    assert logits.shape == (2, 10, 50) and torch.isfinite(loss)
+    import dataclasses
+
+    from attnrepro.model import load_checkpoint
+
+    torch.save({"model_config": dataclasses.asdict(m.cfg), "state_dict": m.state_dict()}, tmp_path / "m.pt")
+    assert torch.equal(load_checkpoint(tmp_path / "m.pt")(tokens())[0], m(tokens())[0])
+    old = {k: v for k, v in dataclasses.asdict(make().cfg).items() if k != "d_qk"}  # a checkpoint from before d_qk
+    torch.save({"model_config": old, "state_dict": make().state_dict()}, tmp_path / "old.pt")
+    assert load_checkpoint(tmp_path / "old.pt").cfg.d_qk is None
+
+
+def test_d_qk_invalid_rejected():
+    with pytest.raises(ConfigError, match="d_qk"):
+        TinyGPT(tinygpt(**{**TINY, "d_qk": 0}))
+
+
+def test_kv_cache_with_a_narrower_key():
+    from attnrepro.kv_cache import generate_cached, make_caches
+
+    torch.manual_seed(0)
+    m = TinyGPT(tinygpt(**{**TINY, "block_size": 16, "d_qk": 4})).eval()
+    caches = make_caches(m, 2)
+    assert caches[0].k.shape[-1] == 4 and caches[0].v.shape[-1] == 8
+    prompt = tokens(T=4)
+    assert torch.equal(generate_cached(m, prompt, 6), generate(m, prompt, 6, temperature=0.0))

@@ -78,6 +78,42 @@ def test_the_onset_is_a_grid_interval_set_by_seed_noise():
         assert got is None or (got[0] in x and got[1] == x[x.index(got[0]) + 1])
 
 
+def test_the_onset_rule_on_synthetic_curves_with_known_onsets():
+    """The critical stage's rule on the one-variable grid: a known onset is found as exactly the grid interval
+    that holds it; a curve that never leaves the first point's noise has none; a curve already high at the
+    first point has none either (the rule reads a rise from the first point, so the stage reports separately
+    whether that first gap is above zero)."""
+    x = [32, 48, 64, 80, 96, 128, 192, 256]
+    rng = np.random.default_rng(1)
+
+    def curves(level, sd=0.03, n=5):
+        return [[level(v) + sd * rng.standard_normal() for v in x] for _ in range(n)]
+
+    # a sigmoid rise centred between grid points: the onset is the interval that first clears the noise
+    for centre, want in ((40, (32, 48)), (70, (64, 80)), (110, (96, 128)), (220, (192, 256))):
+        c = curves(lambda v: 0.2 + 1.0 / (1 + np.exp(-(v - centre) / 2.0)))
+        assert stats.onset_interval(x, c) == want, centre
+    # already at the first step after the baseline: (x[0], x[1]], never an interval below the grid's first point
+    assert stats.onset_interval(x, curves(lambda v: 0.2 if v == 32 else 1.2)) == (32, 48)
+    # not reached: a flat curve, and a rise smaller than the seed noise
+    assert stats.onset_interval(x, curves(lambda v: 0.3)) is None
+    assert stats.onset_interval(x, curves(lambda v: 0.3 + 0.0002 * v, sd=0.2)) is None
+    # already broken at the first point: high everywhere, no rise beyond the first point's noise
+    high = curves(lambda v: 1.2)
+    assert stats.onset_interval(x, high) is None
+    assert stats.Band.of([c[0] for c in high]).confidence_interval()[0] > 0  # ... but its gap is above zero
+    # the threshold is the seed noise: the same step is an onset with tight seeds and none with loose ones
+    step = lambda v: 0.2 + (0.3 if v >= 80 else 0.0)  # noqa: E731
+    assert stats.onset_interval(x, curves(step, sd=0.02)) == (64, 80)
+    assert stats.onset_interval(x, curves(step, sd=0.6)) is None
+    # never finer than the grid, on any grid: the answer is a pair of neighbouring grid points
+    for grid in (x, [32, 64, 96, 128, 192, 256], [4, 8, 12, 16]):
+        for _ in range(30):
+            c = [[float(v) for v in np.cumsum(rng.uniform(0, 0.4, len(grid)))] for _ in range(5)]
+            got = stats.onset_interval(grid, c)
+            assert got is None or (got[0] in grid and got[1] == grid[grid.index(got[0]) + 1])
+
+
 def test_distribution_of_runs():
     runs = {s: {"a": {"loss": 4 + s / 10, "entropy_x": 0.1 * (s + 1)}, "ratio": {"gap_ratio_x": s}} for s in range(3)}
     d = distribution(runs, exclude=("gap_ratio",))

@@ -102,6 +102,27 @@ def test_key_covers_config_data_and_numerics_but_not_the_label(monkeypatch):
     assert run_key(spec, tiny_inputs(seed=1)) != key
 
 
+def test_a_d_qk_equal_to_d_head_is_the_same_run_and_older_keys_hold():
+    """ModelConfig.d_qk: a spec stating d_qk = d_head (8 here) is the run that leaves it null, key for key; a
+    null d_qk stays out of the key material, so every run keyed before the field existed keeps its key (no
+    stored run re-keyed or retrained); a q/k width of its own is a different run, and recorded material
+    without d_qk reads back as the same spec."""
+    from attnrepro.model import ModelConfig
+    from attnrepro.runs import spec_from_material
+
+    inputs = tiny_inputs()
+    spec = tiny_spec()
+    assert spec.model.d_qk is None
+    key = run_key(spec, inputs)
+    assert run_key(tiny_spec(d_qk=8), inputs) == key and tiny_spec(d_qk=8) == spec
+    material = spec.key_material()
+    assert set(material["model"]) == {f.name for f in dataclasses.fields(ModelConfig)} - {"d_qk"}
+    assert spec_from_material(material) == spec
+    other = tiny_spec(d_qk=4)
+    assert run_key(other, inputs) != key and other.key_material()["model"]["d_qk"] == 4
+    assert spec_from_material(other.key_material()) == other
+
+
 @pytest.fixture(scope="module")
 def external_scheduler(tmp_path_factory):
     """`dask scheduler` and two `dask worker`s as separate processes on localhost."""

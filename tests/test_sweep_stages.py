@@ -40,7 +40,9 @@ def repo(tmp_path_factory):
                          model={**p["failures"]["model"], "block_size": 16, "d_model": 16, "n_head": 2, "n_layer": 2})
     p["seeds"]["seeds"] = [11, 12, 13]
     p["seeds"]["mode_statistic"] = "entropy_step3"  # a step the tiny runs record
-    p["critical"].update(d_heads=[8, 16, 32], min_d_model=16, seeds=[11, 12, 13])
+    p["critical"].update(d_heads=[8, 16, 32], min_d_model=16, seeds=[11, 12, 13],
+                         one_variable={"model": "large", "mode_statistic": "entropy_step3", "d_qks": [4, 8, 12, 16],
+                                       "seeds": [11, 12, 13, 14]})
     p["qknorm"]["seeds"] = [11, 12, 13]
     p["sensitivity"].update(seeds=[11, 12, 13, 14, 15], combinations={},
                             choices={k: p["sensitivity"]["choices"][k]
@@ -88,6 +90,28 @@ def test_critical_curve(repo):
     assert rows[0].startswith("d_head,") and len(rows) == 4
 
 
+def test_critical_one_variable_curve(repo):
+    q = load(repo, "critical")["d_qk"]
+    # only the q/k width moves: the tiny large preset (d_model 16, 1 head) at d_qk 4, 8, 12, 16
+    assert (q["model"], q["d_model"], q["n_head"], q["d_head"], q["seeds"]) == ("large", 16, 1, 16, 4)
+    assert {f"dqk{d}" for d in (4, 8, 12, 16)} <= set(q)
+    o = q["onset"]
+    assert o["reached"] in (0, 1) and ("by_d_qk" in o) == bool(o["reached"]) and o["baseline_gap_above_zero"] in (0, 1)
+    if o["reached"]:  # a grid interval, never finer
+        assert [o["after_d_qk"], o["by_d_qk"]] in ([4, 8], [8, 12], [12, 16])
+    for d in (4, 8, 12, 16):
+        e = q[f"dqk{d}"]
+        assert set(e["modes"]) == {"scaled", "unscaled"} and e["modes"]["scaled"]["statistic"] == "entropy_step3"
+        assert e["gap_loss_final"]["ci95_lo"] <= e["gap_loss_final"]["mean"] <= e["gap_loss_final"]["ci95_hi"]
+    # the logit std at init grows with d_qk alone (sqrt(d_qk) at init, same weights' scale)
+    s = [q[f"dqk{d}"]["unscaled_logit_std_step0"]["mean"] for d in (4, 16)]
+    assert 1.3 < s[1] / s[0] < 3.0
+    rows = (repo / "plots/critical/qk_curve.csv").read_text(encoding="utf-8").splitlines()
+    assert rows[0].startswith("d_qk,") and len(rows) == 5
+    refs = (repo / "plots/critical/references.csv").read_text(encoding="utf-8").splitlines()
+    assert len(refs) == 1 + 2 * 4  # the chapter's two models at each one-variable seed
+
+
 def test_qknorm_forms(repo):
     m = load(repo, "qknorm")
     p = yaml.safe_load((repo / "params.yaml").read_text(encoding="utf-8"))["qknorm"]
@@ -118,7 +142,10 @@ def test_sensitivity_effects(repo):
 
 def test_a_second_repro_trains_nothing(repo):
     out = dvc("repro", "-f", "-s", "critical", cwd=repo).stdout
-    assert "18 runs, 18 in the store" in out, out
+    # mixed width 3 x 2 x 3 = 18, one variable 4 x 2 x 4 = 32, the chapter's variants 4 x 4 = 16, less the runs
+    # they share (one spec, one run): the tiny large preset (d_model 16, 1 head) is the d_qk-16 point and the mixed
+    # d_head-16 point (8 + 6 runs), the tiny small preset the mixed d_head-8 point (6 runs)
+    assert "46 runs, 46 in the store" in out, out
 
 
 @pytest.mark.parametrize("change, message", [

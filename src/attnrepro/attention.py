@@ -24,7 +24,7 @@ QKNormKind = Literal["none", "layernorm", "l2"]
 
 @dataclass
 class QKNorm:
-    """Normalise q and k per head (over d_head) before the dot product (§1.7.8, §1.26.5).
+    """Normalise q and k per head (over their width d_k) before the dot product (§1.7.8, §1.26.5).
 
     layernorm  LayerNorm of q and of k with their own learned scale and bias (ViT-22B)
     l2         q / ||q|| and k / ||k||, and the scores times a learned scalar `gain`
@@ -79,16 +79,17 @@ def attention(
     qk_norm: Optional[QKNorm] = None,
     trace: Optional[dict] = None,
 ) -> AttentionResult:
-    """softmax(q k^T / sqrt(d) + mask) v, written out step by step.
+    """softmax(q k^T / sqrt(d) + mask) v, written out step by step; d = q.shape[-1], the width of
+    q and k (d_k), which v need not share (ModelConfig.d_qk).
 
-    scaled: divide scores by sqrt(d_head) (the variable under study).
+    scaled: divide scores by sqrt(d) (the variable under study).
     causal: hide future keys.
     bug: one of BUGS; "correct" is the textbook formula, the others inject the
         failure modes of §1.11:
         mask_zero            masked scores filled with 0 instead of -inf
         scale_after_softmax  divide the *weights* by sqrt(d) instead of the scores
         no_stable_softmax    exp(scores) / sum without subtracting the row max
-        dk_not_sqrt          divide scores by d_head instead of sqrt(d_head)
+        dk_not_sqrt          divide scores by d instead of sqrt(d)
     qk_norm: normalise q and k first (QKNorm); with `scaled` the 1/sqrt(d) still applies,
         so QK-norm can be tried on top of the scaling or in place of it.
     trace: if a dict is given, the four intermediate tensors of §1.13.3 are stored

@@ -85,7 +85,7 @@ class CharLMConfig:
         """The document's model (see the module docstring): separate q/k/v without bias, an output
         projection with bias, ReLU FFN, dropout, an untied head with bias, PyTorch's default init."""
         return ModelConfig(
-            vocab_size=vocab_size, block_size=self.block_size, d_model=self.d_model, n_head=self.n_head,
+            vocab_size=vocab_size, block_size=self.block_size, d_model=self.d_model, n_head=self.n_head, d_qk=None,
             n_layer=self.n_layer, scaled=True, bug="correct", causal=True, impl="manual", fused_qkv=False,
             qkv_bias=False, proj_bias=True, mlp_ratio=self.mlp_ratio, activation="relu", dropout=self.dropout,
             tie_weights=False, head_bias=True, init_std=0.02, init="torch", qk_norm="none", qk_gain_init=None)

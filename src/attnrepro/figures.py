@@ -160,19 +160,17 @@ def seed_runs_figure(rows: list[dict], variants: Sequence[str], path) -> None:
 
 # ---------------------------------------------------------------- critical d_head
 
-def critical_figure(rows: list[dict], onset: dict, path, n_seeds: int) -> None:
-    """The loss gap and the final layer-0 entropies against d_head (mean and range over seeds)."""
-    d = [r["d_head"] for r in rows]
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+def _curve_panels(a, b, rows: list[dict], x: str, onset: dict, title: str) -> None:
+    """One curve's gap (a) and final layer-0 entropies (b) against grid variable x (mean and range over seeds)."""
+    d = [r[x] for r in rows]
     a.plot(d, [r["gap_loss_final_mean"] for r in rows], "o-", color="C3", label="gap, mean over seeds")
     a.fill_between(d, [r["gap_loss_final_min"] for r in rows], [r["gap_loss_final_max"] for r in rows],
                    color="C3", alpha=0.2, lw=0, label="range over seeds")
     if onset.get("reached"):
-        a.axvspan(onset["after_d_head"], onset["by_d_head"], color="k", alpha=0.08, lw=0,
-                  label=f"onset: d_head in ({onset['after_d_head']:.0f}, {onset['by_d_head']:.0f}]")
+        a.axvspan(onset[f"after_{x}"], onset[f"by_{x}"], color="k", alpha=0.08, lw=0,
+                  label=f"onset: {x} in ({onset[f'after_{x}']:.0f}, {onset[f'by_{x}']:.0f}]")
     a.set_ylabel("final loss gap (unscaled - scaled)")
-    widths = sorted({r["d_model"] for r in rows if "d_model" in r})
-    a.set_title(f"the critical d_head ({n_seeds} seeds; d_model varies: {', '.join(map(str, widths))})", fontsize=10)
+    a.set_title(title, fontsize=9)
     for key, color, label in (("unscaled_entropy_final", "C3", "unscaled"), ("scaled_entropy_final", "C0", "scaled")):
         b.plot(d, [r[f"{key}_mean"] for r in rows], "o-", color=color, label=label)
         b.fill_between(d, [r[f"{key}_min"] for r in rows], [r[f"{key}_max"] for r in rows], color=color, alpha=0.2, lw=0)
@@ -180,34 +178,60 @@ def critical_figure(rows: list[dict], onset: dict, path, n_seeds: int) -> None:
     b.set_ylabel("final layer-0 attention entropy")
     for ax in (a, b):
         ax.set_xscale("log", base=2)
-        ax.set_xticks(d, [str(x) for x in d])
-        ax.set_xlabel("d_head")
+        ax.set_xticks(d, [str(v) for v in d])
+        ax.set_xlabel(x)
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8)
+
+
+def critical_figure(qk_rows: list[dict], qk_onset: dict, qk_title: str, rows: list[dict], onset: dict, path,
+                    n_seeds: int, widths: list[int]) -> None:
+    """Top: the one-variable curve (gap and entropies against d_qk, one model); bottom: the mixed-width
+    curve (against d_head, d_model and n_head moving with it), labelled as such."""
+    fig, axes = plt.subplots(2, 2, figsize=(11, 8))
+    _curve_panels(*axes[0], qk_rows, "d_qk", qk_onset, qk_title)
+    _curve_panels(*axes[1], rows, "d_head", onset,
+                  f"MIXED WIDTH, not one variable ({n_seeds} seeds): d_model ({', '.join(map(str, widths))}) "
+                  "and n_head move with d_head")
+    fig.tight_layout()
     save(fig, path)
 
 
-def gap_vs_logit_std_figure(rows: list[dict], path, chapter_models: dict[tuple[int, int], str]) -> None:
-    """The loss gap of every run pair against the unscaled model's measured logit std at init (the
-    chapter's own explanation of when attention breaks: a logit scale that saturates the softmax),
-    coloured by d_head; the chapter's models (chapter_models: (d_head, d_model) -> label) ringed."""
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    heads = sorted({r["d_head"] for r in rows})
-    for i, d in enumerate(heads):
-        pts = [(r["unscaled_logit_std_step0"], r["gap_loss_final"]) for r in rows if r["d_head"] == d]
-        ax.plot(*zip(*pts), "o", color=f"C{i}", label=f"d_head {d} (d_model {next(r['d_model'] for r in rows if r['d_head'] == d)})")
-        label = chapter_models.get((d, next(r["d_model"] for r in rows if r["d_head"] == d)))
-        if label:
-            ax.plot(*zip(*pts), "o", ms=13, mfc="none", mec="k", lw=0)
-            ax.annotate(label, max(pts), textcoords="offset points", xytext=(8, -4), fontsize=8)
+def gap_vs_logit_std_figure(designs: dict[str, tuple[str, list[dict]]], references: list[dict], path) -> None:
+    """The loss gap of every seed's pair against the unscaled model's measured logit std at init (the
+    chapter's own explanation of when attention breaks: a logit scale that saturates the softmax), for
+    each design (designs: label -> (grid column, per-seed rows)): its seeds faint, its per-point means joined.
+    The chapter's models (references: per seed, with `model`, `d_head`, `d_model`, `n_head`) as separate
+    reference points: each model's seeds and their mean, starred."""
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    for i, (label, (x, rows)) in enumerate(designs.items()):
+        grid = sorted({r[x] for r in rows})
+        means = []
+        for d in grid:
+            pts = [(r["unscaled_logit_std_step0"], r["gap_loss_final"]) for r in rows if r[x] == d]
+            ax.plot(*zip(*pts), "os"[i % 2], color=f"C{i}", alpha=0.35, ms=4)
+            means.append((sum(p[0] for p in pts) / len(pts), sum(p[1] for p in pts) / len(pts), d))
+        ax.plot([m[0] for m in means], [m[1] for m in means], "os"[i % 2] + "-", color=f"C{i}", label=label)
+        for sx, sy, d in means:
+            ax.annotate(str(d), (sx, sy), textcoords="offset points", xytext=(4, 4 if i == 0 else -10),
+                        fontsize=7, color=f"C{i}")
+    for j, model in enumerate(sorted({r["model"] for r in references})):
+        rs = [r for r in references if r["model"] == model]
+        xs, ys = [r["unscaled_logit_std_step0"] for r in rs], [r["gap_loss_final"] for r in rs]
+        ax.plot(xs, ys, "*", color="k", alpha=0.35, ms=7)
+        mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+        ax.plot([mx], [my], "*", color="k", ms=16, mfc="gold" if j else "white", mec="k",
+                label=f"the chapter's {model} model (d_model {rs[0]['d_model']}, {rs[0]['n_head']} head"
+                      f"{'s' * (rs[0]['n_head'] > 1)}, d_head {rs[0]['d_head']}; {len(rs)} seeds)")
     ax.set_xscale("log")
     ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
     ax.xaxis.set_minor_formatter(matplotlib.ticker.ScalarFormatter())
     ax.set_xlabel("unscaled model: attention logit std at init (layer 0)")
     ax.set_ylabel("final loss gap (unscaled - scaled)")
-    ax.set_title("the gap against the logit scale at init, every seed (ringed: the chapter's models)", fontsize=10)
+    ax.set_title("the gap against the logit scale at init, both designs (faint: seeds; numbers: the grid)",
+                 fontsize=10)
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7, loc="lower right")
     save(fig, path)
 
 

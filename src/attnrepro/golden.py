@@ -45,8 +45,8 @@ RTOL = 1e-4
 ATOL = 1e-7  # values that are zero up to float noise (a causal mask's future weight)
 STEPS = 24
 
-_SMALL = dict(vocab_size=None, block_size=16, d_model=32, n_head=2, n_layer=2, scaled=True, bug="correct",
-              causal=True, impl="manual", fused_qkv=True, qkv_bias=False, proj_bias=False, mlp_ratio=2,
+_SMALL = dict(vocab_size=None, block_size=16, d_model=32, n_head=2, d_qk=None, n_layer=2, scaled=True,
+              bug="correct", causal=True, impl="manual", fused_qkv=True, qkv_bias=False, proj_bias=False, mlp_ratio=2,
               activation="gelu", dropout=0.0, tie_weights=True, head_bias=False, init_std=0.02, init="gpt2",
               qk_norm="none", qk_gain_init=None)
 _OPTIM = OptimConfig(steps=STEPS, batch_size=4, optimizer="adamw", lr=3e-3, betas=[0.9, 0.95], weight_decay=0.1,

@@ -23,18 +23,21 @@ class KVCache:
     """K and V of one layer for positions 0..length-1, in preallocated buffers."""
 
     def __init__(self, batch: int, n_head: int, max_len: int, d_head: int, *,
-                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
-        if min(batch, n_head, max_len, d_head) <= 0:
+                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", d_k: Optional[int] = None):
+        """d_k: the width of K where it differs from V's d_head (ModelConfig.d_qk); None: d_head."""
+        d_k = d_head if d_k is None else d_k
+        if min(batch, n_head, max_len, d_head, d_k) <= 0:
             raise ValueError("KVCache sizes must be positive")
-        self.k = torch.zeros(batch, n_head, max_len, d_head, dtype=dtype, device=device)
-        self.v = torch.zeros_like(self.k)
+        self.k = torch.zeros(batch, n_head, max_len, d_k, dtype=dtype, device=device)
+        self.v = torch.zeros(batch, n_head, max_len, d_head, dtype=dtype, device=device)
         self.max_len = max_len
         self.length = 0
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store the new positions; return K, V of all positions so far (views, no copy)."""
         B, H, T, D = k.shape
-        if (B, H, D) != (self.k.shape[0], self.k.shape[1], self.k.shape[3]) or v.shape != k.shape:
+        if (B, H, D) != (self.k.shape[0], self.k.shape[1], self.k.shape[3]) or \
+                v.shape != (B, H, T, self.v.shape[3]):
             raise ValueError(f"KVCache.append: got k {tuple(k.shape)}, v {tuple(v.shape)} for a cache "
                              f"of {tuple(self.k.shape)}")
         end = self.length + T
@@ -63,7 +66,7 @@ def make_caches(model: TinyGPT, batch: int, max_len: Optional[int] = None, *,
     cfg = model.cfg
     max_len = cfg.block_size if max_len is None else max_len
     p = next(model.parameters())
-    return [KVCache(batch, cfg.n_head, max_len, cfg.d_head, dtype=dtype or p.dtype, device=p.device)
+    return [KVCache(batch, cfg.n_head, max_len, cfg.d_head, dtype=dtype or p.dtype, device=p.device, d_k=cfg.d_k)
             for _ in range(cfg.n_layer)]
 
 
@@ -72,8 +75,9 @@ def caches_nbytes(caches: list[KVCache]) -> int:
 
 
 def formula_nbytes(model: TinyGPT, batch: int, max_len: int, bytes_per_elem: int) -> int:
-    cfg = model.cfg
-    return kv_cache_bytes(cfg.n_layer, cfg.n_head, cfg.d_head, max_len, bytes_per_elem, batch)
+    cfg = model.cfg  # eq. 1.20 counts K and V of width d_head; with d_qk, K is d_k wide: half of each
+    return (kv_cache_bytes(cfg.n_layer, cfg.n_head, cfg.d_head, max_len, bytes_per_elem, batch)
+            + kv_cache_bytes(cfg.n_layer, cfg.n_head, cfg.d_k, max_len, bytes_per_elem, batch)) // 2
 
 
 @torch.no_grad()

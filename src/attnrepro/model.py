@@ -28,8 +28,12 @@ class ModelConfig:
     block_size: int
     d_model: int
     n_head: int
+    # per-head width of q and k (the d_k of 1/sqrt(d_k)); null = d_head. v keeps d_head, so only the
+    # width of q.k changes (the critical stage's one-variable curve). A value equal to d_head is
+    # stored as null (__post_init__): one run, one key.
+    d_qk: Optional[int]
     n_layer: int
-    scaled: bool  # divide scores by sqrt(d_head)
+    scaled: bool  # divide scores by sqrt(d_k) (d_k: d_qk, or d_head when null)
     bug: str  # injected failure mode, see attention.BUGS
     causal: bool
     # manual (attnrepro.attention) | a callable with SDPA's signature, by its identity
@@ -53,14 +57,29 @@ class ModelConfig:
     # initial gain of the l2 form; null = Henry et al.'s log2(block^2 - block) (11.98 at block 64)
     qk_gain_init: Optional[float]
 
+    def __post_init__(self):
+        # the one place a q/k width equal to the value width becomes null: such a spec is the same
+        # run as one that leaves d_qk null, and RunSpec keys it as one (tests/test_model.py)
+        if (self.d_qk is not None and isinstance(self.n_head, int) and self.n_head > 0
+                and self.d_qk * self.n_head == self.d_model):
+            self.d_qk = None
+
     @property
     def d_head(self) -> int:
+        """The per-head width of v (and of q and k unless d_qk says otherwise)."""
         return self.d_model // self.n_head
+
+    @property
+    def d_k(self) -> int:
+        """The per-head width of q and k: the d_k of 1/sqrt(d_k)."""
+        return self.d_head if self.d_qk is None else self.d_qk
 
     def validate(self, prefix: str = "model") -> None:
         for name in ("block_size", "d_model", "n_head", "n_layer", "mlp_ratio"):
             val = getattr(self, name)
             require(val > 0, f"{prefix}.{name}", val, "a positive integer")
+        require(self.d_qk is None or self.d_qk > 0, f"{prefix}.d_qk", self.d_qk,
+                "a positive integer, or null (= d_head)")
         require(self.vocab_size is None or self.vocab_size > 0, f"{prefix}.vocab_size", self.vocab_size,
                 "a positive integer (or null: from the data)")
         require(
@@ -96,16 +115,16 @@ class SelfAttention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
-        d = cfg.d_model
+        d, dqk = cfg.d_model, cfg.n_head * cfg.d_k  # dqk == d unless d_qk decouples q and k from v
         if cfg.fused_qkv:
-            self.qkv = nn.Linear(d, 3 * d, bias=cfg.qkv_bias)
+            self.qkv = nn.Linear(d, 2 * dqk + d, bias=cfg.qkv_bias)
         else:
-            self.q = nn.Linear(d, d, bias=cfg.qkv_bias)
-            self.k = nn.Linear(d, d, bias=cfg.qkv_bias)
+            self.q = nn.Linear(d, dqk, bias=cfg.qkv_bias)
+            self.k = nn.Linear(d, dqk, bias=cfg.qkv_bias)
             self.v = nn.Linear(d, d, bias=cfg.qkv_bias)
         self.proj = nn.Linear(d, d, bias=cfg.proj_bias)
-        if cfg.qk_norm == "layernorm":  # one LayerNorm over d_head each for q and k, shared by the heads
-            self.q_norm, self.k_norm = nn.LayerNorm(cfg.d_head), nn.LayerNorm(cfg.d_head)
+        if cfg.qk_norm == "layernorm":  # one LayerNorm over d_k each for q and k, shared by the heads
+            self.q_norm, self.k_norm = nn.LayerNorm(cfg.d_k), nn.LayerNorm(cfg.d_k)
         elif cfg.qk_norm == "l2":
             init = cfg.qk_gain_init if cfg.qk_gain_init is not None else math.log2(cfg.block_size ** 2 - cfg.block_size)
             self.qk_gain = nn.Parameter(torch.tensor(float(init)))
@@ -115,14 +134,15 @@ class SelfAttention(nn.Module):
         self.external = None if cfg.impl == "manual" else _external(cfg.impl)
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q, k, v split into heads: each (B, H, T, d_head)."""
+        """q, k, v split into heads: q and k (B, H, T, d_k), v (B, H, T, d_head)."""
         B, T, d = x.shape
+        H, dk = self.cfg.n_head, self.cfg.d_k
         if self.cfg.fused_qkv:
-            q, k, v = self.qkv(x).split(d, dim=2)
+            q, k, v = self.qkv(x).split([H * dk, H * dk, d], dim=2)
         else:
             q, k, v = self.q(x), self.k(x), self.v(x)
-        H = self.cfg.n_head
-        return tuple(t.view(B, T, H, d // H).transpose(1, 2) for t in (q, k, v))
+        return (q.view(B, T, H, dk).transpose(1, 2), k.view(B, T, H, dk).transpose(1, 2),
+                v.view(B, T, H, d // H).transpose(1, 2))
 
     def qk_norm(self) -> Optional[QKNorm]:
         if self.cfg.qk_norm == "layernorm":
@@ -281,7 +301,7 @@ def load_checkpoint(path, key: str = "checkpoint") -> TinyGPT:
         raise UserError(f"{key}: {path} not found (run the stage that writes it)")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
-        model = TinyGPT(ModelConfig(**ckpt["model_config"]))
+        model = TinyGPT(ModelConfig(**{"d_qk": None, **ckpt["model_config"]}))  # d_qk: older checkpoints lack it
         model.load_state_dict(ckpt["state_dict"])
     except UserError:
         raise

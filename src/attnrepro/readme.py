@@ -151,12 +151,23 @@ def sweeps(src: Sources) -> list[str]:
     crit, qk = src.metrics("critical"), src.metrics("qknorm")
     rows = sorted((int(k[1:]), v) for k, v in crit.items() if k.startswith("d") and k[1:].isdigit())
     o = crit["onset"]
-    out = [f"The critical d_head (exercise 2, {crit['seeds']} seeds; d_model = the smallest multiple of d_head "
-           "≥ 128): loss gap " + ", ".join(f"{d}: {g(v['gap_loss_final']['mean'])}" for d, v in rows)
-           + "; unscaled final entropy " + ", ".join(f"{d}: {g(v['unscaled_entropy_final']['mean'])}" for d, v in rows)
-           + (f". The gap rises beyond its d_head-{rows[0][0]} value's seed noise in d_head "
-              f"**({o['after_d_head']:.0f}, {o['by_d_head']:.0f}]** (the grid's resolution; d_model moves with d_head)."
-              if o.get("reached") else ".")]
+    out = []
+    q = crit.get("d_qk")
+    if q and "onset" in q:
+        pts = sorted((int(k[3:]), v) for k, v in q.items() if k.startswith("dqk") and k[3:].isdigit())
+        oq = q["onset"]
+        out += [f"The critical width with one variable (exercise 2, {q['seeds']} seeds; the {q['model']} model with only "
+                f"its query/key width d_qk moving, docs/CRITICAL.md): loss gap "
+                + ", ".join(f"{d}: {g(v['gap_loss_final']['mean'])}" for d, v in pts)
+                + (f". The gap rises beyond its d_qk-{pts[0][0]} value's seed noise in d_qk "
+                   f"**({oq['after_d_qk']:.0f}, {oq['by_d_qk']:.0f}]** (the grid's resolution)."
+                   if oq.get("reached") else ". No d_qk of the grid rises beyond the first one's seed noise."), ""]
+    out += [f"The critical d_head, mixed width (exercise 2, {crit['seeds']} seeds; d_model = the smallest multiple of "
+            "d_head ≥ 128): loss gap " + ", ".join(f"{d}: {g(v['gap_loss_final']['mean'])}" for d, v in rows)
+            + "; unscaled final entropy " + ", ".join(f"{d}: {g(v['unscaled_entropy_final']['mean'])}" for d, v in rows)
+            + (f". The gap rises beyond its d_head-{rows[0][0]} value's seed noise in d_head "
+               f"**({o['after_d_head']:.0f}, {o['by_d_head']:.0f}]** (the grid's resolution; d_model moves with d_head)."
+               if o.get("reached") else ".")]
     out += ["", "QK-norm at d_head 256 (mean over seeds: final loss, final layer-0 entropy): "
             + "; ".join(f"{n} {g(m['loss_final']['mean'])}, {g(m['entropy_final']['mean'])}" for n, m in qk.items())
             + "."]
@@ -176,11 +187,40 @@ def stage_runs(params: dict) -> dict[str, int]:
         "train": len(train["variants"]),
         "failures": len(fail["variants"]) * (1 + len(fail.get("spread_seeds") or [])),
         "seeds": len(train["variants"]) * len(params["seeds"]["seeds"]),
-        "critical": len(params["critical"]["d_heads"]) * 2 * len(params["critical"]["seeds"]),
+        "critical": critical_runs(train, params["critical"]),
         "qknorm": (len(params["qknorm"]["references"]) + len(params["qknorm"]["forms"]))
         * len(params["qknorm"]["seeds"]),
         "sensitivity": planned_runs(params),
     }
+
+
+def critical_runs(train: dict, crit: dict) -> int:
+    """The critical stage's distinct runs (experiments/critical.py): the mixed-width curve, the one-variable
+    curve and the chapter's variants at the one-variable seeds, each arm scaled and unscaled; a spec two of
+    them share (the preset itself at d_qk = its d_head, the small preset at the mixed curve's d_head 32) once."""
+    models, variants = train["models"], train["variants"]
+    mixed_base = models[next(iter(variants.values()))["model"]]
+    ov = crit["one_variable"]
+    specs = set()
+
+    def add(model: dict, seed: int) -> None:
+        m = dict(model)
+        if m.get("d_qk") is not None and m["d_qk"] * m["n_head"] == m["d_model"]:
+            m["d_qk"] = None  # ModelConfig stores a d_qk equal to d_head as null: one run
+        specs.add((tuple(sorted(m.items())), seed))
+
+    for s in crit["seeds"]:
+        for d in crit["d_heads"]:
+            d_model = d * -(-crit["min_d_model"] // d)
+            for sc in (True, False):
+                add({**mixed_base, "d_model": d_model, "n_head": d_model // d, "scaled": sc}, s)
+    for s in ov["seeds"]:
+        for d in ov["d_qks"]:
+            for sc in (True, False):
+                add({**models[ov["model"]], "d_qk": d, "scaled": sc}, s)
+        for v in variants.values():
+            add({**models[v["model"]], **{k: x for k, x in v.items() if k != "model"}}, s)
+    return len(specs)
 
 
 SWEEPS = ("seeds", "critical", "qknorm", "sensitivity")

@@ -396,16 +396,65 @@ def centroid_markdown(m: dict) -> str:
     return "\n".join(out) + "\n\n"
 
 
+def _modes_note(e: dict) -> str:
+    """'2 modes (seeds ...)' per arm where an arm's seeds fall into two modes at a grid point, else ''."""
+    out = [f"{a}: {v['n_modes']} modes (seeds {' vs '.join(', '.join(map(str, g)) for g in v['seeds'])})"
+           for a, v in sorted((e.get("modes") or {}).items()) if v.get("n_modes", 1) > 1]
+    return "; ".join(out)
+
+
+RUN_MINUTES_LARGE = 6  # one 1500-step run of the d_model-256 model on one idle core (README; docs/CRITICAL.md)
+
+
+def critical_one_variable_markdown(q: dict) -> list[str]:
+    """The one-variable curve: design, cost, table and onset (metrics critical.d_qk)."""
+    rows = sorted((int(k[3:]), v) for k, v in q.items() if k.startswith("dqk") and k[3:].isdigit())
+    first = rows[0][0]
+    grid = ", ".join(str(d) for d, _ in rows)
+    new = 2 * q["seeds"] * sum(d != q["d_head"] for d, _ in rows)  # d_qk = d_head: the seeds stage's own runs
+    o = q["onset"]
+    where = (f"**d_qk in ({o['after_d_qk']:.0f}, {o['by_d_qk']:.0f}]**" if o.get("reached")
+             else "**not within the grid** (no d_qk's gap rises beyond that seed noise)")
+    base = ("the d_qk-{0} gap itself is above zero (its 95% lower bound > 0): the rule reads a rise from a gap "
+            "already there".format(first) if o.get("baseline_gap_above_zero")
+            else f"the d_qk-{first} gap is not distinguishable from zero")
+    out = [f"**One variable** (the curve the onset is read on; design and cost argued in `docs/CRITICAL.md`): the "
+           f"chapter's {q['model']} model (d_model {q['d_model']}, {q['n_head']} head, value width {q['d_head']}) with "
+           f"only its per-head query/key width d_qk moving over {grid}, so the scaled arm divides by √d_qk and the "
+           "value path, head count and every other weight stay the same; "
+           f"{q['seeds']} paired seeds per point, scaled and unscaled ({2 * len(rows) * q['seeds']} runs; {new} to "
+           f"train where the store holds the seeds stage's d_head-{q['d_head']} runs, at about "
+           f"{RUN_MINUTES_LARGE:g} minutes each on one idle core, about {new * RUN_MINUTES_LARGE / 2 / 60:.1f} hours on "
+           f"2 cores). Onset (the first d_qk whose mean gap's 95% lower bound exceeds the d_qk-{first} gap's upper "
+           f"bound, never finer than the grid): {where}; {base}. Modes: each arm's seeds at each d_qk tested on "
+           "their step-222 entropy (stats.find_modes, Bonferroni over the grid), as in the seeds stage.\n",
+           "| d_qk | gap (unscaled − scaled) [95% CI] | min, max | unscaled logit std at init | unscaled entropy "
+           f"| scaled entropy | p, gap vs d_qk {first} (paired t) | modes |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for d, v in rows:
+        g, ue, se, ul = (v["gap_loss_final"], v["unscaled_entropy_final"], v["scaled_entropy_final"],
+                         v["unscaled_logit_std_step0"])
+        p = v.get(f"gap_vs_dqk{first}_paired_p")
+        out.append(f"| {d} | {g['mean']:.3f} [{g['ci95_lo']:.3f}, {g['ci95_hi']:.3f}] | {g['min']:.3f}, "
+                   f"{g['max']:.3f} | {ul['mean']:.3f} | {fmt_number(round(ue['mean'], 5))} | {se['mean']:.3f} | "
+                   f"{'' if p is None else f'{p:.2g}'} | {_modes_note(v) or 'one'} |")
+    return out
+
+
 def critical_markdown(m: dict) -> str:
-    """Exercises 1-2: the loss gap and the entropies against d_head."""
+    """Exercises 1-2: the one-variable curve (where present), then the mixed-width curve, labelled."""
     if not m:
         return ""
+    out = []
+    if m.get("d_qk"):
+        out += critical_one_variable_markdown(m["d_qk"]) + [""]
     rows = sorted((int(k[1:]), v) for k, v in m.items() if k.startswith("d") and k[1:].isdigit())
     first = rows[0][0]
-    out = [f"The chapter's protocol at every d_head, {m['seeds']} seeds each (mean [min, max]); the model family "
-           "keeps the chapter's two models at its ends (`stages/critical.py`).\n",
-           "| d_head | d_model | gap (unscaled − scaled) | unscaled entropy | scaled entropy | unscaled logit std, trained "
-           f"| p, gap vs d_head {first} (paired t) |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    out += [f"**Mixed width** (not one variable): the chapter's protocol at every d_head of its suggested grid, "
+            f"{m['seeds']} seeds each (mean [min, max]), with d_model the smallest multiple of d_head ≥ 128 and "
+            "n_head = d_model / d_head, so d_model and n_head move with d_head (`stages/critical.py`).\n",
+            "| d_head | d_model | gap (unscaled − scaled) | unscaled entropy | scaled entropy | unscaled logit std, trained "
+            f"| p, gap vs d_head {first} (paired t) |", "| --- | --- | --- | --- | --- | --- | --- |"]
     for d, v in rows:
         g, ue, se, ul = v["gap_loss_final"], v["unscaled_entropy_final"], v["scaled_entropy_final"], \
             v["unscaled_trained_logit_std_l0"]
@@ -417,11 +466,12 @@ def critical_markdown(m: dict) -> str:
     widths = sorted({v["d_model"] for _, v in rows})
     rule = (f"the first d_head whose mean gap's 95% lower bound exceeds the d_head-{first} gap's upper bound, "
             "reported at the grid's resolution")
-    out.append(f"\nOnset ({rule}): " + (f"**d_head in ({o['after_d_head']:.0f}, {o['by_d_head']:.0f}]**."
-                                       if o.get("reached") else "not within the grid.")
-               + f" This curve mixes two variables: d_model moves with d_head ({', '.join(map(str, widths))}), so "
-               "it is not a one-variable answer (plots/critical/gap_vs_logit_std.png: the gap against the logit "
-               "scale at init, which both set).")
+    out.append(f"\nOnset of the mixed-width curve ({rule}): "
+               + (f"d_head in ({o['after_d_head']:.0f}, {o['by_d_head']:.0f}]." if o.get("reached")
+                  else "not within the grid.")
+               + f" This curve mixes variables: d_model ({', '.join(map(str, widths))}) and n_head move with d_head, "
+               "so it is not a one-variable answer (plots/critical/gap_vs_logit_std.png: the gap against the logit "
+               "scale at init, for both designs, with the chapter's two models as separate reference points).")
     e1 = m.get("exercise1")
     if e1:
         r = e1["logit_std_ratio_step0"]
@@ -603,8 +653,9 @@ SECTIONS: tuple[Section, ...] = (
             "measured scales, the real attention forward in each format, the additive-mask pitfall, bf16 accumulation, "
             "and parity of the manual attention and its backward with SDPA and autograd in float64."),
     Section("critical", "Exercises 1-2: the critical d_head", "§1.20.1-2", ("critical",),
-            "The train protocol at every d_head of a grid, scaled and unscaled, over seeds, the model width held as "
-            "close to fixed as the grid allows: where does the loss gap start to rise?"),
+            "The train protocol, scaled and unscaled, over seeds: with only the query/key width d_qk of one model "
+            "moving (one variable), and at every d_head of the chapter's grid with d_model and n_head moving too "
+            "(mixed width): where does the loss gap start to rise?"),
     Section("exercise3", "Exercise 3: the attention centroid per head", "§1.20.3", (),
             "For each head of the small model, the centroid distance dist_i = Σ_j (i − j) p_ij of every query row, its "
             "mean and its spread over positions; a head that spreads more than uniform attention is \"conditional\"."),
@@ -804,6 +855,17 @@ def _answer_precision(m, M, D) -> str:
 def _answer_critical(m, M, D) -> str:
     if not m or "onset" not in m:
         return ""
+    q = m.get("d_qk")
+    if q and "onset" in q:  # the one-variable curve answers the exercise; the mixed-width one is context
+        pts = sorted((int(k[3:]), v) for k, v in q.items() if k.startswith("dqk") and k[3:].isdigit())
+        o = q["onset"]
+        text = (f"With only the q/k width moving ({q['model']} model, {q['seeds']} seeds) the mean gap goes from "
+                f"{pts[0][1]['gap_loss_final']['mean']:.3f} at d_qk {pts[0][0]} to "
+                f"{pts[-1][1]['gap_loss_final']['mean']:.3f} at d_qk {pts[-1][0]}; ")
+        text += (f"its onset lies in d_qk ({o['after_d_qk']:.0f}, {o['by_d_qk']:.0f}] (the first grid point whose "
+                 f"gap's 95% lower bound exceeds the d_qk-{pts[0][0]} gap's upper bound; no finer than the grid)"
+                 if o.get("reached") else "no grid point's gap rises beyond the first point's seed noise")
+        return text + ". The mixed-width curve (d_model and n_head moving with d_head) is shown beside it."
     rows = sorted((int(k[1:]), v) for k, v in m.items() if k.startswith("d") and k[1:].isdigit())
     o = m["onset"]
     first, last = rows[0], rows[-1]
@@ -932,6 +994,12 @@ def runs_count(key: str, metrics: dict, dists: dict) -> tuple[int | None, str]:
         return (len(m) * n, f"{len(m)} variants × {n} seed(s)") if m else (None, "")
     if key == "critical":
         d = [k for k in m if k.startswith("d") and k[1:].isdigit()]
+        q = m.get("d_qk") or {}
+        w = [k for k in q if k.startswith("dqk") and k[3:].isdigit()]
+        if d and m.get("seeds") and w and q.get("seeds"):
+            return (len(d) * 2 * m["seeds"] + len(w) * 2 * q["seeds"],
+                    f"{len(w)} d_qk × scaled/unscaled × {q['seeds']} seeds (one variable) and {len(d)} d_head × "
+                    f"scaled/unscaled × {m['seeds']} seeds (mixed width); runs shared with other stages trained once")
         if d and m.get("seeds"):
             return len(d) * 2 * m["seeds"], f"{len(d)} d_head × scaled/unscaled × {m['seeds']} seeds"
     if key == "qknorm":

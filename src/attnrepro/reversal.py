@@ -97,9 +97,9 @@ class ReversalConfig:
     def model_config(self, variant: str) -> ModelConfig:
         v = self.variants[variant]
         return ModelConfig(
-            vocab_size=VOCAB, block_size=SEQ_LEN, d_model=self.d_model, n_head=v.n_head, n_layer=self.n_layer,
-            scaled=True, bug="correct", causal=v.causal, impl="manual", fused_qkv=False, qkv_bias=True,
-            proj_bias=True, mlp_ratio=self.mlp_ratio, activation="gelu", dropout=0.0, tie_weights=False,
+            vocab_size=VOCAB, block_size=SEQ_LEN, d_model=self.d_model, n_head=v.n_head, d_qk=None,
+            n_layer=self.n_layer, scaled=True, bug="correct", causal=v.causal, impl="manual", fused_qkv=False,
+            qkv_bias=True, proj_bias=True, mlp_ratio=self.mlp_ratio, activation="gelu", dropout=0.0, tie_weights=False,
             head_bias=True, init_std=self.init_std, init="normal", qk_norm="none", qk_gain_init=None)
 
 

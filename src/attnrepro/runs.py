@@ -97,13 +97,14 @@ def spec_record(document: dict, key: str, label: str) -> bytes:
 
 def spec_from_material(material: dict, label: str = "") -> RunSpec:
     """The typed RunSpec of recorded key material (spec.json's "spec"); older records whose model
-    lacks a field the data decide (vocab_size) get None there, as a spec made now would."""
+    lacks a field the data decide (vocab_size) get None there, as a spec made now would, and a model
+    without d_qk (its key material leaves a null d_qk out: RunSpec.key_material) gets null."""
     m = dict(material)
     task = m.get("task")
     if task not in TASKS:
         raise ConfigError(f"spec.task: got {task!r}, expected one of {', '.join(TASKS)}")
     t = TASKS[task]
-    m["model"] = from_dict(ModelConfig, {"vocab_size": None, **m["model"]}, prefix="spec.model")
+    m["model"] = from_dict(ModelConfig, {"vocab_size": None, "d_qk": None, **m["model"]}, prefix="spec.model")
     m["optim"] = from_dict(OptimConfig, m["optim"], prefix="spec.optim")
     m["data"] = from_dict(t.data, m.get("data") or {}, prefix="spec.data")
     m["measure"] = from_dict(t.measure, m["measure"], prefix="spec.measure") if t.measure and m.get("measure") \

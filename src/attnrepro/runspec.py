@@ -48,8 +48,13 @@ class RunSpec:
         object.__setattr__(self, "diag_steps", tuple(sorted(self.diag_steps)))
 
     def key_material(self) -> dict:
+        """The spec as its key sees it. A model whose q/k width is its d_head (d_qk null; ModelConfig
+        stores a d_qk equal to d_head as null) leaves d_qk out: such a run keeps the key it had before
+        ModelConfig had the field, so no stored run is re-keyed or retrained."""
         d = dataclasses.asdict(self)
         d.pop("label")
+        if d["model"].get("d_qk") is None:
+            d["model"].pop("d_qk", None)
         d["diag_steps"] = list(d["diag_steps"])
         return d
 

@@ -1,4 +1,17 @@
-"""Exercises 1-2 (§1.20.1-2): the loss gap vs d_head under the train protocol (params `critical`)."""
+"""Exercises 1-2 (§1.20.1-2): the loss gap against the width under the train protocol (params `critical`).
+
+Two designs, one sweep (docs/CRITICAL.md argues them and their cost):
+
+  one variable   critical.one_variable: one train.models preset (the large model) with its per-head q/k
+                 width d_qk (the d_k of 1/sqrt(d_k)) on a grid; d_model, n_head, the value width and every
+                 other weight stay the preset's. The onset is read here.
+  mixed width    critical.d_heads: d_model = the smallest multiple of d_head >= critical.min_d_model and
+                 n_head = d_model / d_head, so d_model and n_head move with d_head (the chapter's suggested
+                 grid; exercise 1 is its d_head-64 point). Kept, labelled for what it is.
+
+The chapter's four train.variants at the one-variable seeds are the reference points (the seeds stage's
+own runs, shared through the run store).
+"""
 
 from __future__ import annotations
 
@@ -10,18 +23,34 @@ import pandas as pd
 from ..config import from_dict, require
 from ..envinfo import stage_environment
 from ..model import ModelConfig
-from ..stats import ALPHA, describe, log_scale, onset_interval, paired_t_p
+from ..stats import ALPHA, common_refinement, describe, find_modes, log_scale, onset_interval, paired_t_p
 from ..engine import EngineConfig
 from ..sweep import require_ok, run_sweep
 from .protocol import TrainConfig, corpus_inputs
 
 METRICS = ("loss_final", "val_loss_final", "entropy_final", "logit_std_step0", "trained_logit_std_l0")
 
+
+@dataclass
+class OneVariableConfig:
+    model: str  # a train.models preset: its d_model, n_head and value width stay fixed
+    d_qks: list[int]  # increasing per-head q/k widths; the first is the baseline of the onset
+    seeds: list[int]
+    mode_statistic: str  # each arm's seeds at each width are tested for two modes on it (stats.find_modes)
+
+    def validate(self, prefix: str = "critical.one_variable") -> None:
+        require(len(self.d_qks) >= 3 and self.d_qks == sorted(set(self.d_qks)) and self.d_qks[0] > 0,
+                f"{prefix}.d_qks", self.d_qks, "at least 3 increasing positive integers")
+        require(len(self.seeds) >= 3 and len(set(self.seeds)) == len(self.seeds), f"{prefix}.seeds", self.seeds,
+                "at least 3 different seeds")
+
+
 @dataclass
 class CriticalConfig:
-    d_heads: list[int]  # increasing; the first is the baseline of the onset
+    one_variable: OneVariableConfig
+    d_heads: list[int]  # the mixed-width curve: increasing; the first is the baseline of its onset
     min_d_model: int  # d_model = the smallest multiple of d_head >= min_d_model
-    seeds: list[int]
+    seeds: list[int]  # the mixed-width curve's seeds
 
     def validate(self, prefix: str = "critical") -> None:
         require(len(self.d_heads) >= 3 and self.d_heads == sorted(set(self.d_heads)) and self.d_heads[0] > 0,
@@ -32,69 +61,137 @@ class CriticalConfig:
 
 
 def critical_model(base: dict, d_head: int, min_d_model: int, **switches) -> ModelConfig:
-    """A model of the critical-d_head sweep (exercise 2): the preset `base` with d_model the smallest multiple
-    of d_head that is at least min_d_model, and n_head = d_model / d_head (vocab_size None, from the data)."""
+    """A model of the mixed-width curve: the preset `base` with d_model the smallest multiple of d_head that
+    is at least min_d_model, and n_head = d_model / d_head (vocab_size None, from the data)."""
     d_model = d_head * -(-min_d_model // d_head)
     spec = {**base, "d_model": d_model, "n_head": d_model // d_head, **switches, "vocab_size": None}
     return from_dict(ModelConfig, spec, prefix=f"critical.d_head {d_head}")
 
 
+def qk_model(base: dict, d_qk: int, **switches) -> ModelConfig:
+    """A model of the one-variable curve: the preset `base` with per-head q/k width d_qk; everything else
+    (d_model, n_head, the value width) the preset's. At d_qk = d_head it is the preset itself (one run key)."""
+    return from_dict(ModelConfig, {**base, "d_qk": d_qk, **switches, "vocab_size": None},
+                     prefix=f"critical.one_variable.d_qk {d_qk}")
+
+
 @dataclass
 class CriticalResult:
     """What the critical stage writes."""
-    metrics: dict  # metrics/critical.json: per d_head (seed statistics), exercise 1, the onset
-    curve: list[dict]  # plots/critical/curve.csv: per d_head, mean, min and max
-    rows: list[dict]  # plots/critical/per_seed.csv: per seed and d_head
-    onset: Optional[tuple[float, float]]  # (d_head before, d_head at) the onset; None: not within the grid
+    metrics: dict  # metrics/critical.json: the mixed-width curve at the top (as before), the one-variable one under d_qk
+    curve: list[dict]  # plots/critical/curve.csv: the mixed-width curve, per d_head: mean, min and max
+    rows: list[dict]  # plots/critical/per_seed.csv: the mixed-width curve per seed and d_head
+    qk_curve: list[dict]  # plots/critical/qk_curve.csv: the one-variable curve, per d_qk: mean, min and max
+    qk_rows: list[dict]  # plots/critical/qk_per_seed.csv: the one-variable curve per seed and d_qk
+    references: list[dict]  # plots/critical/references.csv: the chapter's models per seed (gap, logit std at init)
+    onset: Optional[tuple[float, float]]  # mixed width: (d_head before, d_head at) the onset; None: not in the grid
+    qk_onset: Optional[tuple[float, float]]  # one variable: (d_qk before, d_qk at) the onset; None: not in the grid
     env: dict  # metrics/env/critical.json
 
     def lines(self) -> list[str]:
-        out = [f"d_head {row['d_head']:4d}: gap {row['gap_loss_final_mean']:.3f} "
-               f"[{row['gap_loss_final_min']:.3f}, {row['gap_loss_final_max']:.3f}]  "
-               f"entropy unscaled {row['unscaled_entropy_final_mean']:.4f} "
-               f"scaled {row['scaled_entropy_final_mean']:.4f}" for row in self.curve]
+        q = self.metrics["d_qk"]
+        out = [f"one variable ({q['model']}: d_model {q['d_model']}, n_head {q['n_head']}, v width {q['d_head']}; "
+               f"{q['seeds']} seeds):"]
+        out += [f"  d_qk {row['d_qk']:4d}: gap {row['gap_loss_final_mean']:.3f} "
+                f"[{row['gap_loss_final_min']:.3f}, {row['gap_loss_final_max']:.3f}]  unscaled logit std at init "
+                f"{row['unscaled_logit_std_step0_mean']:.3f}" for row in self.qk_curve]
+        first = self.qk_curve[0]["d_qk"]
+        out.append(f"  onset (the first d_qk whose mean gap's 95% lower bound exceeds d_qk {first}'s upper bound): "
+                   + (f"d_qk in ({self.qk_onset[0]:.0f}, {self.qk_onset[1]:.0f}]" if self.qk_onset
+                      else "not within the grid"))
+        out.append(f"mixed width (d_model and n_head move with d_head; {self.metrics['seeds']} seeds):")
+        out += [f"  d_head {row['d_head']:4d}: gap {row['gap_loss_final_mean']:.3f} "
+                f"[{row['gap_loss_final_min']:.3f}, {row['gap_loss_final_max']:.3f}]  "
+                f"entropy unscaled {row['unscaled_entropy_final_mean']:.4f} "
+                f"scaled {row['scaled_entropy_final_mean']:.4f}" for row in self.curve]
         first = self.curve[0]["d_head"]
         where = (f"d_head in ({self.onset[0]:.0f}, {self.onset[1]:.0f}]" if self.onset
                  else "not within the grid")
-        return out + [f"onset (the first d_head whose mean gap's 95% lower bound exceeds d_head {first}'s upper "
+        return out + [f"  onset (the first d_head whose mean gap's 95% lower bound exceeds d_head {first}'s upper "
                       f"bound): {where}"]
 
 
+def pair_row(sc: dict, un: dict) -> dict:
+    """One seed at one grid point: the gaps (unscaled - scaled) and both arms' metrics."""
+    return {"gap_loss_final": un["loss_final"] - sc["loss_final"],
+            "gap_val_loss_final": un["val_loss_final"] - sc["val_loss_final"],
+            **{f"scaled_{k}": sc[k] for k in METRICS}, **{f"unscaled_{k}": un[k] for k in METRICS}}
+
+
+def curve_stats(df: pd.DataFrame, x: str, extra: tuple[str, ...] = (),
+                groups: Optional[dict] = None) -> tuple[dict, list[dict]]:
+    """Per grid point x: every column's seed statistics (metrics) and its mean, min and max (the curve's
+    CSV rows). groups: {(x, column prefix): the seeds of each mode} where the seeds fall into modes."""
+    metrics, curve = {}, []
+    for d, g in df.groupby(x):
+        entry = {k: int(g[k].iloc[0]) for k in extra}
+        row = {x: int(d)}
+        seeds = list(g["seed"])
+        for col in [c for c in df.columns if c not in ("seed", x, *extra)]:
+            arm = "gap" if col.startswith("gap_") else col.split("_", 1)[0]
+            modes = (groups or {}).get((int(d), arm), [])
+            st = describe(g[col], log=log_scale(col), groups=[[seeds.index(s) for s in m] for m in modes])
+            entry[col] = {k: st[k] for k in ("mean", "sd", "min", "max", "ci95_lo", "ci95_hi", "modes", "mode_sd")
+                          if k in st}
+            row.update({f"{col}_mean": st["mean"], f"{col}_min": st["min"], f"{col}_max": st["max"]})
+        metrics[int(d)] = entry
+        curve.append(row)
+    return metrics, curve
+
+
+def onset_entry(grid: list[int], gaps: pd.DataFrame, name: str) -> tuple[dict, Optional[tuple[float, float]]]:
+    """The onset rule (stats.onset_interval) on a paired gap table (seed x grid), as a metrics entry."""
+    where = onset_interval(grid, gaps[grid].to_numpy())
+    return ({"reached": int(where is not None), "alpha": ALPHA,
+             **({f"after_{name}": where[0], f"by_{name}": where[1]} if where else {})}, where)
+
+
+def arm_modes(runs: dict, grid: list[int], seeds: list[int], statistic: str) -> dict:
+    """Each arm's seeds at each grid point tested for two modes on `statistic` (stats.find_modes), at
+    ALPHA family-wise over the 2 x len(grid) tests (Bonferroni), as the seeds stage tests its variants.
+    runs: {(grid point, scaled, seed): summary}."""
+    alpha = ALPHA / (2 * len(grid))
+    out = {}
+    for d in grid:
+        for scaled in (True, False):
+            out[(d, "scaled" if scaled else "unscaled")] = find_modes(
+                {s: runs[(d, scaled, s)][statistic] for s in seeds}, alpha, log_scale(statistic), statistic)
+    return out
+
+
 def run(train: TrainConfig, cfg: CriticalConfig, device: str, engine: EngineConfig) -> CriticalResult:
-    """Scaled and unscaled models at every d_head of critical.d_heads and seed of critical.seeds, as one
-    sweep under the train protocol; the gap curve, its onset and exercise 1."""
-    base = train.models[train.variants[next(iter(train.variants))]["model"]]
-    keys = [(d, scaled, s) for s in cfg.seeds for d in cfg.d_heads for scaled in (True, False)]
-    specs = [train.run(critical_model(base, d, cfg.min_d_model, scaled=sc), s, device,
-                       f"d_head {d} {'scaled' if sc else 'unscaled'} seed {s}") for d, sc, s in keys]
+    """Both designs and the chapter's models, scaled and unscaled at every grid point and seed, as one sweep
+    under the train protocol; the gap curves, their onsets, the modes, exercise 1."""
+    ov = cfg.one_variable
+    require(ov.model in train.models, "critical.one_variable.model", ov.model,
+            "one of train.models: " + ", ".join(sorted(train.models)))
+    mixed_base = train.models[train.variants[next(iter(train.variants))]["model"]]
+    qk_base = train.models[ov.model]
+    mixed = [(d, sc, s) for s in cfg.seeds for d in cfg.d_heads for sc in (True, False)]
+    qk = [(d, sc, s) for s in ov.seeds for d in ov.d_qks for sc in (True, False)]
+    refs = [(v, s) for s in ov.seeds for v in train.variants]
+    arm = lambda sc: "scaled" if sc else "unscaled"  # noqa: E731
+    specs = ([train.run(critical_model(mixed_base, d, cfg.min_d_model, scaled=sc), s, device,
+                        f"mixed width d_head {d} {arm(sc)} seed {s}") for d, sc, s in mixed]
+             + [train.run(qk_model(qk_base, d, scaled=sc), s, device, f"d_qk {d} {arm(sc)} seed {s}")
+                for d, sc, s in qk]
+             + [train.spec(v, s, device) for v, s in refs])
     runs = run_sweep("critical", specs, corpus_inputs(), engine)
     require_ok(runs, "critical")
-    records = dict(zip(keys, runs))
+    summaries = [r.summary() for r in runs]
+    by_mixed = dict(zip(mixed, summaries[:len(mixed)]))
+    by_qk = dict(zip(qk, summaries[len(mixed):len(mixed) + len(qk)]))
+    by_ref = dict(zip(refs, summaries[len(mixed) + len(qk):]))
 
-    rows = []
-    for s in cfg.seeds:
-        for d in cfg.d_heads:
-            sc, un = records[(d, True, s)].summary(), records[(d, False, s)].summary()
-            rows.append({"seed": s, "d_head": d, "d_model": critical_model(base, d, cfg.min_d_model).d_model,
-                         "gap_loss_final": un["loss_final"] - sc["loss_final"],
-                         "gap_val_loss_final": un["val_loss_final"] - sc["val_loss_final"],
-                         **{f"scaled_{k}": sc[k] for k in METRICS}, **{f"unscaled_{k}": un[k] for k in METRICS}})
+    # the mixed-width curve (metrics at the top level, as before this design was added)
+    rows = [{"seed": s, "d_head": d, "d_model": critical_model(mixed_base, d, cfg.min_d_model).d_model,
+             **pair_row(by_mixed[(d, True, s)], by_mixed[(d, False, s)])} for s in cfg.seeds for d in cfg.d_heads]
     df = pd.DataFrame(rows)
-    metrics, curve = {"seeds": len(cfg.seeds)}, []
-    for d, g in df.groupby("d_head"):
-        entry = {"d_model": int(g["d_model"].iloc[0])}
-        row = {"d_head": int(d)}
-        for col in [c for c in df.columns if c not in ("seed", "d_head", "d_model")]:
-            st = describe(g[col], log=log_scale(col))
-            entry[col] = {k: st[k] for k in ("mean", "sd", "min", "max", "ci95_lo", "ci95_hi")}
-            row.update({f"{col}_mean": st["mean"], f"{col}_min": st["min"], f"{col}_max": st["max"]})
-        metrics[f"d{d}"] = entry
-        curve.append(row)
+    per_point, curve = curve_stats(df, "d_head", extra=("d_model",))
+    metrics = {"seeds": len(cfg.seeds), **{f"d{d}": e for d, e in per_point.items()}}
     first = cfg.d_heads[0]
-    gaps = df.pivot(index="seed", columns="d_head", values="gap_loss_final")[cfg.d_heads]
-    where = onset_interval(cfg.d_heads, gaps.to_numpy())
-    metrics["onset"] = {"reached": int(where is not None), "alpha": ALPHA,
-                        **({"after_d_head": where[0], "by_d_head": where[1]} if where else {})}
+    gaps = df.pivot(index="seed", columns="d_head", values="gap_loss_final")
+    metrics["onset"], where = onset_entry(cfg.d_heads, gaps, "d_head")
     for d in cfg.d_heads[1:]:  # the seeds are shared across d_head: a paired test
         metrics[f"d{d}"][f"gap_vs_d{first}_paired_p"] = paired_t_p(gaps[first], gaps[d])
     if 2 * first in cfg.d_heads:  # exercise 1: halving the heads at the same d_model
@@ -103,4 +200,47 @@ def run(train: TrainConfig, cfg: CriticalConfig, device: str, engine: EngineConf
         st = describe(ratio)
         metrics["exercise1"] = {"logit_std_ratio_step0": {k: st[k] for k in ("mean", "min", "max")},
                                 "gap_loss_final": metrics[f"d{2 * first}"]["gap_loss_final"]}
-    return CriticalResult(metrics=metrics, curve=curve, rows=rows, onset=where, env=stage_environment(device, runs))
+
+    # the one-variable curve: only d_qk moves
+    modes = arm_modes(by_qk, ov.d_qks, ov.seeds, ov.mode_statistic)
+    groups = {}
+    for d in ov.d_qks:
+        for a in ("scaled", "unscaled"):
+            groups[(d, a)] = modes[(d, a)].groups if len(modes[(d, a)].groups) > 1 else []
+        refined = common_refinement([modes[(d, "scaled")].groups, modes[(d, "unscaled")].groups])
+        groups[(d, "gap")] = refined if len(refined) > 1 else []
+    qk_rows = [{"seed": s, "d_qk": d, **pair_row(by_qk[(d, True, s)], by_qk[(d, False, s)])}
+               for s in ov.seeds for d in ov.d_qks]
+    qdf = pd.DataFrame(qk_rows)
+    q_point, qk_curve = curve_stats(qdf, "d_qk", groups=groups)
+    probe = qk_model(qk_base, ov.d_qks[0])
+    q = {"model": ov.model, "d_model": probe.d_model, "n_head": probe.n_head, "d_head": probe.d_head,
+         "seeds": len(ov.seeds), **{f"dqk{d}": e for d, e in q_point.items()}}
+    qgaps = qdf.pivot(index="seed", columns="d_qk", values="gap_loss_final")
+    q["onset"], qk_where = onset_entry(ov.d_qks, qgaps, "d_qk")
+    b = q[f"dqk{ov.d_qks[0]}"]["gap_loss_final"]  # the rule reads a rise from here: is the baseline gap itself > 0?
+    q["onset"]["baseline_gap_above_zero"] = int(b["ci95_lo"] > 0)
+    for d in ov.d_qks[1:]:
+        q[f"dqk{d}"][f"gap_vs_dqk{ov.d_qks[0]}_paired_p"] = paired_t_p(qgaps[ov.d_qks[0]], qgaps[d])
+    for d in ov.d_qks:
+        q[f"dqk{d}"]["modes"] = {a: {"n_modes": len(m.groups), "gap_ratio": m.ratio, "p": m.p, "alpha": m.alpha,
+                                     "statistic": m.statistic, "seeds": [list(g) for g in m.groups]}
+                                 for (dd, a), m in modes.items() if dd == d}
+    metrics["d_qk"] = q
+
+    # the chapter's models as reference points: its variants' gaps, paired by d_head and seed
+    references = []
+    for s in ov.seeds:
+        pairs: dict[int, dict] = {}
+        for v in train.variants:
+            spec_model = runs[len(mixed) + len(qk) + refs.index((v, s))].spec.model
+            pairs.setdefault(spec_model.d_head, {})[spec_model.scaled] = (v, spec_model)
+        for d, p in sorted(pairs.items()):
+            if set(p) == {True, False}:
+                name = train.variants[p[True][0]]["model"]
+                references.append({"seed": s, "model": name, "d_head": d, "d_model": p[True][1].d_model,
+                                   "n_head": p[True][1].n_head,
+                                   **pair_row(by_ref[(p[True][0], s)], by_ref[(p[False][0], s)])})
+    return CriticalResult(metrics=metrics, curve=curve, rows=rows, qk_curve=qk_curve, qk_rows=qk_rows,
+                          references=references, onset=where, qk_onset=qk_where,
+                          env=stage_environment(device, runs))

@@ -48,7 +48,7 @@ def init_model(d_head: int, *, vocab_size: int, block_size: int, init_std: float
                impl: str = "manual") -> TinyGPT:
     """Single-head, single-layer TinyGPT at initialization, unscaled (raw q.k logits); `impl` its attention
     (ModelConfig.impl)."""
-    cfg = ModelConfig(vocab_size=vocab_size, block_size=block_size, d_model=d_head, n_head=1, n_layer=1,
+    cfg = ModelConfig(vocab_size=vocab_size, block_size=block_size, d_model=d_head, n_head=1, d_qk=None, n_layer=1,
                       scaled=False, bug="correct", causal=True, impl=impl, fused_qkv=True, qkv_bias=False,
                       proj_bias=False, mlp_ratio=2, activation="gelu", dropout=0.0, tie_weights=True,
                       head_bias=False, init_std=init_std, init="gpt2", qk_norm="none", qk_gain_init=None)
