@@ -56,7 +56,7 @@ def repo(tmp_path_factory):
     for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "tiny"]):
         subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo, check=True)
     dvc("init", "-q", cwd=repo)
-    dvc("repro", "sensitivity", "critical", "qknorm", cwd=repo)
+    dvc("repro", "seeds", "sensitivity", "critical", "qknorm", cwd=repo)
     return repo
 
 
