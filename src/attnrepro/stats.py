@@ -39,58 +39,20 @@ def log_scale(key: str) -> bool:
     return any(p in key for p in LOG_SCALE)
 
 
-def _betacf(a: float, b: float, x: float) -> float:
-    """Continued fraction of the incomplete beta function (modified Lentz, Numerical Recipes 6.4)."""
-    tiny, qab, qap, qam = 1e-300, a + b, a + 1.0, a - 1.0
-
-    def nz(v: float) -> float:
-        return v if abs(v) > tiny else tiny
-
-    c, d = 1.0, 1.0 / nz(1.0 - qab * x / qap)
-    h = d
-    for m in range(1, 300):
-        m2 = 2 * m
-        aa = m * (b - m) * x / ((qam + m2) * (a + m2))
-        d, c = 1.0 / nz(1.0 + aa * d), nz(1.0 + aa / c)
-        h *= d * c
-        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
-        d, c = 1.0 / nz(1.0 + aa * d), nz(1.0 + aa / c)
-        h *= d * c
-        if abs(d * c - 1.0) < 1e-15:
-            break
-    return h
-
-
-def betainc(a: float, b: float, x: float) -> float:
-    """Regularized incomplete beta I_x(a, b)."""
-    if x <= 0:
-        return 0.0
-    if x >= 1:
-        return 1.0
-    lbeta = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
-    if x < (a + 1) / (a + b + 2):
-        return math.exp(lbeta) * _betacf(a, b, x) / a
-    return 1.0 - math.exp(lbeta) * _betacf(b, a, 1 - x) / b
-
-
 def t_cdf(t: float, df: float) -> float:
-    x = df / (df + t * t)
-    tail = 0.5 * betainc(df / 2, 0.5, x)
-    return 1 - tail if t > 0 else tail
+    """Student's t CDF (scipy.stats, imported on first use: it is slow to import)."""
+    from scipy.stats import t as student_t
+
+    return float(student_t.cdf(t, df))
 
 
 def t_quantile(p: float, df: float) -> float:
-    """The p-quantile of Student's t with df degrees of freedom (bisection on the CDF)."""
+    """The p-quantile of Student's t with df degrees of freedom (scipy.stats)."""
     if not 0 < p < 1 or df <= 0:
         raise ValueError(f"t_quantile: p must be in (0, 1) and df > 0, got p={p}, df={df}")
-    lo, hi = -1e3, 1e3
-    for _ in range(200):
-        mid = (lo + hi) / 2
-        if t_cdf(mid, df) < p:
-            lo = mid
-        else:
-            hi = mid
-    return (lo + hi) / 2
+    from scipy.stats import t as student_t
+
+    return float(student_t.ppf(p, df))
 
 
 @dataclass

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, Optional, Sequence
 
 from ..config import ConfigError, require
-from ..stats import ALPHA, Band, holm_adjusted, log_scale
+from ..stats import ALPHA, Band, holm_adjusted, log_scale, t_quantile
 
 if TYPE_CHECKING:  # the run path's imports stay inside run(): claims.py imports this module
     from ..engine import EngineConfig
@@ -157,12 +157,6 @@ def _f(x: float, log: bool) -> float:
 
 def _finite(d: dict) -> dict:
     return {k: v for k, v in d.items() if not isinstance(v, float) or math.isfinite(v)}
-
-
-def t_quantile(q: float, df: int) -> float:
-    from scipy.stats import t
-
-    return float(t.ppf(q, df))
 
 
 def protocol_band(values: Sequence[float], log: bool, alpha: float = ALPHA) -> dict:
