@@ -10,7 +10,7 @@ would be:
   once. Each says what we expect of it before it runs: `harmful` (the gate must fail it) or
   `harmless` (its effect should lie within seed noise; if the gate passes it, `--seeds` shows
   whether that holds).
-- a **faithful** rerun changes only how the run executes (threads per run, worker processes),
+- a **faithful** rerun changes only how the run executes (the vector instructions, worker processes),
   never what it computes: the gate must pass it.
 
 Every case trains from an empty run store (a mutant that moves numbers but keeps its run keys
