@@ -10,15 +10,16 @@ would be:
   once. Each says what we expect of it before it runs: `harmful` (the gate must fail it) or
   `harmless` (its effect should lie within seed noise; if the gate passes it, `--seeds` shows
   whether that holds).
-- a **faithful** rerun changes only how the run executes (the vector instructions, worker processes),
-  never what it computes: the gate must pass it.
+- a **faithful** rerun changes only how the run executes (the vector instructions, worker
+  processes), never what it computes: the gate must pass it.
 
 Every case trains from an empty run store (a mutant that moves numbers but keeps its run keys
-would otherwise be served the reference's runs), on 2 worker processes, under another float order without touching
-params (a params edit would leave every stage not rerun "edited after the run"): torch, MKL and
-oneDNN are limited to AVX2 (or to no vector instructions), as on another CPU; the env records
-say so and the check judges the rerun stages statistically. Besides the check, each case runs the golden tests (tests/test_golden.py), the guard a
-pull request meets in CI before any result is regenerated.
+would otherwise be served the reference's runs), on 2 worker processes, under another float
+order without touching params (a params edit would leave every stage not rerun "edited after the
+run"): torch, MKL and oneDNN are limited to AVX2 (or to no vector instructions), as on another
+CPU; the env records say so and the check judges the rerun stages statistically. Besides the
+check, each case runs the golden tests (tests/test_golden.py), the guard a pull request meets in
+CI before any result is regenerated.
 
 Prints a confusion matrix (expected x verdict), per case the first check that caught it
 (golden test, dvc.lock or records, checksum, conclusion, headline metric, other metric) and
