@@ -330,6 +330,9 @@ def test_float_order_tolerance_holds_a_rerun_of_the_same_run_far_tighter_than_th
     edit(repo, "train", lambda d: d["scaled"].__setitem__("loss_final", 3.70 + 0.5 * sd))  # inside the seed band
     rc, out = check(repo, capsys)
     assert rc == 1 and "metric train.scaled.loss_final" in out and "float order: within ±0.00158 (0.1 seed sd)" in out
+    dump(repo / "docs/float_order.json", {"ratio": {}})  # the run's tree drops the tolerance: named, not used
+    rc, out = check(repo, capsys)
+    assert rc == 1 and "docs/float_order.json differs from HEAD's (its float-order tolerances)" in out, out
     # a metric that drifts more between float orders keeps its seed band; other params: another run, the band again
     edit(repo, "train", lambda d: d["unscaled"].__setitem__("loss_final", 5.13))
     (repo / "params.yaml").write_text(yaml.safe_dump({"train": {"lr": 0.003, "seed": 1}, "init": {"seed": 0}}),

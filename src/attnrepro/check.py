@@ -30,6 +30,7 @@ reported, never gated. The first line of the output is the verdict.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -40,7 +41,7 @@ from typing import Callable, Optional
 from .claims import (CONCLUSIONS, Expectations, ClaimResult, Tol, band, counts, evaluate_all, evaluate_claim,
                      fmt_number, load, load_dists, load_envs, load_metrics_dir, seed_values, cuda_run)
 from .config import UserError, read_params
-from .reference import (Reference, Revision, claims_changes, listed, lock_problems, params_changes,
+from .reference import (FLOAT_ORDER, Reference, Revision, claims_changes, listed, lock_problems, params_changes,
                         pipeline_stages, reference)
 from .stats import ALPHA, FLOAT_ORDER_RATIO, FLOAT_ORDER_TOL, Band, t_quantile
 
@@ -485,7 +486,11 @@ def changes(revision: Revision, ref: Reference, root: Path, claims_path: str, pa
     if own:
         lines.append(f"seed distributions differ from {ref.name}'s (bands and conclusions use {ref.name}'s): "
                      + ", ".join(f"{metrics_dir}/dist/{f}.json" for f in own))
-    committed = revision.changed_since([claims_path, preds, "params.yaml", "dvc.yaml", metrics_dir])
+    tol_file = root / FLOAT_ORDER
+    if tol_file.exists() and json.loads(tol_file.read_text(encoding="utf-8")).get("ratio") != ref.float_order:
+        lines.append(f"{FLOAT_ORDER} differs from {ref.name}'s (its float-order tolerances); the verdict uses "
+                     f"{ref.name}'s")
+    committed = revision.changed_since([claims_path, preds, "params.yaml", "dvc.yaml", metrics_dir, FLOAT_ORDER])
     if committed:
         lines.append(f"HEAD's commits change the reference since {ref.name}: {listed(committed)}")
     return lines
