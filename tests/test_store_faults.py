@@ -275,7 +275,7 @@ def test_interrupting_a_sweep_is_one_line_and_keeps_the_outputs(tmp_path, how, c
 
     first = _start(tmp_path, "old", steps=3)
     assert first.wait(timeout=180) == 0, first.stderr.read()
-    p = _start(tmp_path, "new", steps=5000)
+    p = _start(tmp_path, "new", steps=200_000)  # far longer than any wait below: the runs never finish first
     store = RunStore(tmp_path / "store")
     if how == "SIGINT while the workers start":  # once lost: the stage ignored Ctrl-C while its cluster started
         ready = lambda: len(_children(p.pid)) >= 1 and p.poll() is None  # noqa: E731
