@@ -380,6 +380,10 @@ def main(argv=None) -> int:
     if args.seeds:
         return seeds_main(names, rev, args.seeds, args.keep)
     previous = json.loads(RESULTS.read_text()) if RESULTS.exists() else {"results": []}
+    if previous.get("reference", rev) != rev:  # a result judged against another reference is not this matrix's
+        print(f"{RESULTS}: its {len(previous['results'])} results are against {previous['reference'][:10]}, "
+              f"not {rev[:10]}: starting afresh", flush=True)
+        previous = {"results": []}
     results = {r["case"]: r for r in previous["results"]}
     for i, name in enumerate(names):
         print(f"[{i + 1}/{len(names)}] {name}: {CASES[name].why}", flush=True)
@@ -388,7 +392,8 @@ def main(argv=None) -> int:
         print(f"  gate {r['verdict']}, golden test {r['golden_test']}, {r['seconds'] / 60:.1f} min; caught by: "
               f"{', '.join(r['caught_by']) or 'nothing'}", flush=True)
         RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS.write_text(json.dumps({"reference": rev, "results": list(results.values())}, indent=1) + "\n")
+        kept = {"seeds": previous["seeds"]} if "seeds" in previous else {}  # --seeds findings stay
+        RESULTS.write_text(json.dumps({"reference": rev, "results": list(results.values()), **kept}, indent=1) + "\n")
     done = [results[n] for n in CASES if n in results]
     print("\n" + table(done) + "\n\n" + confusion(done))
     return 0
@@ -396,6 +401,10 @@ def main(argv=None) -> int:
 
 def seeds_main(names: list[str], rev: str, n: int, keep: bool) -> int:
     previous = json.loads(RESULTS.read_text()) if RESULTS.exists() else {"results": []}
+    if previous.get("reference", rev) != rev:
+        print(f"{RESULTS}: against {previous['reference'][:10]}, not {rev[:10]}: starting afresh", flush=True)
+        previous = {"results": []}
+    previous["reference"] = rev
     found = previous.setdefault("seeds", {})
     for name in names:
         print(f"{name}: the train variants at {n} seeds ({CASES[name].why})", flush=True)

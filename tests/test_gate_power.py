@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 
 import pytest
@@ -53,3 +54,24 @@ def test_holm_adjusted_p_values():
     assert holm_adjusted([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
     assert holm_adjusted([0.5, 0.001]) == pytest.approx([0.5, 0.002])
     assert holm_adjusted([]) == []
+
+
+def test_results_of_another_reference_are_not_mixed_in(tmp_path, monkeypatch, capsys):
+    """A results file judged against another revision starts afresh; --seeds findings survive a case run."""
+    results = tmp_path / "gate_power.json"
+    monkeypatch.setattr(gp, "RESULTS", results)
+    rev = gp.sh(["git", "rev-parse", "HEAD"], gp.ROOT).stdout.strip()
+    results.write_text(json.dumps({"reference": "0" * 40, "results": [{"case": "avx2", "expect": "faithful"}]}))
+    monkeypatch.setattr(gp, "run_case", lambda case, r, keep: {
+        "case": case.name, "area": case.area, "expect": case.expect, "verdict": "PASS", "golden_test": "PASS",
+        "seconds": 1.0, "caught_by": []})
+    assert gp.main(["--cases", "no_simd"]) == 0
+    out = json.loads(results.read_text())
+    assert out["reference"] == rev and [r["case"] for r in out["results"]] == ["no_simd"]
+    assert "starting afresh" in capsys.readouterr().out
+
+    out["seeds"] = {"gelu_tanh": {"harmless": True}}
+    results.write_text(json.dumps(out))
+    assert gp.main(["--cases", "avx2"]) == 0
+    out = json.loads(results.read_text())
+    assert [r["case"] for r in out["results"]] == ["no_simd", "avx2"] and out["seeds"] == {"gelu_tanh": {"harmless": True}}
