@@ -345,6 +345,17 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def load_results(rev: str) -> dict:
+    """The results file so far, or an empty one where it was judged against another reference (the
+    matrix is of one reference)."""
+    previous = json.loads(RESULTS.read_text()) if RESULTS.exists() else {"results": []}
+    if previous.get("reference", rev) != rev:
+        print(f"{RESULTS}: its results are against {previous['reference'][:10]}, not {rev[:10]}: starting afresh",
+              flush=True)
+        return {"results": []}
+    return previous
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -379,11 +390,7 @@ def main(argv=None) -> int:
             raise SystemExit(f"mutant {c.name}: its text is not in {c.path} exactly once")
     if args.seeds:
         return seeds_main(names, rev, args.seeds, args.keep)
-    previous = json.loads(RESULTS.read_text()) if RESULTS.exists() else {"results": []}
-    if previous.get("reference", rev) != rev:  # a result judged against another reference is not this matrix's
-        print(f"{RESULTS}: its {len(previous['results'])} results are against {previous['reference'][:10]}, "
-              f"not {rev[:10]}: starting afresh", flush=True)
-        previous = {"results": []}
+    previous = load_results(rev)
     results = {r["case"]: r for r in previous["results"]}
     for i, name in enumerate(names):
         print(f"[{i + 1}/{len(names)}] {name}: {CASES[name].why}", flush=True)
@@ -400,10 +407,7 @@ def main(argv=None) -> int:
 
 
 def seeds_main(names: list[str], rev: str, n: int, keep: bool) -> int:
-    previous = json.loads(RESULTS.read_text()) if RESULTS.exists() else {"results": []}
-    if previous.get("reference", rev) != rev:
-        print(f"{RESULTS}: against {previous['reference'][:10]}, not {rev[:10]}: starting afresh", flush=True)
-        previous = {"results": []}
+    previous = load_results(rev)
     previous["reference"] = rev
     found = previous.setdefault("seeds", {})
     for name in names:
