@@ -109,6 +109,32 @@ def test_the_published_band_is_its_rounding_interval_widened_by_the_choices_pred
     assert down == "accounts"
 
 
+def test_a_noisy_choice_that_lands_further_past_the_figure_than_the_baseline_sits_short_overshoots():
+    # baseline 0.050 (tight), published 0.07; the choice's centre 0.15 is inside published + w (its own
+    # wide band) but 0.08 from the figure against the baseline's 0.02: it does not account for it
+    base = band([0.0495, 0.0505, 0.05, 0.0490, 0.0510])
+    noisy = row([0.10, 0.20, 0.15, 0.11, 0.19])
+    assert S.accounts_for(base, noisy, 0.07, 0.005) == "overshoots"
+    closer = row([0.06, 0.11, 0.08, 0.07, 0.09])  # just as noisy, ends 0.01 from it: accounts
+    assert S.accounts_for(base, closer, 0.07, 0.005) == "accounts"
+
+
+def test_a_nan_p_does_not_lift_the_other_cells_and_a_zero_falls_back_to_the_linear_scale():
+    c = cfg(metrics={"d32_scaled": ["loss_final", "entropy_final"]}, choices={"a": {"optim": {"weight_decay": 0.0}}})
+    vals = {("d32_scaled", "loss_final", "baseline"): BASE,
+            ("d32_scaled", "loss_final", "a"): [4.3, 4.33, 4.29, 4.31, 4.28],
+            ("d32_scaled", "entropy_final", "baseline"): [0.5, 0.51, 0.49, 0.5, 0.5],
+            ("d32_scaled", "entropy_final", "a"): [0.5, float("nan"), 0.49, 0.5, 0.5]}
+    m, rows = S.analyse(vals, c)
+    assert m["d32_scaled"]["loss_final"]["a"]["p_holm"] == pytest.approx(2 * m["d32_scaled"]["loss_final"]["a"]["p"])
+    assert m["d32_scaled"]["loss_final"]["a"]["significant"] == 1
+    vals[("d32_scaled", "entropy_final", "a")] = [0.0, 0.0, 0.0, 0.0, 0.0]  # one-hot rows: entropy exactly 0
+    m, rows = S.analyse(vals, c)
+    assert m["d32_scaled"]["entropy_final"]["baseline"]["log"] == 0
+    assert m["d32_scaled"]["entropy_final"]["a"]["diff"] == pytest.approx(-0.5)
+    assert "entropy_final a: -0.5" in S.SensitivityResult(m, rows, {}).table()
+
+
 def test_log_scale_metrics_are_judged_on_the_log_scale():
     base = band([0.05, 0.051, 0.049, 0.0505, 0.0495], log=True)
     r = {**band([0.1, 0.102, 0.098, 0.101, 0.099], log=True), "p_holm": 0.001}
@@ -161,6 +187,22 @@ def test_joint_table_counts_every_cell_for_every_protocol():
                                             + ((4.3 - m["d32_scaled"]["loss_final"]["a"]["center"])
                                                / m["d32_scaled"]["loss_final"]["a"]["sd"]) ** 2)
     assert t["baseline"]["score"] > z_fail ** 2
+    assert t["baseline"]["score_base_sd"] == pytest.approx(t["baseline"]["score"])
+    d = m["d32_scaled"]["loss_final"]
+    assert t["a"]["score_base_sd"] == pytest.approx(((6.0 - m["failures_correct"]["loss_final"]["a"]["center"])
+                                                     / b["sd"]) ** 2 + ((4.3 - d["a"]["center"]) / d["baseline"]["sd"]) ** 2)
+
+
+def test_noise_alone_lowers_a_protocols_own_joint_score_but_not_the_one_in_the_baselines_sd():
+    c = cfg(choices={"noisy": {"optim": {"weight_decay": 0.0}}})
+    vals = {("d32_scaled", "loss_final", "baseline"): BASE, ("failures_correct", "loss_final", "baseline"): BASE,
+            ("d32_scaled", "loss_final", "noisy"): [3.5, 4.5, 3.7, 4.3, 4.0],  # same centre, 25x the spread
+            ("failures_correct", "loss_final", "noisy"): [3.5, 4.5, 3.7, 4.3, 4.0]}
+    m, _ = S.analyse(vals, c)
+    published = {("d32_scaled", "loss_final"): (4.3, 0.005), ("failures_correct", "loss_final"): (4.3, 0.005)}
+    t = {j["protocol"]: j for j in S.joint_table(m, published)}
+    assert t["noisy"]["score"] < t["baseline"]["score"] / 100
+    assert t["noisy"]["score_base_sd"] == pytest.approx(t["baseline"]["score_base_sd"])
 
 
 @pytest.mark.parametrize("change, message", [

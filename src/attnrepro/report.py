@@ -598,10 +598,14 @@ def sensitivity_markdown(m: dict, exp, prereg_path: Path = sens.PREREGISTRATION)
         out += ["Protocols judged jointly: over the cells with a published figure, how many published figures fall "
                 "inside each protocol's seed band (the rounding interval meets its 95% prediction interval; a "
                 "failures-only choice leaves the train cells at the baseline's band) and the joint score Σ z², z = "
-                "(published − centre) / sd of that protocol's seeds (lower: closer).\n",
-                "| protocol | cells changed | inside | joint score Σz² |", "| --- | --- | --- | --- |"]
+                "(published − centre) / sd of that protocol's seeds (lower: closer), and the same sum in the "
+                "baseline's sd (a fixed yardstick per cell: a choice that only adds seed noise widens its own band "
+                "and lowers its own Σz², never this one).\n",
+                "| protocol | cells changed | inside | joint score Σz² | Σz² in the baseline's sd |",
+                "| --- | --- | --- | --- | --- |"]
         for j in joint:
-            out.append(f"| {j['protocol']} | {j['changed']} | {j['inside']} of {j['cells']} | {j['score']:.4g} |")
+            out.append(f"| {j['protocol']} | {j['changed']} | {j['inside']} of {j['cells']} | {j['score']:.4g} "
+                       f"| {j['score_base_sd']:.4g} |")
     return "\n".join(out) + "\n\n"
 
 
@@ -918,6 +922,7 @@ def _answer_sensitivity(m, M, D, claims=()) -> str:
         return ""
     base = next(j for j in joint if j["protocol"] == sens.BASELINE)
     best = min(joint, key=lambda j: (j["score"], j["protocol"]))
+    fixed = min(joint, key=lambda j: (j["score_base_sd"], j["protocol"]))
     most = max(joint, key=lambda j: (j["inside"], -j["score"]))
     sig = sum(1 for rows in _sens_cells(m).values() for c, r in rows.items()
               if c != sens.BASELINE and r.get("significant"))
@@ -927,7 +932,8 @@ def _answer_sensitivity(m, M, D, claims=()) -> str:
             f"(joint score {base['score']:.3g}); "
             + (f"the protocol with the most inside is {most['protocol']} ({most['inside']}), "
                if most["inside"] > base["inside"] else "no protocol tried puts more inside; ")
-            + f"the lowest joint score is {best['protocol']}'s ({best['score']:.3g}). "
+            + f"the lowest joint score is {best['protocol']}'s ({best['score']:.3g}), and in the baseline's sd "
+            f"{fixed['protocol']}'s ({fixed['score_base_sd']:.3g}, the baseline's {base['score_base_sd']:.3g}). "
             + ("No protocol tried reconciles the chapter as a whole (puts every published figure inside its band). "
                if most["inside"] < most["cells"] else f"{most['protocol']} reconciles every cell measured. ")
             + "What it does not show: that the chapter used that protocol (other unstated settings, and the stated "

@@ -200,8 +200,10 @@ def analyse(values: Mapping[tuple[str, str, str], Sequence[float]], cfg: Sensiti
     rows: list[dict] = []
     for v, names in cfg.metrics.items():
         for m in names:
-            log = log_scale(m)
             base = values[(v, m, BASELINE)]
+            # a zero (a fully one-hot row's entropy) has no log: the cell falls back to the linear scale
+            log = log_scale(m) and all(x > 0 for p in cfg.protocols() if p == BASELINE or cfg.applies(p, v)
+                                       for x in values[(v, m, p)])
             cell = out.setdefault(v, {}).setdefault(m, {})
             cell[BASELINE] = protocol_band(base, log, alpha)
             for p in cfg.protocols()[1:]:
@@ -216,7 +218,9 @@ def analyse(values: Mapping[tuple[str, str, str], Sequence[float]], cfg: Sensiti
     # Holm, not Benjamini-Hochberg: an explained cell is a claim read one at a time, so the error to
     # bound is any false explanation, not their share; and Holm holds under any dependence, which the
     # cells have (several metrics of the same runs)
-    adjusted = holm_adjusted([out[r["variant"]][r["metric"]][r["choice"]]["p"] for r in rows])
+    # a p that is not a number (a non-finite metric) counts as 1: it must not lift every other cell's p
+    ps = [out[r["variant"]][r["metric"]][r["choice"]]["p"] for r in rows]
+    adjusted = holm_adjusted([p if math.isfinite(p) else 1.0 for p in ps])
     for r, q in zip(rows, adjusted):
         row = out[r["variant"]][r["metric"]][r["choice"]]
         row["p_holm"], row["significant"] = q, int(q < alpha)
@@ -255,7 +259,9 @@ def accounts_for(base: Mapping, row: Mapping, published: float, half: float = 0.
     - (b) toward: the choice's centre moves from the baseline's toward the published figure;
     - (c) no overshoot: the choice's centre stays on our side of the far edge of the published
       figure's own band, published +/- (half + w), w the choice's own prediction half-width
-      t(1 - alpha/2, n - 1) * sd * sqrt(1 + 1/n), all on the analysis scale.
+      t(1 - alpha/2, n - 1) * sd * sqrt(1 + 1/n), all on the analysis scale; and it ends closer to
+      the published figure than the baseline's centre (a noisy choice's wide band must not let a
+      centre that lands further past the figure than the baseline sits short of it count).
 
     Why that band: the published figure is one run of the chapter's protocol. Were the choice that
     protocol, the figure would be one draw from the choice's seed distribution, so any centre within w
@@ -280,7 +286,8 @@ def accounts_for(base: Mapping, row: Mapping, published: float, half: float = 0.
         return "away"
     w = t_quantile(1 - alpha / 2, int(row["n"]) - 1) * row["sd"] * math.sqrt(1 + 1 / row["n"])
     edge = _f(published + half, log) + w if up else _f(published - half, log) - w
-    if (row["center"] > edge) if up else (row["center"] < edge):
+    if ((row["center"] > edge) if up else (row["center"] < edge)) or \
+            abs(row["center"] - target) >= abs(base["center"] - target):
         return "overshoots"
     return "accounts"
 
@@ -302,7 +309,9 @@ def joint_table(m: Mapping, published: Mapping[tuple[str, str], tuple[float, flo
     """Per protocol (baseline, each choice, each combination): over the cells the sweep measures that
     have a published figure, how many published figures fall inside that protocol's seed band (the
     rounding interval meets the prediction interval) and the joint score, the sum over cells of
-    ((published - centre) / sd)^2 on the analysis scale. A protocol that does not apply to a variant
+    ((published - centre) / sd)^2 on the analysis scale, with sd that protocol's seed sd (`score`) and
+    with the baseline's (`score_base_sd`: a fixed yardstick per cell, so a choice that only adds seed
+    noise cannot lower it). A protocol that does not apply to a variant
     (a failures-only choice on a train variant) leaves its runs as the baseline's, so every row counts
     the same cells."""
     all_cells = {k: v for k, v in cells(m).items() if k in published}
@@ -310,7 +319,7 @@ def joint_table(m: Mapping, published: Mapping[tuple[str, str], tuple[float, flo
                                                      key=lambda p: (p != BASELINE, p))
     out = []
     for p in names:
-        inside, score, changed, n = 0, 0.0, 0, 0
+        inside, score, fixed, changed, n = 0, 0.0, 0.0, 0, 0
         for key, rows in sorted(all_cells.items()):
             r = rows.get(p, rows[BASELINE])
             changed += p in rows and p != BASELINE
@@ -320,11 +329,16 @@ def joint_table(m: Mapping, published: Mapping[tuple[str, str], tuple[float, flo
                 continue
             n += 1
             inside += _meets(r["pi_lo"], r["pi_hi"], pub, half)
-            sd = r.get("sd", 0.0)
             dz = _f(pub, log) - r["center"]
-            score += (dz / sd) ** 2 if sd else (0.0 if dz == 0 else math.inf)
-        out.append({"protocol": p, "cells": n, "changed": changed, "inside": inside, "score": score})
+            score += _z2(dz, r.get("sd", 0.0))
+            fixed += _z2(dz, rows[BASELINE].get("sd", 0.0))
+        out.append({"protocol": p, "cells": n, "changed": changed, "inside": inside, "score": score,
+                    "score_base_sd": fixed})
     return out
+
+
+def _z2(dz: float, sd: float) -> float:
+    return (dz / sd) ** 2 if sd else (0.0 if dz == 0 else math.inf)
 
 
 # ---------------------------------------------------------------- pre-registration
@@ -385,6 +399,9 @@ class SensitivityResult:
         """diff / se and Holm's p per (variant, metric) and choice."""
         lines = []
         for r in self.rows:
+            if r["diff"] is None or r["se"] is None:  # dropped as not finite
+                lines.append(f"{r['variant']}.{r['metric']} {r['choice']}: not finite")
+                continue
             lines.append(f"{r['variant']}.{r['metric']} {r['choice']}: {r['diff']:+.4g} ± {r['se']:.2g} "
                          f"(p_holm {r['p_holm']:.2g}{', significant' if r['significant'] else ''})")
         return "\n".join(lines)
