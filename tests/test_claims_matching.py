@@ -162,3 +162,46 @@ def test_checksums_are_not_widened(tmp_path):
     checksum = one_cell(tmp_path, "42", tol="exact", cls="checksums")
     assert judge(checksum, 42.0) == "pass" and judge(checksum, 42.4) == "fail"
     assert judge(one_cell(tmp_path, "42", tol="exact"), 42.4) == "pass"  # the same figure as a value
+
+
+def test_a_run_that_rounds_to_the_figure_passes_outside_its_own_seed_band(tmp_path):
+    # a seed can lie outside its own 95% band; the issue's rule: ours rounds to it, or its interval meets our band
+    dists = {"train": {"stats": {"v": {"n": 10, "mean": 4.0, "sd": 0.01}}}}
+    assert C.band(dists, "train.v").prediction_interval()[1] < 4.05
+    assert judge(one_cell(tmp_path, "4.10"), 4.1, dists) == "pass"
+    assert judge(one_cell(tmp_path, "4.10"), 4.2, dists) == "fail"
+
+
+# ---------------------------------------------------------------- which mode the chapter's run was in
+
+def _modes_dists(groups=((3, 0.3, 4.6), (7, 0.7, 4.0))):
+    """Variant v's seeds in two modes found on entropy_step222: (n, entropy mean, loss mean) per mode."""
+    import math
+
+    ent = {"n": 10, "log_mean": -0.5, "log_sd": 0.4, "mean": 0.6, "sd": 0.2, "mode_sd": 0.05,
+           "modes": [{"n": n, "mean": e, "log_mean": math.log(e)} for n, e, _ in groups]}
+    loss = {"n": 10, "mean": 4.2, "sd": 0.3, "mode_sd": 0.02, "modes": [{"n": n, "mean": x} for n, _, x in groups]}
+    return {"train": {"stats": {"v.entropy_step222": ent, "v.loss_final": loss},
+                      "modes": {"v": {"statistic": "entropy_step222"}}}}
+
+
+def _two_cells(tmp_path, entropy: str = "") -> Path:
+    published = "{loss_final: 4.1" + (f", entropy_step222: {entropy}" if entropy else "") + "}"
+    return write(tmp_path, 'experiments:\n  train:\n    section: "§2"\n    values:\n'
+                 f'      - {{id: t, text: t, metric: "train.v.{{col}}", published: {published}, tol: info}}\n')
+
+
+def _by_metric(path: Path, metrics: dict) -> dict[str, C.ClaimResult]:
+    return {r.claim.metric: r for r in C.evaluate_all(C.load(path), metrics, _modes_dists(), {})}
+
+
+def test_the_chapters_mode_is_read_off_its_published_diagnostic_not_the_figure_judged(tmp_path):
+    metrics = {"train.v.loss_final": 4.1, "train.v.entropy_step222": 0.35}
+    # the published loss 4.1 lies nearest our mode 1 (4.0), but the chapter's entropy 0.35 is mode 0's (0.3)
+    res = _by_metric(_two_cells(tmp_path, "0.35"), metrics)
+    assert res["train.v.loss_final"].mode == 0 and res["train.v.entropy_step222"].mode == 0
+    assert res["train.v.loss_final"].mode_by == "train.v.entropy_step222"
+    assert _by_metric(_two_cells(tmp_path, "0.65"), metrics)["train.v.loss_final"].mode == 1
+    # without the chapter's figure of the statistic its mode is not known: none, never the figure's own nearest
+    res = _by_metric(_two_cells(tmp_path), metrics)
+    assert res["train.v.loss_final"].mode is None and res["train.v.loss_final"].percentile is not None

@@ -639,7 +639,8 @@ class ClaimResult:
     band: Optional[Band] = None  # cells: our seed distribution of the metric
     z: Optional[float] = None  # cells: (published - our mean) / our seed sd (from the nearest mode, with modes)
     percentile: Optional[float] = None  # cells with seeds: where the published figure sits among them (%)
-    mode: Optional[int] = None  # cells whose seeds fall into modes: the mode nearest the published figure
+    mode: Optional[int] = None  # cells whose seeds fall into modes: the mode the chapter's run was in (chapter_modes)
+    mode_by: str = ""  # ... judged by the chapter's published figure of this metric
     missing_evidence: tuple[str, ...] = ()  # cited metrics that this run does not have
     not_moved: tuple[str, ...] = ()  # cited sensitivity rows that no longer account for it
     matched: Optional[str] = None  # matched tables: our row this cell was judged against
@@ -762,15 +763,16 @@ def _judge(claim: Claim, key: str, metrics, dists) -> ClaimResult:
     m = View(metrics)
     value = m[key]
     lo_p, hi_p = claim.published_range
+    rounds_to = lo_p <= value <= hi_p  # ours rounds to the published figure: a match whatever the band
     if claim.interval:  # our interval for this number, e.g. a bootstrap interval over seeds
         lo, hi = (m[k] for k in claim.interval)
-        return ClaimResult(claim, "pass" if lo <= hi_p and lo_p <= hi else "fail", value=value,
+        return ClaimResult(claim, "pass" if rounds_to or (lo <= hi_p and lo_p <= hi) else "fail", value=value,
                            detail=f"our 95% interval {fmt_number(lo)} – {fmt_number(hi)}")
     b = band(dists, key) if claim.cls == "value" else None
     if b is not None:
-        return ClaimResult(claim, "pass" if _meets(b, lo_p, hi_p) else "fail", value=value, band=b,
+        return ClaimResult(claim, "pass" if rounds_to or _meets(b, lo_p, hi_p) else "fail", value=value, band=b,
                            z=b.z(claim.published), percentile=percentile_of(seed_values(dists, key), claim.published),
-                           mode=b.nearest_mode(claim.published) if b.modes else None)
+                           mode=-1 if b.modes else None)  # which mode: chapter_modes, once per variant
     closest = min(max(value, lo_p), hi_p) if math.isfinite(value) else claim.published
     return ClaimResult(claim, "pass" if (claim.tol or Tol("exact")).ok(value, closest) else "fail", value=value)
 
@@ -782,8 +784,27 @@ def _meets(b: Band, lo: float, hi: float) -> bool:
     return any(b.contains(min(max(math.exp(c) if b.log else c, lo), hi)) for c in centres)
 
 
+def chapter_modes(results: list[ClaimResult], dists: Mapping[str, dict]) -> None:
+    """Where our seeds of a variant fall into modes, which one the chapter's run was in: decided once per
+    variant, by the chapter's published figure of the statistic the modes were found on (its diagnostics),
+    never by the figure being judged (that would be circular). None where the chapter does not print that
+    statistic. A Band's modes follow the statistic's groups, lowest first, for every metric of the variant."""
+    published = {r.claim.metric: r.claim.published for r in results
+                 if r.claim.is_cell and r.claim.published is not None and r.claim.match is None}
+    for r in results:
+        if r.mode is None:
+            continue
+        file, variant = r.claim.metric.split(".")[:2]
+        statistic = ((dists.get(file) or {}).get("modes") or {}).get(variant, {}).get("statistic")
+        key = f"{file}.{variant}.{statistic}"
+        b = band(dists, key) if statistic else None
+        r.mode = b.nearest_mode(published[key]) if key in published and b is not None and b.modes else None
+        r.mode_by = key if r.mode is not None else ""
+
+
 def evaluate_all(exp: Expectations, metrics, dists, envs) -> list[ClaimResult]:
     results = [evaluate_claim(c, metrics, dists, envs) for c in exp.claims]
+    chapter_modes(results, dists)
     for r in results:
         cited = list(r.claim.evidence) + [k for row in r.claim.moved_by for k in moved_by_keys(row)]
         r.missing_evidence = tuple(k for k in cited if k not in metrics)

@@ -207,7 +207,7 @@ def _band(r: ClaimResult) -> str:
 def _percentile(r: ClaimResult) -> str:
     if r.percentile is None:
         return ""
-    return f"{r.percentile:.0f}" + ("" if r.mode is None else f" (nearest our mode {r.mode})")
+    return f"{r.percentile:.0f}" + ("" if r.mode is None else f" (the chapter's run: our mode {r.mode}, by {r.mode_by})")
 
 
 def _z(r: ClaimResult) -> str:
