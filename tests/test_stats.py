@@ -168,3 +168,21 @@ def test_a_band_over_modes_is_per_mode_not_one_normal_band():
     assert b2.contains(1.0) and b2.contains(3.05)
     assert two["mean"] == one["mean"] and two["sd"] == one["sd"]  # effects in seed sd unchanged
     assert b2.z(3.05) == pytest.approx(0.0)  # from the nearest mode
+
+
+def test_seed_headline_per_seed_ratio_is_median_and_range_and_split_gaps_get_a_bootstrap_interval():
+    import pandas as pd
+
+    from attnrepro.experiments.comparison import headline
+
+    gaps = pd.DataFrame({"gap_d32_loss_final": [0.2, 0.1, 0.002, 0.3, 0.15], "gap_d32_val_loss_final": [0.1] * 5,
+                         "gap_d256_loss_final": [0.8, 0.9, 1.5, 1.6, 0.85], "gap_d256_val_loss_final": [0.7] * 5})
+    gaps["gap_ratio_loss_final"] = gaps.gap_d256_loss_final / gaps.gap_d32_loss_final
+    gaps["gap_ratio_val_loss_final"] = gaps.gap_d256_val_loss_final / gaps.gap_d32_val_loss_final
+    h = headline(gaps, 32, 256)
+    assert h["gap_ratio_loss_final"] == pytest.approx({"median": 0.85 / 0.15, "min": 4.0, "max": 750.0})  # no mean, no t
+    t = h["gap_d256_loss_final"]
+    assert "ci95_bootstrap" not in t and t["ci95_lo"] < 0.85  # the t interval reaches below every mode's low seeds
+    b = headline(gaps, 32, 256, frozenset({256}))["gap_d256_loss_final"]
+    assert b["ci95_bootstrap"] == 1 and b["mean"] == t["mean"]
+    assert t["ci95_lo"] < b["ci95_lo"] and b["ci95_hi"] <= 1.6  # inside the data's range, unlike the t interval
