@@ -205,3 +205,15 @@ def test_the_chapters_mode_is_read_off_its_published_diagnostic_not_the_figure_j
     # without the chapter's figure of the statistic its mode is not known: none, never the figure's own nearest
     res = _by_metric(_two_cells(tmp_path), metrics)
     assert res["train.v.loss_final"].mode is None and res["train.v.loss_final"].percentile is not None
+
+
+def test_a_coarsely_printed_figure_has_a_percentile_range(tmp_path):
+    from attnrepro import report
+
+    dists = {"train": {"stats": {"v": {"n": 10, "mean": 0.0001, "sd": 0.00003}},
+                       "runs": {str(s): {"v": 0.00006 + 0.00001 * s} for s in range(10)}}}
+    r = C.evaluate_claim(one_cell(tmp_path, "0.0001", tol="info"), {"train.v": 0.0001}, dists, {})
+    assert r.percentile_range == (pytest.approx(0.0), pytest.approx(95.0, abs=5))  # it stands for 0.00005-0.00015
+    assert "(0–9" in report._percentile(r) and "over its rounding interval" in report._percentile(r)
+    fine = C.evaluate_claim(one_cell(tmp_path, "0.000105", tol="info"), {"train.v": 0.0001}, dists, {})  # no seed inside
+    assert "over its rounding interval" not in report._percentile(fine)

@@ -639,6 +639,7 @@ class ClaimResult:
     band: Optional[Band] = None  # cells: our seed distribution of the metric
     z: Optional[float] = None  # cells: (published - our mean) / our seed sd (from the nearest mode, with modes)
     percentile: Optional[float] = None  # cells with seeds: where the published figure sits among them (%)
+    percentile_range: Optional[tuple[float, float]] = None  # ... where the ends of its rounding interval sit
     mode: Optional[int] = None  # cells whose seeds fall into modes: the mode the chapter's run was in (chapter_modes)
     mode_by: str = ""  # ... judged by the chapter's published figure of this metric
     missing_evidence: tuple[str, ...] = ()  # cited metrics that this run does not have
@@ -770,8 +771,10 @@ def _judge(claim: Claim, key: str, metrics, dists) -> ClaimResult:
                            detail=f"our 95% interval {fmt_number(lo)} – {fmt_number(hi)}")
     b = band(dists, key) if claim.cls == "value" else None
     if b is not None:
+        seeds = seed_values(dists, key)
         return ClaimResult(claim, "pass" if rounds_to or _meets(b, lo_p, hi_p) else "fail", value=value, band=b,
-                           z=b.z(claim.published), percentile=percentile_of(seed_values(dists, key), claim.published),
+                           z=b.z(claim.published), percentile=percentile_of(seeds, claim.published),
+                           percentile_range=(percentile_of(seeds, lo_p), percentile_of(seeds, hi_p)),
                            mode=-1 if b.modes else None)  # which mode: chapter_modes, once per variant
     closest = min(max(value, lo_p), hi_p) if math.isfinite(value) else claim.published
     return ClaimResult(claim, "pass" if (claim.tol or Tol("exact")).ok(value, closest) else "fail", value=value)

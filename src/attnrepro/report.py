@@ -207,7 +207,10 @@ def _band(r: ClaimResult) -> str:
 def _percentile(r: ClaimResult) -> str:
     if r.percentile is None:
         return ""
-    return f"{r.percentile:.0f}" + ("" if r.mode is None else f" (the chapter's run: our mode {r.mode}, by {r.mode_by})")
+    lo, hi = r.percentile_range or (r.percentile, r.percentile)
+    spread = "" if round(lo) == round(hi) else f" ({lo:.0f}–{hi:.0f} over its rounding interval)"
+    return (f"{r.percentile:.0f}{spread}"
+            + ("" if r.mode is None else f" (the chapter's run: our mode {r.mode}, by {r.mode_by})"))
 
 
 def _z(r: ClaimResult) -> str:
