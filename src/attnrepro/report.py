@@ -204,6 +204,11 @@ def _band(r: ClaimResult) -> str:
     return f"{fmt_number(lo)} – {fmt_number(hi)}"
 
 
+def _zero(lo: float, hi: float) -> str:
+    """Every interval that includes zero says so (issue 17)."""
+    return " (includes 0)" if lo <= 0 <= hi else ""
+
+
 def _percentile(r: ClaimResult) -> str:
     if r.percentile is None:
         return ""
@@ -439,7 +444,8 @@ def critical_one_variable_markdown(q: dict) -> list[str]:
         g, ue, se, ul = (v["gap_loss_final"], v["unscaled_entropy_final"], v["scaled_entropy_final"],
                          v["unscaled_logit_std_step0"])
         p = v.get(f"gap_vs_dqk{first}_paired_p")
-        out.append(f"| {d} | {g['mean']:.3f} [{g['ci95_lo']:.3f}, {g['ci95_hi']:.3f}] | {g['min']:.3f}, "
+        out.append(f"| {d} | {g['mean']:.3f} [{g['ci95_lo']:.3f}, {g['ci95_hi']:.3f}]{_zero(g['ci95_lo'], g['ci95_hi'])} "
+                   f"| {g['min']:.3f}, "
                    f"{g['max']:.3f} | {ul['mean']:.3f} | {fmt_number(round(ue['mean'], 5))} | {se['mean']:.3f} | "
                    f"{'' if p is None else f'{p:.2g}'} | {_modes_note(v) or 'one'} |")
     return out
@@ -582,7 +588,8 @@ def sensitivity_markdown(m: dict, exp, prereg_path: Path = sens.PREREGISTRATION)
             if verdict == "accounts":
                 verdict = "**accounts**"
             out.append(f"| {v}.{metric} | {base['mean']:.4g} | {'—' if pub is None else f'{pub[0]:.4g}'} | {c} | "
-                       f"{r['mean']:.4g} | {r['diff']:+.3g} ± {r['se']:.2g} [{r['ci_lo']:+.3g}, {r['ci_hi']:+.3g}] | "
+                       f"{r['mean']:.4g} | {r['diff']:+.3g} ± {r['se']:.2g} [{r['ci_lo']:+.3g}, {r['ci_hi']:+.3g}]"
+                       f"{_zero(r['ci_lo'], r['ci_hi'])} | "
                        f"{r['p_holm']:.2g} | {verdict} |")
     out.append("")
     if Path(prereg_path).is_file():
