@@ -217,3 +217,21 @@ def test_a_coarsely_printed_figure_has_a_percentile_range(tmp_path):
     assert "(0–9" in report._percentile(r) and "over its rounding interval" in report._percentile(r)
     fine = C.evaluate_claim(one_cell(tmp_path, "0.000105", tol="info"), {"train.v": 0.0001}, dists, {})  # no seed inside
     assert "over its rounding interval" not in report._percentile(fine)
+
+
+@pytest.mark.parametrize("text,shown", [("4.00", "4.00"), ("1.0000", "1.0000"), ("0.00008", "0.00008"),
+                                        ("4348", "4348"), ("0.1768", "0.1768")])
+def test_the_report_shows_a_published_figure_as_printed(tmp_path, text, shown):
+    from attnrepro import report
+
+    assert report._published(one_cell(tmp_path, text, tol="info")) == shown
+
+
+def test_a_band_with_modes_shows_each_modes_interval_not_their_hull(tmp_path):
+    from attnrepro import report
+
+    dists = _modes_dists()
+    r = C.evaluate_claim(one_cell(tmp_path, "4.3", tol="info"), {"train.v": 4.0},
+                         {"train": {"stats": {"v": dists["train"]["stats"]["v.loss_final"]}}}, {})
+    shown = report._band(r)
+    assert " or " in shown and r.status == "fail"  # 4.3 lies between the modes (4.0 and 4.6): outside both

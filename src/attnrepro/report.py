@@ -200,8 +200,20 @@ def _value_verdict(r: ClaimResult) -> str:
 def _band(r: ClaimResult) -> str:
     if r.band is None:
         return r.claim.tol.text() if r.claim.tol else "exact"
+    if r.band.modes:  # each mode's interval: their hull would show a value between the modes as inside
+        return " or ".join(f"{fmt_number(lo)} – {fmt_number(hi)}" for lo, hi in r.band.mode_intervals())
     lo, hi = r.band.prediction_interval()
     return f"{fmt_number(lo)} – {fmt_number(hi)}"
+
+
+def _published(c) -> str:
+    """A published figure as the source prints it, trailing zeros kept (4.00, 1.0000), from half a unit of
+    its last printed digit; fmt_number where that is not a plain decimal (3.4e38)."""
+    if c.published_half > 0 and math.isfinite(c.published):
+        decimals = round(-math.log10(2 * c.published_half))
+        if 0 <= decimals <= 8:
+            return f"{c.published:,.{decimals}f}" if abs(c.published) >= 1e4 else f"{c.published:.{decimals}f}"
+    return fmt_number(c.published)
 
 
 def _zero(lo: float, hi: float) -> str:
@@ -234,7 +246,7 @@ def experiment_markdown(title: str | None, results: list[ClaimResult]) -> str:
             continue
         out += [f"**{CLASS_WORDS[cls].capitalize()}**\n", "| claim | test | this run | result |", "| --- | --- | --- | --- |"]
         for r in rs:
-            test = _expr(r) if not r.claim.is_cell else f"`{_cell(r.claim.metric)}` = {fmt_number(r.claim.published)} ({r.claim.tol.text()})"
+            test = _expr(r) if not r.claim.is_cell else f"`{_cell(r.claim.metric)}` = {_published(r.claim)} ({r.claim.tol.text()})"
             label = r.claim.text if not r.claim.is_cell else r.claim.id.split(".", 2)[-1]
             mark = "❌ not reproduced" if cls == "conclusion" and r.status == "fail" else MARK.get(r.status, r.status)
             out.append(f"| {_cell(label)} | {test} | {_where(r) if not r.claim.is_cell else fmt_number(r.value)} | "
@@ -252,7 +264,7 @@ def experiment_markdown(title: str | None, results: list[ClaimResult]) -> str:
                 "| --- | --- | --- | --- | --- | --- | --- | --- |"]
         for r in rs:
             cell = r.claim.id.split(".", 2)[-1] + (f" (ours: {r.matched})" if r.matched else "")
-            out.append(f"| {_cell(cell)} | {fmt_number(r.claim.published)} | {fmt_number(r.value) if r.value is not None else _cell(r.detail)} | "
+            out.append(f"| {_cell(cell)} | {_published(r.claim)} | {fmt_number(r.value) if r.value is not None else _cell(r.detail)} | "
                        f"{_percentile(r)} | {_band(r)} | {_z(r)} | {_value_verdict(r)} | {_cell(r.explanation)} |")
         out.append("")
     return "\n".join(out) + "\n"
@@ -265,7 +277,7 @@ def claims_table(results: list[ClaimResult], show_all: bool) -> str:
            "| --- | --- | --- | --- | --- | --- | --- |"]
     for r in shown:
         c = r.claim
-        pub = fmt_number(c.published) if c.is_cell else _expr(r)
+        pub = _published(c) if c.is_cell else _expr(r)
         val = fmt_number(r.value) if c.is_cell and r.value is not None else _where(r)
         band = _band(r) if c.is_cell else ""
         out.append(f"| {c.id} | {c.cls} | {pub} | {val} | {band} | {_z(r)} | {r.status} |")
