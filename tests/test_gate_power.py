@@ -75,3 +75,37 @@ def test_results_of_another_reference_are_not_mixed_in(tmp_path, monkeypatch, ca
     assert gp.main(["--cases", "avx2"]) == 0
     out = json.loads(results.read_text())
     assert [r["case"] for r in out["results"]] == ["no_simd", "avx2"] and out["seeds"] == {"gelu_tanh": {"harmless": True}}
+
+
+def test_a_crash_that_is_not_the_changes_is_an_error_never_a_catch():
+    assert gp.stage_failure("train", "train: 1 of 4 runs did not finish: d32: diverged (diverged at step 9)")["verdict"] == "FAIL"
+    assert gp.stage_failure("corpus", "ERROR: failed to reproduce 'corpus': npm pack exited 1")["verdict"] == "ERROR"
+    results = [{"expect": "faithful", "verdict": "ERROR", "golden_test": "PASS", "seconds": 60},
+               {"expect": "harmful", "verdict": "FAIL", "golden_test": "PASS", "seconds": 60}]
+    lines = gp.confusion(results).splitlines()
+    faithful = next(x for x in lines if x.startswith("faithful")).split()
+    assert faithful[1:4] == ["0", "0", "1"]  # FAIL 0, PASS 0, ERROR 1
+
+
+def test_a_trial_writes_its_own_file_and_another_references_results_are_kept(tmp_path, monkeypatch):
+    monkeypatch.setattr(gp, "RESULTS", tmp_path / "gate_power.json")
+    gp.RESULTS.write_text(json.dumps({"reference": "a" * 40, "results": [{"case": "x"}]}))
+    assert gp.load_results("b" * 40) == {"results": []}
+    assert json.loads((tmp_path / f"gate_power.{'a' * 10}.json").read_text())["results"] == [{"case": "x"}]
+
+
+def test_seed_effects_call_a_mutant_harmless_only_when_every_interval_is_inside_one_seed_sd():
+    seeds = [1, 2, 3, 4, 5]
+    theirs = {s: {"loss_final": 4.0 + 0.1 * (s % 3), "entropy_final": 0.5 + 0.01 * s} for s in seeds}
+    ref = {"loss_final": {"sd": 0.1}, "entropy_final": {"sd": 0.03, "log_sd": 0.06}}
+    keys = ["entropy_final", "loss_final"]
+    tiny = {s: {"loss_final": v["loss_final"] + 0.001 * (-1) ** s, "entropy_final": v["entropy_final"]}
+            for s, v in theirs.items()}
+    assert gp.seed_effects(tiny, theirs, ref, keys)["verdict"] == "harmless"
+    shifted = {s: {**v, "loss_final": v["loss_final"] + 0.5 + 0.001 * s} for s, v in theirs.items()}
+    assert gp.seed_effects(shifted, theirs, ref, keys)["verdict"] == "moved"
+    # noisy paired differences with no consistent sign: nothing found, nothing shown either
+    noisy = {s: {**v, "loss_final": v["loss_final"] + 0.15 * (-1) ** s} for s, v in theirs.items()}
+    r = gp.seed_effects(noisy, theirs, ref, keys)
+    assert r["verdict"] == "inconclusive" and r["not_within_noise"] == ["loss_final"]
+    assert not r["moved"]
