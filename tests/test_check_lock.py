@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from attnrepro.reference import lock_problems, out_md5
+from attnrepro.reference import lock_findings, lock_problems, out_md5
 
 
 def _get(d, key: str):
@@ -117,3 +117,27 @@ def test_stale_lock_entries_and_a_missing_lock(run):
     (run / "dvc.lock").unlink()
     assert lock_problems(run) == ["dvc.lock is missing: the outputs cannot be matched with the run that made them"]
     assert json.loads((run / "metrics/train.json").read_text(encoding="utf-8")) == {"loss": 3.7}
+
+
+def test_a_param_only_stages_not_rerun_ran_with_otherwise_is_a_note(run):
+    reference = yaml.safe_load((run / "dvc.lock").read_text(encoding="utf-8"))
+    text = (run / "params.yaml").read_text(encoding="utf-8").replace("seed: 0", "seed: 1")
+    (run / "params.yaml").write_text(text, encoding="utf-8")
+    # nothing rerun: both stages' lock entries are the reference's, their outputs intact
+    problems, notes = lock_findings(run, reference_lock=reference)
+    assert problems == [] and notes == ["params.yaml train.seed was edited after the run (report, train ran with 0, "
+                                        "it now reads 1), and they were not rerun: the outputs are the reference's "
+                                        "own (`dvc status` lists them stale)"]
+    # train rerun (its entry differs from the reference's) under the old value: a problem again
+    (run / "metrics/train.json").write_text('{"loss": 3.8}', encoding="utf-8")
+    lock = yaml.safe_load((run / "dvc.lock").read_text(encoding="utf-8"))
+    for out in lock["stages"]["train"]["outs"]:
+        out["md5"] = out_md5(run / out["path"])
+    (run / "dvc.lock").write_text(yaml.safe_dump(lock, sort_keys=False), encoding="utf-8")
+    problems, notes = lock_findings(run, reference_lock=reference)
+    assert problems == ["params.yaml train.seed was edited after the run (report, train ran with 0, it now reads 1)"]
+    # an output edited after the run (the lock the reference's) is never "not rerun"
+    (run / "dvc.lock").write_text(yaml.safe_dump(reference, sort_keys=False), encoding="utf-8")
+    problems, _ = lock_findings(run, reference_lock=reference)
+    assert problems == ["metrics/train.json was edited after the run (its md5 differs from dvc.lock's)",
+                        "params.yaml train.seed was edited after the run (report, train ran with 0, it now reads 1)"]

@@ -41,7 +41,7 @@ from typing import Callable, Optional
 from .claims import (CONCLUSIONS, Expectations, ClaimResult, Tol, band, counts, evaluate_all, evaluate_claim,
                      fmt_number, load, load_dists, load_envs, load_metrics_dir, seed_values, cuda_run)
 from .config import UserError, read_params
-from .reference import (FLOAT_ORDER, Reference, Revision, claims_changes, listed, lock_problems, params_changes,
+from .reference import (FLOAT_ORDER, Reference, Revision, claims_changes, listed, lock_findings, params_changes,
                         pipeline_stages, reference)
 from .stats import ALPHA, FLOAT_ORDER_RATIO, FLOAT_ORDER_TOL, Band, t_quantile
 
@@ -394,7 +394,9 @@ def run_check(rev: str = "HEAD", root: str | Path = ".", metrics_dir: str = "met
     out = Outcome(rows, results, modes, why, exp.headline, ref.label)
     out.notes = m.notes + changes(revision, ref, root, claims_path, params, cur_dists, metrics_dir)
     out.provenance, numerics = provenance(envs)
-    out.problems = lock_problems(root, metrics_dir) + m.problems + numerics + metric_problems(rows, ref.name)
+    lock_probs, lock_notes = lock_findings(root, metrics_dir, revision.yaml("dvc.lock"))
+    out.notes += lock_notes
+    out.problems = lock_probs + m.problems + numerics + metric_problems(rows, ref.name)
     for res in results:
         c = res.claim
         if c.cls == "conclusion" and not_reproduced(c.id, ref.verdicts):

@@ -292,18 +292,31 @@ def _get(d, path: tuple):
 
 
 def lock_problems(root: Path, metrics_dir: str = "metrics") -> list[str]:
-    """Each metrics/ and plots/ output and each param that differs from what dvc.lock recorded for the
-    stages of dvc.yaml (a stale lock entry of a stage dvc.yaml no longer has is ignored), and each
-    metrics file no stage recorded."""
+    """lock_findings' problems, without a reference."""
+    return lock_findings(root, metrics_dir)[0]
+
+
+def lock_findings(root: Path, metrics_dir: str = "metrics",
+                  reference_lock: Optional[dict] = None) -> tuple[list[str], list[str]]:
+    """(problems, notes): each metrics/ and plots/ output and each param that differs from what dvc.lock
+    recorded for the stages of dvc.yaml (a stale lock entry of a stage dvc.yaml no longer has is ignored),
+    and each metrics file no stage recorded, are problems; except that a param only stages that were not
+    rerun ran with another value of (their lock entry, outputs and params, is the reference's own, and
+    their outputs are intact) is a note: their outputs are the reference's, so nothing they hold was
+    made with the new value (a threads=2 rerun of the default stages leaves the sweeps so; `dvc status`
+    lists them stale)."""
     if not (root / "dvc.lock").is_file():
-        return ["dvc.lock is missing: the outputs cannot be matched with the run that made them"]
+        return ["dvc.lock is missing: the outputs cannot be matched with the run that made them"], []
     lock = _yaml(root / "dvc.lock")
     if not isinstance(lock, dict):
-        return ["dvc.lock is not valid YAML: the outputs cannot be matched with the run that made them"]
+        return ["dvc.lock is not valid YAML: the outputs cannot be matched with the run that made them"], []
     stages, trees = pipeline_stages(root), {}
     current = {n: st for n, st in (lock.get("stages") or {}).items()
                if n in stages or ("@" in n and any(k in stages.get(n.split("@")[0], {}) for k in ("foreach", "matrix")))}
-    problems, recorded, params_seen = [], set(), {}
+    problems, notes, recorded, params_seen = [], [], set(), {}
+    theirs = (reference_lock or {}).get("stages") or {}
+    not_rerun = {n for n, st in current.items()
+                 if n in theirs and (st.get("outs"), st.get("params")) == (theirs[n].get("outs"), theirs[n].get("params"))}
     for name, st in current.items():
         for out in st.get("outs") or []:
             path = str(out.get("path", ""))
@@ -312,8 +325,10 @@ def lock_problems(root: Path, metrics_dir: str = "metrics") -> list[str]:
                 continue
             if not (root / path).exists():
                 problems.append(f"{path} is missing (dvc.lock records it as an output of {name})")
+                not_rerun.discard(name)
             elif out_md5(root / path) != out.get("md5"):
                 problems.append(f"{path} was edited after the run (its md5 differs from dvc.lock's)")
+                not_rerun.discard(name)
         for file, values in (st.get("params") or {}).items():
             tree = trees[file] if file in trees else trees.setdefault(file, _yaml(root / file) or {})
             for key, ran in (values or {}).items():  # key: a dotted path (DVC's), its value a leaf or a mapping
@@ -322,9 +337,15 @@ def lock_problems(root: Path, metrics_dir: str = "metrics") -> list[str]:
                         params_seen.setdefault((file, ".".join(leaf), short(v), short(_get(tree, leaf))),
                                                []).append(name)
     for (file, leaf, ran, now), names in params_seen.items():
-        problems.append(f"{file} {leaf} was edited after the run ({listed(names, 3)} ran with {ran}, it now reads {now})")
+        if all(n in not_rerun for n in names):
+            notes.append(f"{file} {leaf} was edited after the run ({listed(names, 3)} ran with {ran}, it now reads "
+                         f"{now}), and {'it was' if len(names) == 1 else 'they were'} not rerun: the outputs are "
+                         "the reference's own (`dvc status` lists them stale)")
+        else:
+            problems.append(f"{file} {leaf} was edited after the run ({listed(names, 3)} ran with {ran}, it now "
+                            f"reads {now})")
     for f in sorted(p for sub in ("", "dist/", "env/") for p in (root / metrics_dir).glob(f"{sub}*.json")):
         rel = f.relative_to(root).as_posix()
         if rel not in recorded and not any(rel.startswith(r + "/") for r in recorded):
             problems.append(f"{rel} is an output of no stage in dvc.lock: not made by the run")
-    return problems
+    return problems, notes
