@@ -222,9 +222,7 @@ def test_a_coarsely_printed_figure_has_a_percentile_range(tmp_path):
 @pytest.mark.parametrize("text,shown", [("4.00", "4.00"), ("1.0000", "1.0000"), ("0.00008", "0.00008"),
                                         ("4348", "4348"), ("0.1768", "0.1768")])
 def test_the_report_shows_a_published_figure_as_printed(tmp_path, text, shown):
-    from attnrepro import report
-
-    assert report._published(one_cell(tmp_path, text, tol="info")) == shown
+    assert C.printed(one_cell(tmp_path, text, tol="info")) == shown
 
 
 def test_a_band_with_modes_shows_each_modes_interval_not_their_hull(tmp_path):

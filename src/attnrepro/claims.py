@@ -707,6 +707,16 @@ def _needs_cuda(keys, metrics: Mapping[str, float], envs: Mapping[str, dict]) ->
     return any(c is False for c in cuda) or (all(c is None for c in cuda) and any(k not in metrics for k in keys))
 
 
+def printed(c: "Claim") -> str:
+    """A published figure as the source prints it, trailing zeros kept (4.00, 1.0000), from half a unit of
+    its last printed digit; fmt_number where that is not a plain decimal (3.4e38)."""
+    if c.published_half > 0 and math.isfinite(c.published):
+        decimals = round(-math.log10(2 * c.published_half))
+        if 0 <= decimals <= 8:
+            return f"{c.published:,.{decimals}f}" if abs(c.published) >= 1e4 else f"{c.published:.{decimals}f}"
+    return fmt_number(c.published)
+
+
 def evaluate_claim(claim: Claim, metrics: Mapping[str, float], dists: Mapping[str, dict],
                    envs: Mapping[str, dict]) -> ClaimResult:
     if claim.predicate is None:

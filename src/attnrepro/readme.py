@@ -21,7 +21,7 @@ from typing import Callable
 
 import yaml
 
-from .claims import load
+from .claims import load, printed
 from .config import read_params
 
 BLOCKS = {
@@ -46,7 +46,7 @@ class Sources:
 
     def __init__(self, root: Path):
         self.root = Path(root)
-        self.by_id = {c.id: c.published for c in load(self.root / "claims.yaml").claims if c.published is not None}
+        self.by_id = {c.id: c for c in load(self.root / "claims.yaml").claims if c.published is not None}
 
     def metrics(self, name: str) -> dict:
         return json.loads((self.root / "metrics" / f"{name}.json").read_text(encoding="utf-8"))
@@ -56,8 +56,8 @@ class Sources:
 
     def pub(self, cid: str) -> str:
         """The chapter's number (claims.yaml is the only place it lives)."""
-        v = self.by_id.get(cid)
-        return "–" if v is None else g(v)
+        c = self.by_id.get(cid)
+        return "–" if c is None else printed(c)
 
 
 def band(stats: dict, key: str) -> str:
@@ -267,9 +267,20 @@ def exp_show_columns(root: Path) -> int:
     return 2 + len(metric_cols) + len(param_cols) + len(deps)
 
 
+def gate_power_cases(root: Path) -> dict[str, int]:
+    """How many mutants and faithful reruns benchmarks/gate_power.py holds: the items of its MUTANTS and
+    FAITHFUL lists, read off its syntax tree (the script is not run)."""
+    import ast
+
+    tree = ast.parse((root / "benchmarks" / "gate_power.py").read_text(encoding="utf-8"))
+    sizes = {t.id: len(node.value.elts) for node in tree.body if isinstance(node, ast.Assign)
+             and isinstance(node.value, ast.List) for t in node.targets if isinstance(t, ast.Name)}
+    return {"gate_power_mutants": sizes["MUTANTS"], "gate_power_faithful": sizes["FAITHFUL"]}
+
+
 def counts(src: Sources) -> dict[str, int]:
     runs = stage_runs(src.params())
-    out = {f"runs_{k}": v for k, v in runs.items()}
+    out = {f"runs_{k}": v for k, v in runs.items()} | gate_power_cases(src.root)
     out["runs_sweeps"] = sum(runs[s] for s in SWEEPS)
     out["runs_default"] = sum(v for k, v in runs.items() if k not in SWEEPS)
     out["exp_show_columns"] = exp_show_columns(src.root)

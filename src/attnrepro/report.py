@@ -25,6 +25,7 @@ from typing import Optional
 
 from .experiments import sensitivity as sens
 from .claims import (CLASSES, ClaimResult, claims_json, counts, evaluate_all, fmt_number, load, load_dists, load_envs,
+                     printed,
                      load_metrics_dir)
 from .check import detectable_shifts
 from .config import require
@@ -206,16 +207,6 @@ def _band(r: ClaimResult) -> str:
     return f"{fmt_number(lo)} – {fmt_number(hi)}"
 
 
-def _published(c) -> str:
-    """A published figure as the source prints it, trailing zeros kept (4.00, 1.0000), from half a unit of
-    its last printed digit; fmt_number where that is not a plain decimal (3.4e38)."""
-    if c.published_half > 0 and math.isfinite(c.published):
-        decimals = round(-math.log10(2 * c.published_half))
-        if 0 <= decimals <= 8:
-            return f"{c.published:,.{decimals}f}" if abs(c.published) >= 1e4 else f"{c.published:.{decimals}f}"
-    return fmt_number(c.published)
-
-
 def _zero(lo: float, hi: float) -> str:
     """Every interval that includes zero says so (issue 17)."""
     return " (includes 0)" if lo <= 0 <= hi else ""
@@ -246,7 +237,7 @@ def experiment_markdown(title: str | None, results: list[ClaimResult]) -> str:
             continue
         out += [f"**{CLASS_WORDS[cls].capitalize()}**\n", "| claim | test | this run | result |", "| --- | --- | --- | --- |"]
         for r in rs:
-            test = _expr(r) if not r.claim.is_cell else f"`{_cell(r.claim.metric)}` = {_published(r.claim)} ({r.claim.tol.text()})"
+            test = _expr(r) if not r.claim.is_cell else f"`{_cell(r.claim.metric)}` = {printed(r.claim)} ({r.claim.tol.text()})"
             label = r.claim.text if not r.claim.is_cell else r.claim.id.split(".", 2)[-1]
             mark = "❌ not reproduced" if cls == "conclusion" and r.status == "fail" else MARK.get(r.status, r.status)
             out.append(f"| {_cell(label)} | {test} | {_where(r) if not r.claim.is_cell else fmt_number(r.value)} | "
@@ -264,7 +255,7 @@ def experiment_markdown(title: str | None, results: list[ClaimResult]) -> str:
                 "| --- | --- | --- | --- | --- | --- | --- | --- |"]
         for r in rs:
             cell = r.claim.id.split(".", 2)[-1] + (f" (ours: {r.matched})" if r.matched else "")
-            out.append(f"| {_cell(cell)} | {_published(r.claim)} | {fmt_number(r.value) if r.value is not None else _cell(r.detail)} | "
+            out.append(f"| {_cell(cell)} | {printed(r.claim)} | {fmt_number(r.value) if r.value is not None else _cell(r.detail)} | "
                        f"{_percentile(r)} | {_band(r)} | {_z(r)} | {_value_verdict(r)} | {_cell(r.explanation)} |")
         out.append("")
     return "\n".join(out) + "\n"
@@ -277,7 +268,7 @@ def claims_table(results: list[ClaimResult], show_all: bool) -> str:
            "| --- | --- | --- | --- | --- | --- | --- |"]
     for r in shown:
         c = r.claim
-        pub = _published(c) if c.is_cell else _expr(r)
+        pub = printed(c) if c.is_cell else _expr(r)
         val = fmt_number(r.value) if c.is_cell and r.value is not None else _where(r)
         band = _band(r) if c.is_cell else ""
         out.append(f"| {c.id} | {c.cls} | {pub} | {val} | {band} | {_z(r)} | {r.status} |")
