@@ -186,3 +186,12 @@ def test_seed_headline_per_seed_ratio_is_median_and_range_and_split_gaps_get_a_b
     b = headline(gaps, 32, 256, frozenset({256}))["gap_d256_loss_final"]
     assert b["ci95_bootstrap"] == 1 and b["mean"] == t["mean"]
     assert t["ci95_lo"] < b["ci95_lo"] and b["ci95_hi"] <= 1.6  # inside the data's range, unlike the t interval
+
+
+def test_holm_counts_a_nan_as_one_and_modes_on_log_fall_back_for_a_zero():
+    from attnrepro.stats import find_modes, holm_adjusted
+
+    assert holm_adjusted([float("nan"), 0.001, 0.002, 0.003, 0.2]) == pytest.approx([1.0, 0.005, 0.008, 0.009, 0.4])
+    values = {s: v for s, v in enumerate([0.0, 0.01, 0.02, 0.015, 0.012, 0.9, 0.95, 0.92])}
+    m = find_modes(values, log=True)  # log(0) would raise; on the values the split is plain
+    assert len(m.groups) == 2 and m.groups[1] == [5, 6, 7]

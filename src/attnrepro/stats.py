@@ -317,8 +317,9 @@ def find_modes(values: dict, alpha: float = ALPHA, log: bool = False, statistic:
     """Two modes when the largest gap in the sorted values is improbably large for one normal sample
     (gap_p < alpha), split at that gap; else one. values: {seed: number}; log: test log(values).
     Needs 4 values (2 degrees of freedom); at most two modes are looked for (a third cannot be
-    estimated from tens of seeds)."""
+    estimated from tens of seeds). A value at or below 0 has no log: then the test is on the values."""
     seeds = list(values)
+    log = log and all(values[s] > 0 for s in seeds)
     x = [math.log(values[s]) if log else float(values[s]) for s in seeds]
     if len(x) < 4:
         return Modes(statistic, [seeds], math.nan, 1.0, alpha)
@@ -366,7 +367,9 @@ def onset_interval(x: Sequence[float], per_seed: Sequence[Sequence[float]],
 
 def holm_adjusted(pvalues: Sequence[float]) -> list[float]:
     """Holm's step-down adjusted p-values, in the order given: reject at family-wise alpha where
-    adjusted < alpha."""
+    adjusted < alpha. A p that is not a number (a non-finite metric) counts as 1: unsorted, it would
+    lift every later cell's p to 1."""
+    pvalues = [p if math.isfinite(p) else 1.0 for p in pvalues]
     order = sorted(range(len(pvalues)), key=lambda i: pvalues[i])
     out, running = [0.0] * len(pvalues), 0.0
     for rank, i in enumerate(order):

@@ -218,9 +218,7 @@ def analyse(values: Mapping[tuple[str, str, str], Sequence[float]], cfg: Sensiti
     # Holm, not Benjamini-Hochberg: an explained cell is a claim read one at a time, so the error to
     # bound is any false explanation, not their share; and Holm holds under any dependence, which the
     # cells have (several metrics of the same runs)
-    # a p that is not a number (a non-finite metric) counts as 1: it must not lift every other cell's p
-    ps = [out[r["variant"]][r["metric"]][r["choice"]]["p"] for r in rows]
-    adjusted = holm_adjusted([p if math.isfinite(p) else 1.0 for p in ps])
+    adjusted = holm_adjusted([out[r["variant"]][r["metric"]][r["choice"]]["p"] for r in rows])
     for r, q in zip(rows, adjusted):
         row = out[r["variant"]][r["metric"]][r["choice"]]
         row["p_holm"], row["significant"] = q, int(q < alpha)
