@@ -646,6 +646,7 @@ class ClaimResult:
     not_moved: tuple[str, ...] = ()  # cited sensitivity rows that no longer account for it
     matched: Optional[str] = None  # matched tables: our row this cell was judged against
     read: tuple[str, ...] = ()  # predicates: the metric keys it read on the run
+    read_values: tuple[float, ...] = ()  # ... and their values
 
     @property
     def passed(self) -> bool:
@@ -727,7 +728,8 @@ def evaluate_claim(claim: Claim, metrics: Mapping[str, float], dists: Mapping[st
         ok, error = _call(claim, view)
         if claim.requires == "cuda" and _needs_cuda(view.read, metrics, envs):
             return skipped
-        res = ClaimResult(claim, "pass" if ok else "fail", detail=error, read=tuple(view.read))
+        res = ClaimResult(claim, "pass" if ok else "fail", detail=error, read=tuple(view.read),
+                          read_values=tuple(metrics.get(k, math.nan) for k in view.read))
         if claim.sides is not None and not error:
             res.value, res.bound = (float(x) for x in claim.sides(View(metrics)))
         if claim.cls == "conclusion":  # on each seed of the files it reads, and on their means

@@ -183,6 +183,8 @@ def _where(r: ClaimResult) -> str:
     parts = []
     if r.value is not None and r.bound is not None:
         parts.append(f"{fmt_number(r.value)} vs {fmt_number(r.bound)}")
+    elif 0 < len(r.read) <= 4 and not r.passed:  # no single comparison to show: the figures it read
+        parts.append(", ".join(f"{k} = {fmt_number(v)}" for k, v in zip(r.read, r.read_values)))
     if r.seeds_n:
         parts.append(f"{r.seeds_held}/{r.seeds_n} seeds" + ("" if r.mean_holds else ", not the mean"))
     if r.status == "missing":
