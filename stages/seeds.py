@@ -16,11 +16,16 @@ mean and range of each variant's training curves; runs.csv: every run's loss cur
 gaps.png, points.png: every seed's headline values, runs.png: every run's loss curve).
 Each variant's seeds are tested for two modes on seeds.mode_statistic (stats.find_modes):
 metrics/seeds.json gives each mode's share of the seeds, and the distributions of a variant
-with modes are per mode.
+with modes are per mode. Also metrics/dist/heads.json: the heads stage's portraits of the
+variant it analyses (heads.checkpoint, data/train/<variant>/model.pt) at every seed, each
+seed's heads named after the train.seed checkpoint's head they play (experiments.heads).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from attnrepro.experiments import heads
 from attnrepro.experiments.comparison import SeedsConfig, run_seeds
 from attnrepro.experiments.protocol import TrainConfig
 from attnrepro.figures import seed_bands_figure, seed_gaps_figure, seed_points_figure, seed_runs_figure
@@ -31,10 +36,19 @@ from attnrepro.stage import Stage, stage
 def main(st: Stage) -> None:
     cfg = st.section(TrainConfig, "train")
     seeds = st.section(SeedsConfig, "seeds")
+    hcfg = st.section(heads.HeadsConfig, "heads")
+    variant = Path(hcfg.checkpoint).parent.name  # data/train/<variant>/model.pt, the train stage's run
     device = st.pin(cfg.device, cfg.threads, "train.device")  # the environment record states the runs' threads
     result = run_seeds(cfg, seeds.seeds, seeds.mode_statistic, device, st.engine)
 
     write_json("metrics/dist/train.json", result.dist)
+    if variant in cfg.variants and cfg.seed in seeds.seeds:
+        write_json("metrics/dist/heads.json", heads.seed_portraits(
+            hcfg, {s: result.checkpoints[(variant, s)] for s in seeds.seeds}, cfg.seed))
+    else:  # the heads stage analyses no run of this sweep: no seed distribution for it
+        write_json("metrics/dist/heads.json", {"seeds": [], "stats": {}, "runs": {}})
+        print(f"note: heads.checkpoint {hcfg.checkpoint} is not a train variant's run at train.seed among "
+              "seeds.seeds: metrics/dist/heads.json is empty, and the heads are judged by their tolerances")
     write_json("metrics/seeds.json", result.headline)
     write_json("metrics/env/seeds.json", result.env)
     write_csv("plots/seeds/gaps.csv", result.gaps)

@@ -219,3 +219,23 @@ def test_heads_bad_checkpoint_is_one_line(repo_copy, tmp_path, content, needle):
     assert code == 2 and err.count("\n") == 1, err
     assert err.startswith(f"error: heads.checkpoint: {ckpt}") and needle in err and "weights_only" not in err
     assert output_files(repo_copy) == []
+
+
+def test_a_seeds_heads_are_named_after_the_reference_head_they_play():
+    from attnrepro.experiments.heads import STATS, matched_to, portrait_metrics
+
+    def row(layer, head, *v):
+        return {"layer": layer, "head": head, **dict(zip(STATS, v))}
+    reference = [row(0, 0, 0.3, 0.77, 0.05, 1.2, 1.0), row(0, 1, 0.52, 0.19, 0.45, 2.3, 1.5),
+                 row(0, 2, 0.8, 0.13, 0.11, 3.9, 1.8), row(1, 0, 0.61, 0.28, 0.18, 3.2, 1.7),
+                 row(1, 1, 0.87, 0.17, 0.13, 4.5, 2.0)]
+    # the same roles under other indices (a cycle within layer 0, a swap within layer 1), slightly perturbed
+    other = [row(0, 2, 0.31, 0.75, 0.06, 1.3, 1.1), row(0, 0, 0.5, 0.2, 0.44, 2.2, 1.4),
+             row(0, 1, 0.79, 0.12, 0.1, 4.0, 1.9), row(1, 1, 0.6, 0.27, 0.19, 3.1, 1.6),
+             row(1, 0, 0.88, 0.16, 0.12, 4.6, 2.1)]
+    named = {(r["layer"], r["head"]): r for r in matched_to(reference, other)}
+    assert named[(0, 0)]["diag"] == 0.75 and named[(0, 1)]["prev"] == 0.44 and named[(0, 2)]["distance"] == 4.0
+    assert named[(1, 0)]["entropy"] == 0.6 and named[(1, 1)]["entropy"] == 0.88
+    assert {(r["layer"], r["head"]) for r in matched_to(reference, reference)} == {(r["layer"], r["head"]) for r in reference}
+    m = portrait_metrics(matched_to(reference, other), 2)
+    assert m["l0h1"]["prev"] == 0.44 and m["max_prev"] == 0.44 and set(m["layer0"]) == set(STATS)

@@ -781,7 +781,21 @@ def _answer_heads(m, M, D) -> str:
             f"previous-token head (weight {heads[prev]['prev']:.3f}); ablating {abl} costs the most "
             f"({heads[abl]['ablation_delta']:.3f} nat)"
             + ("" if d is None else f"; layer 1 looks {'farther' if d > 0 else 'no farther'} than layer 0 "
-               f"(mean distance {d:+.3f} tokens)") + ".")
+               f"(mean distance {d:+.3f} tokens)") + "." + _heads_over_seeds(D.get("heads") or {}))
+
+
+def _heads_over_seeds(dist: dict) -> str:
+    """How the same variant's heads come out at the other seeds (metrics/dist/heads.json)."""
+    runs = list((dist.get("runs") or {}).values())
+    if not runs:
+        return ""
+    n = len(runs)
+    prev = sum(r["max_prev"] > 0.3 for r in runs)
+    farther = sum(r["layer1_minus_layer0_distance"] > 0 for r in runs)
+    return (f" Over {n} seeds of the same model (each seed's heads matched to this run's by their statistics): a "
+            f"head with previous-token weight above 0.3 in {prev}, layer 1 farther than layer 0 in {farther}, "
+            f"the largest previous-token weight {min(r['max_prev'] for r in runs):.3f} to "
+            f"{max(r['max_prev'] for r in runs):.3f}: which roles a trained model's heads take varies with the seed.")
 
 
 def _answer_kv_cache(m, M, D) -> str:

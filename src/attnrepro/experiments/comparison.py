@@ -145,6 +145,7 @@ class SeedsResult:
     small: int  # the smallest and the largest d_head with a scaled and an unscaled variant
     large: int
     env: dict  # metrics/env/seeds.json
+    checkpoints: dict  # (variant, seed) -> the run's model.pt in the run store
 
     def mode_lines(self) -> list[str]:
         out = []
@@ -194,7 +195,8 @@ def run_seeds(cfg: TrainConfig, seeds: list[int], statistic: str, device: str, e
     return SeedsResult(headline=head, dist=dist, gaps=gaps.to_dict("records"), per_seed=per_seed(runs, statistic),
                        histories=per_seed_curves(histories), curves=curves(histories, list(cfg.variants)),
                        modes=modes, small=small, large=large,
-                       env=stage_environment(device, records))
+                       env=stage_environment(device, records),
+                       checkpoints={k: r.path / "model.pt" for k, r in by.items()})
 
 
 def variant_modes(runs: dict[int, dict], variants: list[str], statistic: str) -> dict[str, Modes]:

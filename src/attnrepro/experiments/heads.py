@@ -20,6 +20,7 @@ from ..measure.probes import ablate_heads, attention_maps, head_stats
 from ..measure.weights import position_stats
 from ..model import load_checkpoint
 from ..runtime import progress
+from ..stats import distribution
 from ..training import load_tokens
 
 CORPUS = Path("data/corpus")
@@ -97,32 +98,83 @@ def run(cfg: HeadsConfig, attention: AttentionConfig) -> HeadsResult:
             raise UserError(f"heads.{name}: got {getattr(cfg, name)}, expected at most the model's block_size "
                             f"{model.cfg.block_size}")
     itos = json.loads((CORPUS / "vocab.json").read_text(encoding="utf-8"))
-    val_ids = load_tokens(CORPUS / "val.npy")
-    seqs = fixed_sequences(val_ids, cfg.n_seqs, cfg.seq_len, cfg.seq_seed)
+    seqs = fixed_sequences(load_tokens(CORPUS / "val.npy"), cfg.n_seqs, cfg.seq_len, cfg.seq_seed)
+    rows, base, maps = measure(model, cfg, seqs, progress_bar=True)
+    return HeadsResult(metrics=heads_metrics(rows, base, model.cfg.n_layer, cfg), rows=rows, maps=maps, seqs=seqs,
+                       itos=itos)
+
+
+def measure(model, cfg: HeadsConfig, seqs: torch.Tensor, progress_bar: bool = False) -> tuple[list[dict], float, list]:
+    """Each head's statistics on `seqs` and its ablation (rows), the unablated loss, the attention maps."""
     maps = attention_maps(model, seqs)
     rows = head_stats(maps)
-
     batches = [chapter_ablation_batch(model.cfg.vocab_size, cfg.ablation_len, cfg.ablation_seed)]
-    bar = progress(len(rows), "heads ablation")
-    base, ablation = ablate_heads(model, batches, tick=lambda: bar.update(1))
-    bar.close()
+    bar = progress(len(rows), "heads ablation") if progress_bar else None
+    base, ablation = ablate_heads(model, batches, tick=(lambda: bar.update(1)) if bar else None)
+    if bar:
+        bar.close()
     for r, a in zip(rows, ablation):
         r["ablation_loss"], r["ablation_delta"] = a["loss"], a["delta"]
+    return rows, base, maps
 
-    metrics = {f"l{r['layer']}h{r['head']}": {k: r[k] for k in (*STATS, "ablation_delta")} for r in rows}
-    for li in range(model.cfg.n_layer):
-        lr = [r for r in rows if r["layer"] == li]
-        metrics[f"layer{li}"] = {k: float(np.mean([r[k] for r in lr])) for k in (*STATS, "ablation_delta")}
+
+def heads_metrics(rows: list[dict], base: float, n_layer: int, cfg: HeadsConfig) -> dict:
+    """metrics/heads.json from measure()'s rows."""
+    metrics = portrait_metrics(rows, n_layer, (*STATS, "ablation_delta"))
     metrics.update({
         "base_loss": base,
-        "layer1_minus_layer0_distance": (metrics["layer1"]["distance"] - metrics["layer0"]["distance"]
-                                         if model.cfg.n_layer > 1 else 0.0),
-        "max_prev": max(r["prev"] for r in rows),
-        "entropy_spread": max(r["entropy"] for r in rows) - min(r["entropy"] for r in rows),
         "max_ablation_delta": max(r["ablation_delta"] for r in rows),
         "n_positions": cfg.n_seqs * cfg.seq_len,
     })
     most = max(rows, key=lambda r: r["distance_std"])
     metrics["conditional"] = {"layer": most["layer"], "head": most["head"], "distance_std": most["distance_std"],
                               "uniform_distance_std": uniform_distance_std(cfg.seq_len)}
-    return HeadsResult(metrics=metrics, rows=rows, maps=maps, seqs=seqs, itos=itos)
+    return metrics
+
+
+def portrait_metrics(rows: list[dict], n_layer: int, stats: tuple = STATS) -> dict:
+    """metrics/heads.json's portrait part: each head's `stats` (l<L>h<H>), their layer means (layer<L>), the
+    layer-1 minus layer-0 mean distance, the largest previous-token weight and the spread of the entropies."""
+    metrics = {f"l{r['layer']}h{r['head']}": {k: r[k] for k in stats} for r in rows}
+    for li in range(n_layer):
+        lr = [r for r in rows if r["layer"] == li]
+        metrics[f"layer{li}"] = {k: float(np.mean([r[k] for r in lr])) for k in stats}
+    metrics.update({
+        "layer1_minus_layer0_distance": (metrics["layer1"]["distance"] - metrics["layer0"]["distance"]
+                                         if n_layer > 1 else 0.0),
+        "max_prev": max(r["prev"] for r in rows),
+        "entropy_spread": max(r["entropy"] for r in rows) - min(r["entropy"] for r in rows),
+    })
+    return metrics
+
+
+def matched_to(reference: list[dict], other: list[dict]) -> list[dict]:
+    """`other`'s head rows renamed (layer, head) after the reference's head each one plays: the least-cost
+    one-to-one assignment within a layer over STATS, each statistic scaled by its spread over the
+    reference's heads of that layer (head indices carry no meaning across runs; roles may)."""
+    from scipy.optimize import linear_sum_assignment
+
+    out = []
+    for li in sorted({r["layer"] for r in reference}):
+        ref = [r for r in reference if r["layer"] == li]
+        oth = [r for r in other if r["layer"] == li]
+        scale = [float(np.std([r[k] for r in ref])) or 1.0 for k in STATS]
+        cost = [[sum(abs(a[k] - b[k]) / sc for k, sc in zip(STATS, scale)) for b in oth] for a in ref]
+        rows_, cols = linear_sum_assignment(cost)
+        out += [{**oth[j], "layer": li, "head": ref[i]["head"]} for i, j in zip(rows_, cols)]
+    return out
+
+
+def seed_portraits(cfg: HeadsConfig, checkpoints: dict[int, Path], reference: int) -> dict:
+    """metrics/dist/heads.json: the portrait metrics of one variant's checkpoint at every seed (on the heads
+    stage's sequences), each seed's heads named after the head of the `reference` seed's checkpoint (the
+    heads stage's own) they play (matched_to): every number of metrics/heads.json at every seed, the seed
+    distribution the check and the claims judge them by, instead of a fixed tolerance."""
+    seqs = fixed_sequences(load_tokens(CORPUS / "val.npy"), cfg.n_seqs, cfg.seq_len, cfg.seq_seed)
+    measured = {}
+    for seed, path in checkpoints.items():
+        model = load_checkpoint(path, f"the seed {seed} checkpoint")
+        measured[seed] = (*measure(model, cfg, seqs)[:2], model.cfg.n_layer)
+    ref = measured[reference][0]
+    return distribution({s: heads_metrics(matched_to(ref, rows), base, n_layer, cfg)
+                         for s, (rows, base, n_layer) in measured.items()})
