@@ -19,6 +19,7 @@ import json
 import math
 import os
 import re
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -374,6 +375,12 @@ def headline_markdown(seeds: dict, dist: dict, exp) -> str:
         p = pub.get("gap_ratio_of_means_loss_final")
         lines.append(f"- ratio of the mean gaps: **{r['value']:.2f}×** [{r['ci95_lo']:.2f}, {r['ci95_hi']:.2f}] "
                      f"(bootstrap over seeds; the chapter: {'—' if p is None else fmt_number(p)}×)")
+        per_seed = [x["comparison"]["gap_ratio_loss_final"] for x in runs.values()
+                    if "gap_ratio_loss_final" in x.get("comparison", {})]
+        if per_seed and p is not None:  # the chapter's ratio is of one run's gaps: a per-seed ratio
+            lines.append(f"- each seed's own ratio: median {statistics.median(per_seed):.2f}×, from "
+                         f"{min(per_seed):.2f}× to {max(per_seed):.2f}× (the chapter's {fmt_number(p)}×, one run's "
+                         f"ratio: percentile {percentile_of(per_seed, p):.0f} of our {len(per_seed)} seeds)")
     modes = seeds.get("modes", {})
     if modes:
         lines += ["", "Modes: each variant's seeds tested for two modes on the layer-0 entropy at step 222 (the largest "
