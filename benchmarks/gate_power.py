@@ -21,8 +21,11 @@ CPU; the env records say so and the check judges the rerun stages statistically.
 check, each case runs the golden tests (tests/test_golden.py), the guard a pull request meets in
 CI before any result is regenerated.
 
-A case reruns the stages its change reaches in order, is judged after the stages up to train,
-and only if it passes there after the rest too. A stage that will not finish because runs
+A case reruns, in order, the stages of the default pipeline its change reaches (the sweeps,
+seeds, critical, qknorm and sensitivity, and kv_cache and latency are never rerun: they keep the
+reference's outputs and can only pass, so the matrix measures the power of what is rerun), is
+judged after the stages up to train, and only if it passes there after the rest too. The
+reference itself must pass its own check first, or every case fails. A stage that will not finish because runs
 diverge or crash under the change fails the gate; any other failure (DVC, data, the machine)
 is an ERROR, never counted as caught. Prints a confusion matrix (expected x verdict, ERROR
 apart), per case the checks that caught it (golden test, dvc.lock or records, checksum,
@@ -237,7 +240,10 @@ class CaseTree:
                    check=False)
             seconds[stage] = round(time.perf_counter() - t, 1)
             if p.returncode != 0:
-                self.error = "\n".join(p.stderr.strip().splitlines()[-15:]) or "(no output)"
+                tail = p.stderr.strip().splitlines()[-15:]
+                if "Traceback (most recent call last)" in p.stderr and not any("Traceback" in x for x in tail):
+                    tail.insert(0, "Traceback (most recent call last): ...")  # what stage_failure reads
+                self.error = "\n".join(tail) or "(no output)"
                 return seconds, stage
         return seconds, ""
 
@@ -264,6 +270,7 @@ def run_case(case: Case, rev: str, keep: bool) -> dict:
                     t.env, check=False)
         cut = case.stages.index("train") + 1 if "train" in case.stages else len(case.stages)
         seconds, rerun = {}, []
+        verdict = {"verdict": "ERROR", "problems": ["no stage to rerun"]}
         for part in (case.stages[:cut], case.stages[cut:]):
             if not part:
                 continue
@@ -271,7 +278,7 @@ def run_case(case: Case, rev: str, keep: bool) -> dict:
             seconds.update(took)
             rerun += [s for s in part if s in took]
             if failed:
-                verdict = stage_failure(failed, t.error)
+                verdict = stage_failure(failed, t.error, mutant=case.expect != "faithful")
                 break
             verdict = t.check()
             if verdict.get("verdict") != "PASS":  # caught (or broken) on what ran so far
@@ -279,10 +286,12 @@ def run_case(case: Case, rev: str, keep: bool) -> dict:
     return {**_result(case, t0, golden.returncode, verdict, seconds), "stages_rerun": rerun}
 
 
-def stage_failure(stage: str, error: str) -> dict:
+def stage_failure(stage: str, error: str, mutant: bool = True) -> dict:
     """A stage that refuses to finish because runs diverged or crashed under the change is a failed gate
-    (FAIL); any other failure (DVC, the data, the machine) says nothing about the gate (ERROR)."""
-    caught = "did not finish" in error or "diverged" in error
+    (FAIL): the sweep engine's "did not finish", or, in a mutant's case, a Python traceback (a stage script
+    reports the failures that are not the code's, bad input or data, in one line, without one); any other
+    failure (DVC, the data, the machine) says nothing about the gate (ERROR)."""
+    caught = "did not finish" in error or "diverged" in error or (mutant and "Traceback (most recent call last)" in error)
     return {"verdict": "FAIL" if caught else "ERROR", "stage_failed": stage, "problems": [error]}
 
 
@@ -335,13 +344,16 @@ def seed_effects(mine: dict, theirs: dict, ref_stats: dict, keys: list[str]) -> 
         f = math.log if log else float
         sd = s_ref["log_sd"] if log else s_ref["sd"]
         d = [f(mine[s][key]) - f(theirs[s][key]) for s in seeds]
-        mean, se = sum(d) / n, stats.tstd(d) / math.sqrt(n)
-        p = (1.0 if mean == 0 else 0.0) if se == 0 else float(stats.ttest_1samp(d, 0.0).pvalue)
+        mean = sum(d) / n
+        se = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1) / n)
+        p = (1.0 if mean == 0 else 0.0) if se == 0 else float(2 * stats.t.sf(abs(mean / se), n - 1))
         lo, hi = mean - t_crit * se, mean + t_crit * se
         unit = sd if sd > 0 else float("nan")
         rows.append({"metric": key, "log": int(log), "mean_diff": mean, "seed_sd": sd, "p": p,
                      "effect_sd": mean / unit, "ci_sd": [lo / unit, hi / unit],
-                     "within_noise": int(sd > 0 and -EQUIVALENCE_SD * sd < lo and hi < EQUIVALENCE_SD * sd)})
+                     # a metric the same on every reference seed (a count) is within noise only unchanged
+                     "within_noise": int(all(x == 0 for x in d) if sd == 0
+                                         else -EQUIVALENCE_SD * sd < lo and hi < EQUIVALENCE_SD * sd)})
     for r, adjusted in zip(rows, holm_adjusted([r["p"] for r in rows])):
         r["p_holm"] = adjusted
     moved = [r for r in rows if r["p_holm"] < 0.05]

@@ -42,7 +42,7 @@ def main(st: Stage) -> None:
     result = run_seeds(cfg, seeds.seeds, seeds.mode_statistic, device, st.engine)
 
     write_json("metrics/dist/train.json", result.dist)
-    if variant in cfg.variants and cfg.seed in seeds.seeds:
+    if Path(hcfg.checkpoint).parts[:2] == ("data", "train") and variant in cfg.variants and cfg.seed in seeds.seeds:
         write_json("metrics/dist/heads.json", heads.seed_portraits(
             hcfg, {s: result.checkpoints[(variant, s)] for s in seeds.seeds}, cfg.seed))
     else:  # the heads stage analyses no run of this sweep: no seed distribution for it

@@ -376,3 +376,14 @@ def test_a_sweep_mean_that_a_conclusion_reads_is_gated_by_welch(repo, live, caps
     edit(repo, "sweep", lambda d: d.update(gap=5.0))  # read by no conclusion: still informational
     edit(repo, "sweep", lambda d: d["cell"].update(mean=0.5, min=0.45, max=0.55))
     assert check(repo, capsys)[0] == 0
+
+
+def test_a_seed_distribution_is_judged_in_the_mode_of_the_stage_that_writes_it(repo):
+    from attnrepro.check import dist_producers
+
+    assert dist_producers(repo) == {"train": "train"}
+    d = yaml.safe_load((repo / "dvc.yaml").read_text(encoding="utf-8"))
+    d["stages"]["train"]["outs"].remove("metrics/dist/train.json")
+    d["stages"]["sweep"]["outs"].append("metrics/dist/train.json")  # as the seeds stage writes dist/train
+    (repo / "dvc.yaml").write_text(yaml.safe_dump(d), encoding="utf-8")
+    assert dist_producers(repo) == {"train": "sweep"}

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from attnrepro.stats import distribution
-from test_check import (AMD, CLAIMS, CONCLUSIONS, SEEDS, check, dump, edit, git, live, predicates,  # noqa: F401
+from test_check import (AMD, CLAIMS, CONCLUSIONS, SEEDS, check, dump, edit, git, live, predicates, relock,  # noqa: F401
                         repo)
 from test_reference import reference  # noqa: F401 (fixture)
 
@@ -198,6 +198,31 @@ def test_a_param_edited_after_the_run_is_named_and_a_run_with_other_params_is_ju
     rc, out = check(repo, capsys)  # a run made with seed 1: judged statistically, and said so first
     assert rc == 0 and first_lines(out)[1] == "  params.yaml differs from HEAD's: train.seed 0 -> 1"
     assert "statistical verdict (other params (train)): train" in out
+
+
+def test_an_edit_no_stage_ran_with_cannot_switch_a_rerun_stage_to_statistical(repo, capsys):
+    """train reads init's outputs (so init's params are upstream of it); train's loss moved inside its seed band and
+    relocked, as if rerun; then an init param edited that no rerun stage ran with: judged exactly still, a DRIFT
+    (statistically, inside the band, it would pass)."""
+    d = yaml.safe_load((repo / "dvc.yaml").read_text(encoding="utf-8"))
+    d["stages"]["train"]["deps"] = ["metrics/init.json"]
+    (repo / "dvc.yaml").write_text(yaml.safe_dump(d), encoding="utf-8")
+    edit(repo, "train", lambda m: m["scaled"].__setitem__("loss_final", 3.71))
+    relock(repo)  # train as rerun, init as the reference's own
+    p = repo / "params.yaml"
+    p.write_text(p.read_text(encoding="utf-8").replace("init:\n  seed: 0", "init:\n  seed: 1"), encoding="utf-8")
+    rc, out = check(repo, capsys, lock=False)
+    assert rc == 1 and "metric train.scaled.loss_final = 3.71 drifted from 3.7 (exact)" in out
+    assert "init.seed was edited after the run (init ran with 0, it now reads 1), and it was not rerun" in out
+
+
+def test_a_thread_count_is_the_machines_not_the_protocols(repo, live, capsys):
+    p = repo / "params.yaml"
+    p.write_text(p.read_text(encoding="utf-8").replace("lr: 0.003\n", "lr: 0.003\n  threads: 2\n"), encoding="utf-8")
+    assert yaml.safe_load(p.read_text(encoding="utf-8"))["train"]["threads"] == 2
+    edit(repo, "env/train", lambda d: d.update(torch_threads=2))
+    rc, out = check(repo, capsys)
+    assert "statistical verdict (another machine (torch_threads: 1 -> 2)): train" in out and "other params" not in out
 
 
 def test_a_rerun_here_with_its_own_record_is_judged_by_the_live_machine(repo, live, capsys):

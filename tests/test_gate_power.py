@@ -109,3 +109,16 @@ def test_seed_effects_call_a_mutant_harmless_only_when_every_interval_is_inside_
     r = gp.seed_effects(noisy, theirs, ref, keys)
     assert r["verdict"] == "inconclusive" and r["not_within_noise"] == ["loss_final"]
     assert not r["moved"]
+
+
+def test_a_traceback_in_a_mutants_stage_is_a_catch_and_a_count_must_not_move():
+    tb = "Traceback (most recent call last):\n  ...\nIndexError: index 230954 is out of bounds"
+    assert gp.stage_failure("train", tb)["verdict"] == "FAIL"
+    assert gp.stage_failure("train", tb, mutant=False)["verdict"] == "ERROR"
+    seeds = [1, 2, 3]
+    theirs = {s: {"params": 1000.0, "loss_final": 4.0 + 0.1 * s} for s in seeds}
+    ref = {"params": {"sd": 0.0}, "loss_final": {"sd": 0.1}}
+    same = {s: dict(v) for s, v in theirs.items()}
+    assert gp.seed_effects(same, theirs, ref, ["loss_final", "params"])["verdict"] == "harmless"
+    moved = {s: {**v, "params": 1001.0} for s, v in theirs.items()}
+    assert "params" in gp.seed_effects(moved, theirs, ref, ["loss_final", "params"])["not_within_noise"]

@@ -222,7 +222,8 @@ def test_heads_bad_checkpoint_is_one_line(repo_copy, tmp_path, content, needle):
 
 
 def test_a_seeds_heads_are_named_after_the_reference_head_they_play():
-    from attnrepro.experiments.heads import STATS, matched_to, portrait_metrics
+    from attnrepro.experiments.heads import STATS, portrait_metrics
+    from attnrepro.matching import matched_to
 
     def row(layer, head, *v):
         return {"layer": layer, "head": head, **dict(zip(STATS, v))}
@@ -233,9 +234,22 @@ def test_a_seeds_heads_are_named_after_the_reference_head_they_play():
     other = [row(0, 2, 0.31, 0.75, 0.06, 1.3, 1.1), row(0, 0, 0.5, 0.2, 0.44, 2.2, 1.4),
              row(0, 1, 0.79, 0.12, 0.1, 4.0, 1.9), row(1, 1, 0.6, 0.27, 0.19, 3.1, 1.6),
              row(1, 0, 0.88, 0.16, 0.12, 4.6, 2.1)]
-    named = {(r["layer"], r["head"]): r for r in matched_to(reference, other)}
+    named = {(r["layer"], r["head"]): r for r in matched_to(reference, other, STATS)}
     assert named[(0, 0)]["diag"] == 0.75 and named[(0, 1)]["prev"] == 0.44 and named[(0, 2)]["distance"] == 4.0
     assert named[(1, 0)]["entropy"] == 0.6 and named[(1, 1)]["entropy"] == 0.88
-    assert {(r["layer"], r["head"]) for r in matched_to(reference, reference)} == {(r["layer"], r["head"]) for r in reference}
-    m = portrait_metrics(matched_to(reference, other), 2)
+    assert {(r["layer"], r["head"]) for r in matched_to(reference, reference, STATS)} == {(r["layer"], r["head"]) for r in reference}
+    m = portrait_metrics(matched_to(reference, other, STATS), 2)
     assert m["l0h1"]["prev"] == 0.44 and m["max_prev"] == 0.44 and set(m["layer0"]) == set(STATS)
+
+
+def test_the_check_judges_a_runs_heads_under_the_names_of_the_reference_heads_they_play():
+    from attnrepro.matching import heads_renamed
+
+    def head(e, d, p, dist, sd, abl):
+        return dict(zip(("entropy", "diag", "prev", "distance", "distance_std", "ablation_delta"), (e, d, p, dist, sd, abl)))
+    ref_heads = {"l0h0": head(0.3, 0.8, 0.05, 1.2, 1.0, 1.0), "l0h1": head(0.5, 0.2, 0.45, 2.3, 1.5, 0.5)}
+    ref = {f"heads.{h}.{k}": v for h, r in ref_heads.items() for k, v in r.items()} | {"train.loss": 4.0}
+    swapped = {k.replace("l0h0", "X").replace("l0h1", "l0h0").replace("X", "l0h1"): v for k, v in ref.items()}
+    assert swapped != ref and heads_renamed(swapped, ref) == ref and heads_renamed(ref, ref) == ref
+    partial = {k: v for k, v in swapped.items() if not k.endswith("l0h1.prev")}
+    assert heads_renamed(partial, ref) == partial  # a head lacks a statistic: left as it is

@@ -30,6 +30,7 @@ reported, never gated. The first line of the output is the verdict.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import re
@@ -41,6 +42,7 @@ from typing import Callable, Optional
 from .claims import (CONCLUSIONS, Expectations, ClaimResult, Tol, band, counts, evaluate_all, evaluate_claim,
                      fmt_number, load, load_dists, load_envs, load_metrics_dir, seed_values, cuda_run)
 from .config import UserError, read_params
+from .matching import heads_renamed
 from .reference import (FLOAT_ORDER, Reference, Revision, claims_changes, listed, lock_findings, params_changes,
                         pipeline_stages, reference)
 from .stats import ALPHA, FLOAT_ORDER_RATIO, FLOAT_ORDER_TOL, Band, t_quantile
@@ -62,6 +64,19 @@ def _resolve(text: str, params: dict) -> str:
             v = v.get(k) if isinstance(v, dict) else None
         return m.group(0) if v is None or isinstance(v, (dict, list)) else str(v)
     return re.sub(r"\$\{([^}]+)\}", look, text)
+
+
+def dist_producers(root: Path, metrics_dir: str = "metrics") -> dict[str, str]:
+    """{seed distribution's file stem: the metrics file of the stage that writes it} (dvc.yaml)."""
+    out = {}
+    for st in pipeline_stages(root).values():
+        st = st.get("do", st)
+        paths = [str(o if isinstance(o, str) else next(iter(o))) for k in ("outs", "metrics") for o in st.get(k) or []]
+        own = [Path(p).stem for p in paths if p.startswith(f"{metrics_dir}/") and p.count("/") == 1]
+        for p in paths:
+            if p.startswith(f"{metrics_dir}/dist/") and own:
+                out[Path(p).stem] = own[0]
+    return out
 
 
 def stage_params(root: Path, params: dict) -> dict[str, set[str]]:
@@ -153,6 +168,26 @@ def machines(files, envs: dict, ref_envs: dict, made_on: Optional[str], live: Ca
     return out
 
 
+def params_as_run(params: dict, stale: dict) -> dict:
+    """params.yaml with each leaf that only stages not rerun ran with otherwise (lock_findings' stale) set
+    back to the value they ran with."""
+    out = copy.deepcopy(params)
+    for (file, leaf), value in stale.items():
+        if file == "params.yaml":
+            d = out
+            for k in leaf[:-1]:
+                d = d.setdefault(k, {})
+            d[leaf[-1]] = value
+    return out
+
+
+def _protocol(section):
+    """A params section without its thread count: threads are the machine's (torch_threads in the
+    records, compared as such), not the protocol's, so a run on 2 threads keeps its float-order
+    tolerances."""
+    return {k: v for k, v in section.items() if k != "threads"} if isinstance(section, dict) else section
+
+
 def decide_modes(files, m: Machines, ref: Reference, params: dict, sections: dict, mode: str):
     """Per metrics file: exact or statistical, and why statistical."""
     modes, why = {}, {}
@@ -165,7 +200,8 @@ def decide_modes(files, m: Machines, ref: Reference, params: dict, sections: dic
             diff = [k for k in MACHINE_KEYS if mine[k] != theirs[k]]
             if diff:
                 reasons.append("another machine (" + ", ".join(f"{k}: {theirs[k]} -> {mine[k]}" for k in diff) + ")")
-            changed = sorted(s for s in sections.get(file, {file}) if params.get(s) != ref.params.get(s))
+            changed = sorted(s for s in sections.get(file, {file})
+                             if _protocol(params.get(s)) != _protocol(ref.params.get(s)))
             if changed:
                 reasons.append("other params (" + ", ".join(changed) + ")")
         modes[file] = "statistical" if reasons else "exact"
@@ -271,7 +307,7 @@ def holm(rows: list["Row"], headline: list[str]) -> None:
 
 
 def compare(cur: dict, ref: Reference, cur_dists: dict, exp: Expectations, modes: dict[str, str],
-            envs: dict, why: Optional[dict[str, str]] = None) -> list[Row]:
+            envs: dict, why: Optional[dict[str, str]] = None, producers: Optional[dict[str, str]] = None) -> list[Row]:
     rows = []
     keys = sorted(set(ref.metrics) | set(cur))
     alphas = families([k for k in keys if k in cur and k in ref.metrics and not exp.is_timing(k)], ref, exp.headline)
@@ -293,6 +329,9 @@ def compare(cur: dict, ref: Reference, cur_dists: dict, exp: Expectations, modes
             rows.append(Row(key, r, c, "exact", "ok" if _same(r, c) else "DRIFT", b, alpha))
             continue
         rule = exp.drift_rule(key)
+        if rule is not None and rule.tol.kind == "info":  # reported, never gated, whatever its seeds
+            rows.append(Row(key, r, c, "not gated", "info"))
+            continue
         ratio = ref.float_order.get(key)
         if b is not None and ratio is not None and ratio <= FLOAT_ORDER_RATIO and "other params" not in (why or {}).get(file, ""):
             rows.append(float_order_row(key, r, c, b))
@@ -307,13 +346,13 @@ def compare(cur: dict, ref: Reference, cur_dists: dict, exp: Expectations, modes
                 rows.append(Row(key, r, c, "band+welch", "ok" if ok and p >= alpha else "OUTSIDE", b, alpha, p))
             else:
                 rows.append(Row(key, r, c, "band", "ok" if ok else "OUTSIDE", b, alpha))
-        elif rule is not None and rule.tol.kind == "info":
-            rows.append(Row(key, r, c, "not gated", "info"))
         else:
             tol = rule.tol if rule is not None else Tol("exact")
             rows.append(Row(key, r, c, tol.text(), "ok" if tol.ok(c, r) else "DRIFT"))
     for file in sorted({k.split(".", 1)[0] for k in keys}):
-        if modes.get(file) == "exact" and file in ref.dists and cur_dists.get(file) != ref.dists[file]:
+        # a seed distribution is exact where the stage that writes it is (seeds writes dist/train and dist/heads)
+        if modes.get((producers or {}).get(file, file)) == "exact" and file in ref.dists \
+                and cur_dists.get(file) != ref.dists[file]:
             rows.append(Row(f"dist/{file}", None, None, "exact", "DRIFT" if file in cur_dists else "MISSING"))
     holm(rows, exp.headline)
     return rows
@@ -386,15 +425,17 @@ def run_check(rev: str = "HEAD", root: str | Path = ".", metrics_dir: str = "met
         return seen[device]
 
     m = machines(files, envs, ref.envs, made_on, live, f"{metrics_dir}/env")
-    modes, why = decide_modes(files, m, ref, params, stage_params(root, params), mode)
+    lock_probs, lock_notes, stale = lock_findings(root, metrics_dir, revision.yaml("dvc.lock"))
+    ran = params_as_run(params, stale)  # an edit no stage ran with decides nothing
+    modes, why = decide_modes(files, m, ref, ran, stage_params(root, ran), mode)
 
-    rows = compare(cur, ref, cur_dists, exp, modes, envs, why)
+    cur = heads_renamed(cur, ref.metrics)  # a run's heads judged under the names of the reference's heads they play
+    rows = compare(cur, ref, cur_dists, exp, modes, envs, why, dist_producers(root, metrics_dir))
     results = evaluate_all(exp, cur, ref.dists, envs)  # conclusions: on this run and the reference's seeds
     gate_sweep_means(rows, results, cur, ref.metrics)
     out = Outcome(rows, results, modes, why, exp.headline, ref.label)
     out.notes = m.notes + changes(revision, ref, root, claims_path, params, cur_dists, metrics_dir)
     out.provenance, numerics = provenance(envs)
-    lock_probs, lock_notes = lock_findings(root, metrics_dir, revision.yaml("dvc.lock"))
     out.notes += lock_notes
     out.problems = lock_probs + m.problems + numerics + metric_problems(rows, ref.name)
     for res in results:

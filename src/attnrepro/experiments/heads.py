@@ -17,6 +17,7 @@ import torch
 from ..audit.load import AttentionConfig
 from ..config import UserError, require, require_positive
 from ..measure.probes import ablate_heads, attention_maps, head_stats
+from ..matching import HEAD_STATS, matched_to
 from ..measure.weights import position_stats
 from ..model import load_checkpoint
 from ..runtime import progress
@@ -24,7 +25,7 @@ from ..stats import distribution
 from ..training import load_tokens
 
 CORPUS = Path("data/corpus")
-STATS = ("entropy", "diag", "prev", "distance", "distance_std")
+STATS = HEAD_STATS
 
 
 @dataclass
@@ -148,23 +149,6 @@ def portrait_metrics(rows: list[dict], n_layer: int, stats: tuple = STATS) -> di
     return metrics
 
 
-def matched_to(reference: list[dict], other: list[dict]) -> list[dict]:
-    """`other`'s head rows renamed (layer, head) after the reference's head each one plays: the least-cost
-    one-to-one assignment within a layer over STATS, each statistic scaled by its spread over the
-    reference's heads of that layer (head indices carry no meaning across runs; roles may)."""
-    from scipy.optimize import linear_sum_assignment
-
-    out = []
-    for li in sorted({r["layer"] for r in reference}):
-        ref = [r for r in reference if r["layer"] == li]
-        oth = [r for r in other if r["layer"] == li]
-        scale = [float(np.std([r[k] for r in ref])) or 1.0 for k in STATS]
-        cost = [[sum(abs(a[k] - b[k]) / sc for k, sc in zip(STATS, scale)) for b in oth] for a in ref]
-        rows_, cols = linear_sum_assignment(cost)
-        out += [{**oth[j], "layer": li, "head": ref[i]["head"]} for i, j in zip(rows_, cols)]
-    return out
-
-
 def seed_portraits(cfg: HeadsConfig, checkpoints: dict[int, Path], reference: int) -> dict:
     """metrics/dist/heads.json: the portrait metrics of one variant's checkpoint at every seed (on the heads
     stage's sequences), each seed's heads named after the head of the `reference` seed's checkpoint (the
@@ -176,5 +160,5 @@ def seed_portraits(cfg: HeadsConfig, checkpoints: dict[int, Path], reference: in
         model = load_checkpoint(path, f"the seed {seed} checkpoint")
         measured[seed] = (*measure(model, cfg, seqs)[:2], model.cfg.n_layer)
     ref = measured[reference][0]
-    return distribution({s: heads_metrics(matched_to(ref, rows), base, n_layer, cfg)
+    return distribution({s: heads_metrics(matched_to(ref, rows, STATS), base, n_layer, cfg)
                          for s, (rows, base, n_layer) in measured.items()})

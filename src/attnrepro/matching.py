@@ -1,0 +1,55 @@
+"""Heads matched by role across runs: head indices carry no meaning between two trained models, the
+roles they take may. One least-cost one-to-one assignment per layer (scipy), used by the heads stage's
+seed distribution and by the check, which judges a run's heads under the reference's names."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+
+HEAD = re.compile(r"^heads\.l(\d+)h(\d+)\.(\w+)$")
+HEAD_STATS = ("entropy", "diag", "prev", "distance", "distance_std")  # what a head's role is matched on
+
+
+def matched_to(reference: list[dict], other: list[dict], stats: tuple[str, ...]) -> list[dict]:
+    """`other`'s head rows ({layer, head, <stat>: value}) renamed (layer, head) after the reference's head each
+    one plays: the least-cost one-to-one assignment within a layer over `stats`, each statistic scaled by its
+    spread over the reference's heads of that layer; a statistic that is not a number costs 1e9."""
+    from scipy.optimize import linear_sum_assignment  # slow to import: here
+
+    out = []
+    for li in sorted({r["layer"] for r in reference}):
+        ref = [r for r in reference if r["layer"] == li]
+        oth = [r for r in other if r["layer"] == li]
+        scale = [float(np.std([r[k] for r in ref])) or 1.0 for k in stats]
+
+        def cost(a: dict, b: dict) -> float:
+            c = sum(abs(a[k] - b[k]) / sc for k, sc in zip(stats, scale))
+            return c if math.isfinite(c) else 1e9
+
+        rows, cols = linear_sum_assignment([[cost(a, b) for b in oth] for a in ref])
+        out += [{**oth[j], "layer": li, "head": ref[i]["head"]} for i, j in zip(rows, cols)]
+    return out
+
+
+def heads_renamed(run: dict[str, float], reference: dict[str, float],
+                  stats: tuple[str, ...] = HEAD_STATS) -> dict[str, float]:
+    """Flat metrics (heads.l<L>h<H>.<stat>) with the run's heads renamed after the reference's head each plays,
+    matched on `stats`; unchanged where either lacks a head's statistics or the two differ in shape."""
+    def rows(m):
+        by: dict[tuple, dict] = {}
+        for k, v in m.items():
+            x = HEAD.match(k)
+            if x:
+                by.setdefault((int(x[1]), int(x[2])), {"layer": int(x[1]), "head": int(x[2])})[x[3]] = v
+        return list(by.values())
+    mine, theirs = rows(run), rows(reference)
+    if not mine or sorted((r["layer"], r["head"]) for r in mine) != sorted((r["layer"], r["head"]) for r in theirs) \
+            or any(k not in r for r in mine + theirs for k in stats):
+        return dict(run)
+    out = {k: v for k, v in run.items() if not HEAD.match(k)}
+    for r in matched_to(theirs, mine, stats):
+        out.update({f"heads.l{r['layer']}h{r['head']}.{k}": v for k, v in r.items() if k not in ("layer", "head")})
+    return out
