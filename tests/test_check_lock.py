@@ -124,7 +124,7 @@ def test_a_param_only_stages_not_rerun_ran_with_otherwise_is_a_note(run):
     text = (run / "params.yaml").read_text(encoding="utf-8").replace("seed: 0", "seed: 1")
     (run / "params.yaml").write_text(text, encoding="utf-8")
     # nothing rerun: both stages' lock entries are the reference's, their outputs intact
-    problems, notes, _ = lock_findings(run, reference_lock=reference)
+    problems, notes = lock_findings(run, reference_lock=reference)
     assert problems == [] and notes == ["params.yaml train.seed was edited after the run (report, train ran with 0, "
                                         "it now reads 1), and they were not rerun: the outputs are the reference's "
                                         "own (`dvc status` lists them stale)"]
@@ -134,10 +134,10 @@ def test_a_param_only_stages_not_rerun_ran_with_otherwise_is_a_note(run):
     for out in lock["stages"]["train"]["outs"]:
         out["md5"] = out_md5(run / out["path"])
     (run / "dvc.lock").write_text(yaml.safe_dump(lock, sort_keys=False), encoding="utf-8")
-    problems, notes, _ = lock_findings(run, reference_lock=reference)
+    problems, notes = lock_findings(run, reference_lock=reference)
     assert problems == ["params.yaml train.seed was edited after the run (report, train ran with 0, it now reads 1)"]
     # an output edited after the run (the lock the reference's) is never "not rerun"
     (run / "dvc.lock").write_text(yaml.safe_dump(reference, sort_keys=False), encoding="utf-8")
-    problems, _, _ = lock_findings(run, reference_lock=reference)
+    problems, _ = lock_findings(run, reference_lock=reference)
     assert problems == ["metrics/train.json was edited after the run (its md5 differs from dvc.lock's)",
                         "params.yaml train.seed was edited after the run (report, train ran with 0, it now reads 1)"]

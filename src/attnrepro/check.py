@@ -30,7 +30,6 @@ reported, never gated. The first line of the output is the verdict.
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 import re
@@ -43,7 +42,8 @@ from .claims import (CONCLUSIONS, Expectations, ClaimResult, Tol, band, counts, 
                      fmt_number, load, load_dists, load_envs, load_metrics_dir, seed_values, cuda_run)
 from .config import UserError, read_params
 from .matching import heads_renamed
-from .reference import (FLOAT_ORDER, Reference, Revision, claims_changes, listed, lock_findings, params_changes,
+from .reference import (FLOAT_ORDER, Reference, Revision, _leaves, _yaml, claims_changes, listed, lock_findings,
+                        params_changes,
                         pipeline_stages, reference)
 from .stats import ALPHA, FLOAT_ORDER_RATIO, FLOAT_ORDER_TOL, Band, t_quantile
 
@@ -79,13 +79,12 @@ def dist_producers(root: Path, metrics_dir: str = "metrics") -> dict[str, str]:
     return out
 
 
-def stage_params(root: Path, params: dict) -> dict[str, set[str]]:
-    """{metrics file: the params sections its stage and the stages upstream of it read} (dvc.yaml)."""
+def file_stages(root: Path, params: dict) -> dict[str, set[str]]:
+    """{metrics file: its stage and the stages upstream of it} (dvc.yaml)."""
     stages = pipeline_stages(root)
-    own, outs, deps = {}, {}, {}
+    outs, deps = {}, {}
     for name, st in stages.items():
         st = st.get("do", st)
-        own[name] = {str(p if isinstance(p, str) else next(iter(p))).split(".")[0] for p in st.get("params") or []}
         outs[name] = [str(o if isinstance(o, str) else next(iter(o)))
                       for k in ("outs", "metrics", "plots") for o in st.get(k) or []]
         deps[name] = [_resolve(str(d if isinstance(d, str) else next(iter(d))), params) for d in st.get("deps") or []]
@@ -99,10 +98,34 @@ def stage_params(root: Path, params: dict) -> dict[str, set[str]]:
 
     out: dict[str, set[str]] = {}
     for name in stages:
-        sections = set().union(*(own[s] for s in upstream(name, {name})))
         for p in outs[name]:
             if p.startswith("metrics/") and p.endswith(".json") and p.count("/") == 1:
-                out[Path(p).stem] = sections
+                out[Path(p).stem] = upstream(name, {name})
+    return out
+
+
+def made_with_other_params(root: Path, params: dict, reference_lock: dict) -> dict[str, list[str]]:
+    """{metrics file: the params sections its stage, or a stage upstream of it, ran with otherwise than the
+    reference's run of that stage}, read from the two dvc.lock files: the params the outputs were made with,
+    never an edit of params.yaml no stage ran with. A thread count is the machine's (torch_threads in the
+    records), not the protocol's: a run on 2 threads keeps its float-order tolerances."""
+    lock = _yaml(root / "dvc.lock")
+    lock = lock if isinstance(lock, dict) else {}
+
+    def ran(d: dict, stage: str) -> dict:
+        return _leaves(((d.get("stages") or {}).get(stage) or {}).get("params") or {})
+
+    differ: dict[str, set[str]] = {}
+    out = {}
+    for file, stages in file_stages(root, params).items():
+        sections = set()
+        for st in stages:
+            if st not in differ:
+                a, b = ran(lock, st), ran(reference_lock, st)
+                differ[st] = {str(k[1]).split(".")[0] for k in set(a) | set(b)
+                              if a.get(k) != b.get(k) and k[-1] != "threads" and len(k) > 1}
+            sections |= differ[st]
+        out[file] = sorted(sections)
     return out
 
 
@@ -168,27 +191,7 @@ def machines(files, envs: dict, ref_envs: dict, made_on: Optional[str], live: Ca
     return out
 
 
-def params_as_run(params: dict, stale: dict) -> dict:
-    """params.yaml with each leaf that only stages not rerun ran with otherwise (lock_findings' stale) set
-    back to the value they ran with."""
-    out = copy.deepcopy(params)
-    for (file, leaf), value in stale.items():
-        if file == "params.yaml":
-            d = out
-            for k in leaf[:-1]:
-                d = d.setdefault(k, {})
-            d[leaf[-1]] = value
-    return out
-
-
-def _protocol(section):
-    """A params section without its thread count: threads are the machine's (torch_threads in the
-    records, compared as such), not the protocol's, so a run on 2 threads keeps its float-order
-    tolerances."""
-    return {k: v for k, v in section.items() if k != "threads"} if isinstance(section, dict) else section
-
-
-def decide_modes(files, m: Machines, ref: Reference, params: dict, sections: dict, mode: str):
+def decide_modes(files, m: Machines, ref: Reference, other_params: dict[str, list[str]], mode: str):
     """Per metrics file: exact or statistical, and why statistical."""
     modes, why = {}, {}
     for file in sorted(files):
@@ -200,8 +203,7 @@ def decide_modes(files, m: Machines, ref: Reference, params: dict, sections: dic
             diff = [k for k in MACHINE_KEYS if mine[k] != theirs[k]]
             if diff:
                 reasons.append("another machine (" + ", ".join(f"{k}: {theirs[k]} -> {mine[k]}" for k in diff) + ")")
-            changed = sorted(s for s in sections.get(file, {file})
-                             if _protocol(params.get(s)) != _protocol(ref.params.get(s)))
+            changed = other_params.get(file, [])
             if changed:
                 reasons.append("other params (" + ", ".join(changed) + ")")
         modes[file] = "statistical" if reasons else "exact"
@@ -425,9 +427,9 @@ def run_check(rev: str = "HEAD", root: str | Path = ".", metrics_dir: str = "met
         return seen[device]
 
     m = machines(files, envs, ref.envs, made_on, live, f"{metrics_dir}/env")
-    lock_probs, lock_notes, stale = lock_findings(root, metrics_dir, revision.yaml("dvc.lock"))
-    ran = params_as_run(params, stale)  # an edit no stage ran with decides nothing
-    modes, why = decide_modes(files, m, ref, ran, stage_params(root, ran), mode)
+    ref_lock = revision.yaml("dvc.lock")
+    lock_probs, lock_notes = lock_findings(root, metrics_dir, ref_lock)
+    modes, why = decide_modes(files, m, ref, made_with_other_params(root, params, ref_lock), mode)
 
     cur = heads_renamed(cur, ref.metrics)  # a run's heads judged under the names of the reference's heads they play
     rows = compare(cur, ref, cur_dists, exp, modes, envs, why, dist_producers(root, metrics_dir))

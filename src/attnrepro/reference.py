@@ -297,25 +297,23 @@ def lock_problems(root: Path, metrics_dir: str = "metrics") -> list[str]:
 
 
 def lock_findings(root: Path, metrics_dir: str = "metrics",
-                  reference_lock: Optional[dict] = None) -> tuple[list[str], list[str], dict]:
-    """(problems, notes, stale): each metrics/ and plots/ output and each param that differs from what dvc.lock
+                  reference_lock: Optional[dict] = None) -> tuple[list[str], list[str]]:
+    """(problems, notes): each metrics/ and plots/ output and each param that differs from what dvc.lock
     recorded for the stages of dvc.yaml (a stale lock entry of a stage dvc.yaml no longer has is ignored),
     and each metrics file no stage recorded, are problems; except that a param only stages that were not
     rerun ran with another value of (their lock entry, outputs and params, is the reference's own, and
     their outputs are intact) is a note: their outputs are the reference's, so nothing they hold was
     made with the new value (a threads=2 rerun of the default stages leaves the sweeps so; `dvc status`
-    lists them stale). stale: {(params file, leaf path): the value those stages ran with} for each such
-    note, so that the verdict's mode is decided by the params the outputs were made with, never by an
-    edit no stage ran with."""
+    lists them stale)."""
     if not (root / "dvc.lock").is_file():
-        return ["dvc.lock is missing: the outputs cannot be matched with the run that made them"], [], {}
+        return ["dvc.lock is missing: the outputs cannot be matched with the run that made them"], []
     lock = _yaml(root / "dvc.lock")
     if not isinstance(lock, dict):
-        return ["dvc.lock is not valid YAML: the outputs cannot be matched with the run that made them"], [], {}
+        return ["dvc.lock is not valid YAML: the outputs cannot be matched with the run that made them"], []
     stages, trees = pipeline_stages(root), {}
     current = {n: st for n, st in (lock.get("stages") or {}).items()
                if n in stages or ("@" in n and any(k in stages.get(n.split("@")[0], {}) for k in ("foreach", "matrix")))}
-    problems, notes, stale, recorded, params_seen = [], [], {}, set(), {}
+    problems, notes, recorded, params_seen = [], [], set(), {}
     theirs = (reference_lock or {}).get("stages") or {}
     not_rerun = {n for n, st in current.items()
                  if n in theirs and (st.get("outs"), st.get("params")) == (theirs[n].get("outs"), theirs[n].get("params"))}
@@ -338,11 +336,8 @@ def lock_findings(root: Path, metrics_dir: str = "metrics",
                     if _norm(_get(tree, leaf)) != _norm(v):
                         params_seen.setdefault((file, ".".join(leaf), short(v), short(_get(tree, leaf))),
                                                []).append(name)
-                        stale.setdefault((file, leaf), v)
-    stale_keep: set = set()
     for (file, leaf, ran, now), names in params_seen.items():
         if all(n in not_rerun for n in names):
-            stale_keep.add((file, leaf))
             notes.append(f"{file} {leaf} was edited after the run ({listed(names, 3)} ran with {ran}, it now reads "
                          f"{now}), and {'it was' if len(names) == 1 else 'they were'} not rerun: the outputs are "
                          "the reference's own (`dvc status` lists them stale)")
@@ -353,4 +348,4 @@ def lock_findings(root: Path, metrics_dir: str = "metrics",
         rel = f.relative_to(root).as_posix()
         if rel not in recorded and not any(rel.startswith(r + "/") for r in recorded):
             problems.append(f"{rel} is an output of no stage in dvc.lock: not made by the run")
-    return problems, notes, {k: v for k, v in stale.items() if (k[0], ".".join(k[1])) in stale_keep}
+    return problems, notes
