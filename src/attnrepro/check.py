@@ -42,9 +42,8 @@ from .claims import (CONCLUSIONS, Expectations, ClaimResult, Tol, band, counts, 
                      fmt_number, load, load_dists, load_envs, load_metrics_dir, seed_values, cuda_run)
 from .config import UserError, read_params
 from .matching import heads_renamed
-from .reference import (FLOAT_ORDER, Reference, Revision, _leaves, _yaml, claims_changes, listed, lock_findings,
-                        params_changes,
-                        pipeline_stages, reference)
+from .reference import (FLOAT_ORDER, Reference, Revision, claims_changes, key_leaves, listed, lock_findings,
+                        params_changes, pipeline_stages, read_yaml, reference)
 from .stats import ALPHA, FLOAT_ORDER_RATIO, FLOAT_ORDER_TOL, Band, t_quantile
 
 # what decides whether a rerun must be byte-identical: the machine's float order and the software
@@ -109,11 +108,11 @@ def made_with_other_params(root: Path, params: dict, reference_lock: dict) -> di
     reference's run of that stage}, read from the two dvc.lock files: the params the outputs were made with,
     never an edit of params.yaml no stage ran with. A thread count is the machine's (torch_threads in the
     records), not the protocol's: a run on 2 threads keeps its float-order tolerances."""
-    lock = _yaml(root / "dvc.lock")
+    lock = read_yaml(root / "dvc.lock")
     lock = lock if isinstance(lock, dict) else {}
 
     def ran(d: dict, stage: str) -> dict:
-        return _leaves(((d.get("stages") or {}).get(stage) or {}).get("params") or {})
+        return key_leaves(((d.get("stages") or {}).get(stage) or {}).get("params") or {})
 
     differ: dict[str, set[str]] = {}
     out = {}

@@ -206,12 +206,12 @@ def claims_changes(ref: Expectations, tree: Expectations) -> dict[str, dict[str,
     return {f: {k: v for k, v in d.items() if v} for f, d in files.items() if any(d.values())}
 
 
-def _leaves(d, path: tuple = ()) -> dict[tuple, object]:
+def key_leaves(d, path: tuple = ()) -> dict[tuple, object]:
     """{path of keys: value} of every leaf (a key may hold dots: a file name)."""
     if isinstance(d, dict) and d:
         out = {}
         for k, v in d.items():
-            out.update(_leaves(v, path + (str(k),)))
+            out.update(key_leaves(v, path + (str(k),)))
         return out
     return {path: d}
 
@@ -223,7 +223,7 @@ def short(v, width: int = 24) -> str:
 
 def params_changes(ref: dict, tree: dict) -> list[str]:
     """`key old -> new` for each params leaf that differs."""
-    a, b = _leaves(ref), _leaves(tree)
+    a, b = key_leaves(ref), key_leaves(tree)
     return [f"{'.'.join(k)} {short(a.get(k))} -> {short(b.get(k))}" for k in sorted(set(a) | set(b))
             if a.get(k) != b.get(k)]
 
@@ -252,7 +252,7 @@ def out_md5(path: Path) -> str:
     return hashlib.md5(json.dumps(manifest, sort_keys=True).encode("utf-8")).hexdigest() + ".dir"
 
 
-def _yaml(path: Path):
+def read_yaml(path: Path):
     """A YAML file's data, None if unreadable (libyaml's parser where PyYAML has it: dvc.lock is large)."""
     try:
         return yaml.load(path.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
@@ -262,7 +262,7 @@ def _yaml(path: Path):
 
 def pipeline_stages(root: Path) -> dict:
     """dvc.yaml's stages ({} without one)."""
-    data = _yaml(root / "dvc.yaml")
+    data = read_yaml(root / "dvc.yaml")
     return (data.get("stages") or {}) if isinstance(data, dict) else {}
 
 
@@ -307,7 +307,7 @@ def lock_findings(root: Path, metrics_dir: str = "metrics",
     lists them stale)."""
     if not (root / "dvc.lock").is_file():
         return ["dvc.lock is missing: the outputs cannot be matched with the run that made them"], []
-    lock = _yaml(root / "dvc.lock")
+    lock = read_yaml(root / "dvc.lock")
     if not isinstance(lock, dict):
         return ["dvc.lock is not valid YAML: the outputs cannot be matched with the run that made them"], []
     stages, trees = pipeline_stages(root), {}
@@ -330,9 +330,9 @@ def lock_findings(root: Path, metrics_dir: str = "metrics",
                 problems.append(f"{path} was edited after the run (its md5 differs from dvc.lock's)")
                 not_rerun.discard(name)
         for file, values in (st.get("params") or {}).items():
-            tree = trees[file] if file in trees else trees.setdefault(file, _yaml(root / file) or {})
+            tree = trees[file] if file in trees else trees.setdefault(file, read_yaml(root / file) or {})
             for key, ran in (values or {}).items():  # key: a dotted path (DVC's), its value a leaf or a mapping
-                for leaf, v in _leaves(ran, tuple(str(key).split("."))).items():
+                for leaf, v in key_leaves(ran, tuple(str(key).split("."))).items():
                     if _norm(_get(tree, leaf)) != _norm(v):
                         params_seen.setdefault((file, ".".join(leaf), short(v), short(_get(tree, leaf))),
                                                []).append(name)
