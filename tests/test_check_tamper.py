@@ -216,6 +216,33 @@ def test_an_edit_no_stage_ran_with_cannot_switch_a_rerun_stage_to_statistical(re
     assert "init.seed was edited after the run (init ran with 0, it now reads 1), and it was not rerun" in out
 
 
+def test_lock_params_the_reference_lacks_cannot_switch_a_stage_to_statistical(repo, capsys):
+    """train's loss moved inside its band and relocked, then its lock entry given a key the reference's lacks (at
+    params.yaml's own value) or its params re-declared by dotted keys: the params it ran with are still the
+    reference's, so the verdict stays exact and the move a DRIFT."""
+    edit(repo, "train", lambda m: m["scaled"].__setitem__("loss_final", 3.71))
+    relock(repo)
+    lock = yaml.safe_load((repo / "dvc.lock").read_text(encoding="utf-8"))
+    lock["stages"]["train"]["params"]["params.yaml"]["init"] = {"seed": 0}
+    (repo / "dvc.lock").write_text(yaml.safe_dump(lock), encoding="utf-8")
+    rc, out = check(repo, capsys, lock=False)
+    assert rc == 1 and "metric train.scaled.loss_final = 3.71 drifted from 3.7 (exact)" in out
+    train = lock["stages"]["train"]["params"]["params.yaml"]
+    lock["stages"]["train"]["params"]["params.yaml"] = {"train.lr": train["train"]["lr"], "train.seed": train["train"]["seed"]}
+    (repo / "dvc.lock").write_text(yaml.safe_dump(lock), encoding="utf-8")
+    rc, out = check(repo, capsys, lock=False)
+    assert rc == 1 and "drifted from 3.7 (exact)" in out
+
+
+def test_a_stage_the_reference_never_ran_is_judged_without_a_crash(repo, capsys):
+    d = yaml.safe_load((repo / "dvc.yaml").read_text(encoding="utf-8"))
+    d["stages"]["extra"] = {"cmd": "x", "params": ["init"], "metrics": ["metrics/extra.json"]}
+    (repo / "dvc.yaml").write_text(yaml.safe_dump(d), encoding="utf-8")
+    dump(repo / "metrics/extra.json", {"a": 1.0})
+    rc, out = check(repo, capsys)  # relocked: extra in this lock only
+    assert rc in (0, 1) and "Traceback" not in out and "exact verdict" in out
+
+
 def test_a_thread_count_is_the_machines_not_the_protocols(repo, live, capsys):
     p = repo / "params.yaml"
     p.write_text(p.read_text(encoding="utf-8").replace("lr: 0.003\n", "lr: 0.003\n  threads: 2\n"), encoding="utf-8")

@@ -42,8 +42,8 @@ from .claims import (CONCLUSIONS, Expectations, ClaimResult, Tol, band, counts, 
                      fmt_number, load, load_dists, load_envs, load_metrics_dir, seed_values, cuda_run)
 from .config import UserError, read_params
 from .matching import heads_renamed
-from .reference import (FLOAT_ORDER, Reference, Revision, claims_changes, key_leaves, listed, lock_findings,
-                        params_changes, pipeline_stages, read_yaml, reference)
+from .reference import (FLOAT_ORDER, Reference, Revision, claims_changes, get_leaf, key_leaves, listed, lock_findings,
+                        norm_param, params_changes, pipeline_stages, read_yaml, reference)
 from .stats import ALPHA, FLOAT_ORDER_RATIO, FLOAT_ORDER_TOL, Band, t_quantile
 
 # what decides whether a rerun must be byte-identical: the machine's float order and the software
@@ -103,16 +103,20 @@ def file_stages(root: Path, params: dict) -> dict[str, set[str]]:
     return out
 
 
-def made_with_other_params(root: Path, params: dict, reference_lock: dict) -> dict[str, list[str]]:
+def made_with_other_params(root: Path, params: dict, reference_lock: dict, reference_params: dict) -> dict[str, list[str]]:
     """{metrics file: the params sections its stage, or a stage upstream of it, ran with otherwise than the
     reference's run of that stage}, read from the two dvc.lock files: the params the outputs were made with,
-    never an edit of params.yaml no stage ran with. A thread count is the machine's (torch_threads in the
-    records), not the protocol's: a run on 2 threads keeps its float-order tolerances."""
+    never an edit of params.yaml no stage ran with. Only params.yaml's leaves, dotted keys split as nested
+    ones; a leaf one lock lacks (a key added to a stage's params, an entry absent) counts with that
+    revision's params.yaml value. A thread count is the machine's (torch_threads in the records), not the
+    protocol's: a run on 2 threads keeps its float-order tolerances."""
     lock = read_yaml(root / "dvc.lock")
     lock = lock if isinstance(lock, dict) else {}
 
     def ran(d: dict, stage: str) -> dict:
-        return key_leaves(((d.get("stages") or {}).get(stage) or {}).get("params") or {})
+        got = ((((d.get("stages") or {}).get(stage) or {}).get("params") or {}).get("params.yaml") or {})
+        return {leaf: norm_param(v) for key, val in got.items()
+                for leaf, v in key_leaves(val, tuple(str(key).split("."))).items()}
 
     differ: dict[str, set[str]] = {}
     out = {}
@@ -121,8 +125,9 @@ def made_with_other_params(root: Path, params: dict, reference_lock: dict) -> di
         for st in stages:
             if st not in differ:
                 a, b = ran(lock, st), ran(reference_lock, st)
-                differ[st] = {str(k[1]).split(".")[0] for k in set(a) | set(b)
-                              if a.get(k) != b.get(k) and k[-1] != "threads" and len(k) > 1}
+                differ[st] = {k[0] for k in set(a) | set(b) if k and k[-1] != "threads"
+                              and a.get(k, norm_param(get_leaf(params, k)))
+                              != b.get(k, norm_param(get_leaf(reference_params, k)))}
             sections |= differ[st]
         out[file] = sorted(sections)
     return out
@@ -428,7 +433,7 @@ def run_check(rev: str = "HEAD", root: str | Path = ".", metrics_dir: str = "met
     m = machines(files, envs, ref.envs, made_on, live, f"{metrics_dir}/env")
     ref_lock = revision.yaml("dvc.lock")
     lock_probs, lock_notes = lock_findings(root, metrics_dir, ref_lock)
-    modes, why = decide_modes(files, m, ref, made_with_other_params(root, params, ref_lock), mode)
+    modes, why = decide_modes(files, m, ref, made_with_other_params(root, params, ref_lock, ref.params), mode)
 
     cur = heads_renamed(cur, ref.metrics)  # a run's heads judged under the names of the reference's heads they play
     rows = compare(cur, ref, cur_dists, exp, modes, envs, why, dist_producers(root, metrics_dir))

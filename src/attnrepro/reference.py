@@ -270,12 +270,12 @@ _NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 _BOOL = {"true": True, "yes": True, "on": True, "false": False, "no": False, "off": False}
 
 
-def _norm(v):
+def norm_param(v):
     """A params value as YAML 1.2 (DVC) reads it: PyYAML (1.1) leaves '-1.0e4' a string and reads 'on' as true."""
     if isinstance(v, dict):
-        return {k: _norm(x) for k, x in v.items()}
+        return {k: norm_param(x) for k, x in v.items()}
     if isinstance(v, list):
-        return [_norm(x) for x in v]
+        return [norm_param(x) for x in v]
     if isinstance(v, str) and _NUMBER.fullmatch(v):
         return float(v)
     if isinstance(v, str) and v.lower() in _BOOL:
@@ -283,7 +283,7 @@ def _norm(v):
     return v
 
 
-def _get(d, path: tuple):
+def get_leaf(d, path: tuple):
     for part in path:
         if not isinstance(d, dict) or part not in d:
             return None
@@ -333,8 +333,8 @@ def lock_findings(root: Path, metrics_dir: str = "metrics",
             tree = trees[file] if file in trees else trees.setdefault(file, read_yaml(root / file) or {})
             for key, ran in (values or {}).items():  # key: a dotted path (DVC's), its value a leaf or a mapping
                 for leaf, v in key_leaves(ran, tuple(str(key).split("."))).items():
-                    if _norm(_get(tree, leaf)) != _norm(v):
-                        params_seen.setdefault((file, ".".join(leaf), short(v), short(_get(tree, leaf))),
+                    if norm_param(get_leaf(tree, leaf)) != norm_param(v):
+                        params_seen.setdefault((file, ".".join(leaf), short(v), short(get_leaf(tree, leaf))),
                                                []).append(name)
     for (file, leaf, ran, now), names in params_seen.items():
         if all(n in not_rerun for n in names):
