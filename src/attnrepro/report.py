@@ -376,7 +376,7 @@ def headline_markdown(seeds: dict, dist: dict, exp) -> str:
         lines.append(f"- ratio of the mean gaps: **{r['value']:.2f}×** [{r['ci95_lo']:.2f}, {r['ci95_hi']:.2f}] "
                      f"(bootstrap over seeds; the chapter: {'—' if p is None else fmt_number(p)}×)")
         per_seed = [x["comparison"]["gap_ratio_loss_final"] for x in runs.values()
-                    if "gap_ratio_loss_final" in x.get("comparison", {})]
+                    if math.isfinite(x.get("comparison", {}).get("gap_ratio_loss_final", math.nan))]
         if per_seed and p is not None:  # the chapter's ratio is of one run's gaps: a per-seed ratio
             lines.append(f"- each seed's own ratio: median {statistics.median(per_seed):.2f}×, from "
                          f"{min(per_seed):.2f}× to {max(per_seed):.2f}× (the chapter's {fmt_number(p)}×, one run's "
