@@ -233,3 +233,14 @@ def test_a_band_with_modes_shows_each_modes_interval_not_their_hull(tmp_path):
                          {"train": {"stats": {"v": dists["train"]["stats"]["v.loss_final"]}}}, {})
     shown = report._band(r)
     assert " or " in shown and r.status == "fail"  # 4.3 lies between the modes (4.0 and 4.6): outside both
+
+
+def test_least_cost_pairs_skips_unpublished_numbers_and_shuns_non_numbers():
+    from attnrepro.matching import least_cost_pairs
+    # column 0 alone would pair 0-1 and 1-0; the reference's None leaves column 1 out of the cost
+    assert least_cost_pairs([[1.0, None], [0.0, None]], [[0.0, 5.0], [1.0, -5.0]], [1.0, 1.0]) == [(0, 1), (1, 0)]
+    # a statistic that is not a number resembles nothing: the finite other vector wins despite a larger distance
+    nan = float("nan")
+    assert least_cost_pairs([[0.0]], [[nan], [3.0]], [1.0]) == [(0, 1)]
+    # each column counts in units of its scale
+    assert least_cost_pairs([[0.0, 0.0]], [[1.0, 0.0], [0.0, 5.0]], [1.0, 100.0]) == [(0, 1)]

@@ -84,6 +84,7 @@ import yaml
 
 from .config import UserError, read_yaml_mapping
 from .io import read_json
+from .matching import least_cost_pairs
 from .stats import Band, flatten, from_summary, percentile_of
 
 CLASSES = ("conclusion", "checksum", "value")
@@ -264,18 +265,11 @@ class Match:
     def assign(self, row: str, metrics: Mapping[str, float]) -> str:
         """Our row matched with the published `row`: the least-cost assignment within its group
         (MissingMetric if a statistic of the group is missing)."""
-        from scipy.optimize import linear_sum_assignment  # imported here: scipy.optimize is slow to import
-
         group = next(g for g in self.groups if row in g)
         m = View(metrics)
-        ours = {r: [m[self.key(r, c)] for c in self.columns] for r in group}
-
-        def cost(pub: str, our: str) -> float:
-            d = sum(abs(o - p) / s for p, o, s in zip(self.rows[pub], ours[our], self.scale) if p is not None)
-            return d if math.isfinite(d) else 1e9  # a statistic we could not compute resembles nothing
-
-        _, cols = linear_sum_assignment([[cost(p, o) for o in group] for p in group])
-        return group[cols[group.index(row)]]
+        ours = [[m[self.key(r, c)] for c in self.columns] for r in group]
+        pairs = dict(least_cost_pairs([self.rows[p] for p in group], ours, self.scale))
+        return group[pairs[group.index(row)]]
 
 
 @dataclass

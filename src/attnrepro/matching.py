@@ -1,11 +1,13 @@
-"""Heads matched by role across runs: head indices carry no meaning between two trained models, the
-roles they take may. One least-cost one-to-one assignment per layer (scipy), used by the heads stage's
-seed distribution and by the check, which judges a run's heads under the reference's names."""
+"""Rows matched by role: head indices carry no meaning between two trained models, the roles they take
+may. One least-cost one-to-one assignment (scipy), used per layer by the heads stage's seed distribution
+and by the check, which judges a run's heads under the reference's names, and per group by the claims'
+matched tables, which pair each published row with one of ours."""
 
 from __future__ import annotations
 
 import math
 import re
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -13,24 +15,33 @@ HEAD = re.compile(r"^heads\.l(\d+)h(\d+)\.(\w+)$")
 HEAD_STATS = ("entropy", "diag", "prev", "distance", "distance_std")  # what a head's role is matched on
 
 
-def matched_to(reference: list[dict], other: list[dict], stats: tuple[str, ...]) -> list[dict]:
-    """`other`'s head rows ({layer, head, <stat>: value}) renamed (layer, head) after the reference's head each
-    one plays: the least-cost one-to-one assignment within a layer over `stats`, each statistic scaled by its
-    spread over the reference's heads of that layer; a statistic that is not a number costs 1e9."""
+def least_cost_pairs(reference: Sequence[Sequence[Optional[float]]], other: Sequence[Sequence[float]],
+                     scale: Sequence[float]) -> list[tuple[int, int]]:
+    """(i, j) pairs matching reference vector i with other vector j one-to-one at the least total cost (scipy's
+    linear_sum_assignment); a pair costs the sum over the reference's numbers (None: not compared) of
+    |reference - other| / scale, and 1e9 where that is not a number (a statistic that could not be computed
+    resembles nothing)."""
     from scipy.optimize import linear_sum_assignment  # slow to import: here
 
+    def cost(a: Sequence[Optional[float]], b: Sequence[float]) -> float:
+        c = sum(abs(x - y) / sc for x, y, sc in zip(a, b, scale) if x is not None)
+        return c if math.isfinite(c) else 1e9
+
+    rows, cols = linear_sum_assignment([[cost(a, b) for b in other] for a in reference])
+    return [(int(i), int(j)) for i, j in zip(rows, cols)]
+
+
+def matched_to(reference: list[dict], other: list[dict], stats: tuple[str, ...]) -> list[dict]:
+    """`other`'s head rows ({layer, head, <stat>: value}) renamed (layer, head) after the reference's head each
+    one plays: least_cost_pairs within a layer over `stats`, each statistic scaled by its spread over the
+    reference's heads of that layer."""
     out = []
     for li in sorted({r["layer"] for r in reference}):
         ref = [r for r in reference if r["layer"] == li]
         oth = [r for r in other if r["layer"] == li]
         scale = [float(np.std([r[k] for r in ref])) or 1.0 for k in stats]
-
-        def cost(a: dict, b: dict) -> float:
-            c = sum(abs(a[k] - b[k]) / sc for k, sc in zip(stats, scale))
-            return c if math.isfinite(c) else 1e9
-
-        rows, cols = linear_sum_assignment([[cost(a, b) for b in oth] for a in ref])
-        out += [{**oth[j], "layer": li, "head": ref[i]["head"]} for i, j in zip(rows, cols)]
+        pairs = least_cost_pairs([[r[k] for k in stats] for r in ref], [[r[k] for k in stats] for r in oth], scale)
+        out += [{**oth[j], "layer": li, "head": ref[i]["head"]} for i, j in pairs]
     return out
 
 
