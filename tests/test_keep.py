@@ -151,3 +151,17 @@ def test_readme_counts_are_generated():
         render_counts("<!--count:nope-->1<!--/count-->", values)
     text = (REPO / "README.md").read_text(encoding="utf-8")
     assert {m.group(1) for m in COUNT.finditer(text)} >= {"exp_show_columns", "runs_sweeps", "runs_sensitivity"}
+
+
+def test_sweep_minutes_come_from_the_env_records(tmp_path):
+    from attnrepro.readme import COUNT, ReadmeError, run_minutes
+
+    (tmp_path / "metrics" / "env").mkdir(parents=True)
+    (tmp_path / "metrics" / "env" / "seeds.json").write_text('{"runs": 2, "run_wall_seconds": 5430.0}')
+    assert run_minutes(tmp_path, ["seeds"]) == {"run_minutes_seeds": 90}
+    (tmp_path / "metrics" / "env" / "seeds.json").write_text('{"runs": 0}')
+    with pytest.raises(ReadmeError, match="no run_wall_seconds"):
+        run_minutes(tmp_path, ["seeds"])
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    assert {m.group(1) for m in COUNT.finditer(text)} >= {f"run_minutes_{s}" for s in
+                                                           ("seeds", "critical", "qknorm", "sensitivity")}

@@ -278,9 +278,21 @@ def gate_power_cases(root: Path) -> dict[str, int]:
     return {"gate_power_mutants": sizes["MUTANTS"], "gate_power_faithful": sizes["FAITHFUL"]}
 
 
+def run_minutes(root: Path, stages) -> dict[str, int]:
+    """Minutes of run wall time each stage's committed runs took (each run's own time when it was trained, on
+    one core, summed): metrics/env/<stage>.json's run_wall_seconds, which a rerun from the store keeps."""
+    out = {}
+    for s in stages:
+        env = json.loads((root / "metrics" / "env" / f"{s}.json").read_text(encoding="utf-8"))
+        if "run_wall_seconds" not in env:
+            raise ReadmeError(f"metrics/env/{s}.json records no run_wall_seconds: rerun the {s} stage")
+        out[f"run_minutes_{s}"] = round(env["run_wall_seconds"] / 60)
+    return out
+
+
 def counts(src: Sources) -> dict[str, int]:
     runs = stage_runs(src.params())
-    out = {f"runs_{k}": v for k, v in runs.items()} | gate_power_cases(src.root)
+    out = {f"runs_{k}": v for k, v in runs.items()} | gate_power_cases(src.root) | run_minutes(src.root, SWEEPS)
     out["runs_sweeps"] = sum(runs[s] for s in SWEEPS)
     out["runs_default"] = sum(v for k, v in runs.items() if k not in SWEEPS)
     out["exp_show_columns"] = exp_show_columns(src.root)
