@@ -282,3 +282,26 @@ def test_the_preregistration_names_cells_and_choices_the_sweep_runs():
         v, metric = e["cell"].split(".")
         assert metric in c.metrics[v] and c.applies(e["choice"], v), e
         assert e["reason"].strip()
+
+
+def test_a_run_that_diverged_leaves_its_cells_not_a_number_without_crashing_the_stage_or_the_report():
+    from types import SimpleNamespace
+
+    from attnrepro import report
+
+    nan = float("nan")
+    c = cfg()
+    vals = {("d32_scaled", "loss_final", "baseline"): [4.3, nan, 4.29, 4.31, 4.28],  # a baseline run diverged
+            ("d32_scaled", "loss_final", "a"): [4.3, 4.33, 4.29, 4.31, 4.28],
+            ("failures_correct", "loss_final", "baseline"): BASE,
+            ("failures_correct", "loss_final", "a"): [4.0, 4.03, 3.97, 4.0, 4.0],
+            ("failures_correct", "loss_final", "b"): [6.0, nan, 5.98, 6.01, 5.99]}  # a choice's run diverged
+    m, rows = S.analyse(vals, c)
+    assert "mean" not in m["d32_scaled"]["loss_final"]["baseline"]
+    assert next(r for r in rows if r["variant"] == "d32_scaled")["baseline"] is None
+    published = {("d32_scaled", "loss_final"): (5.0, 0.005), ("failures_correct", "loss_final"): (5.0, 0.005)}
+    joint = {j["protocol"]: j for j in S.joint_table(m, published)}
+    assert joint["baseline"]["score"] == math.inf and joint["b"]["score"] == math.inf
+    md = report.sensitivity_markdown(m, SimpleNamespace(claims=[]), prereg_path=Path("/nonexistent"))
+    assert "| d32_scaled.loss_final | not a number |" in md
+    assert "| failures_correct.loss_final | 4 | — | b | not a number | not a number (a run diverged) | — |" in md

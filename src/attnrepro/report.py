@@ -210,6 +210,10 @@ def _band(r: ClaimResult) -> str:
     return f"{fmt_number(lo)} – {fmt_number(hi)}"
 
 
+def _num(x) -> str:
+    return "not a number" if x is None else f"{x:.4g}"
+
+
 def _zero(lo: float, hi: float) -> str:
     """Every interval that includes zero says so (issue 17)."""
     return " (includes 0)" if lo <= 0 <= hi else ""
@@ -599,10 +603,14 @@ def sensitivity_markdown(m: dict, exp, prereg_path: Path = sens.PREREGISTRATION)
             verdict = "—" if pub is None else sens.accounts_for(base, r, pub[0], pub[1], alpha)
             if verdict == "accounts":
                 verdict = "**accounts**"
-            out.append(f"| {v}.{metric} | {base['mean']:.4g} | {'—' if pub is None else f'{pub[0]:.4g}'} | {c} | "
-                       f"{r['mean']:.4g} | {r['diff']:+.3g} ± {r['se']:.2g} [{r['ci_lo']:+.3g}, {r['ci_hi']:+.3g}]"
-                       f"{_zero(r['ci_lo'], r['ci_hi'])} | "
-                       f"{r['p_holm']:.2g} | {verdict} |")
+            if all(k in r for k in ("diff", "se", "ci_lo", "ci_hi", "p_holm")):
+                effect = (f"{r['diff']:+.3g} ± {r['se']:.2g} [{r['ci_lo']:+.3g}, {r['ci_hi']:+.3g}]"
+                          f"{_zero(r['ci_lo'], r['ci_hi'])}")
+                p_holm = f"{r['p_holm']:.2g}"
+            else:  # _finite dropped them: a run's value is not a number
+                effect, p_holm = "not a number (a run diverged)", "—"
+            out.append(f"| {v}.{metric} | {_num(base.get('mean'))} | {'—' if pub is None else f'{pub[0]:.4g}'} | "
+                       f"{c} | {_num(r.get('mean'))} | {effect} | {p_holm} | {verdict} |")
     out.append("")
     if Path(prereg_path).is_file():
         verdicts = sens.prereg_verdicts(sens.load_prereg(prereg_path), m, published, alpha)

@@ -225,7 +225,7 @@ def analyse(values: Mapping[tuple[str, str, str], Sequence[float]], cfg: Sensiti
         out[r["variant"]][r["metric"]][r["choice"]] = _finite(row)
         r.update({k: row.get(k) for k in ("diff", "se", "ci_lo", "ci_hi", "p", "p_holm", "significant",
                                           "effect_sd", "mean", "log")})
-        r["baseline"] = out[r["variant"]][r["metric"]][BASELINE]["mean"]
+        r["baseline"] = out[r["variant"]][r["metric"]][BASELINE].get("mean")  # absent: a value not finite
     out["design"] = {"seeds": len(cfg.seeds), "cells": len(rows), "alpha": alpha, "correction": "holm",
                      "protocols": len(cfg.protocols()), "runs": len(cfg.planned())}
     return out, rows
@@ -309,7 +309,8 @@ def joint_table(m: Mapping, published: Mapping[tuple[str, str], tuple[float, flo
     rounding interval meets the prediction interval) and the joint score, the sum over cells of
     ((published - centre) / sd)^2 on the analysis scale, with sd that protocol's seed sd (`score`) and
     with the baseline's (`score_base_sd`: a fixed yardstick per cell, so a choice that only adds seed
-    noise cannot lower it). A protocol that does not apply to a variant
+    noise cannot lower it; a band that is not finite, from a run that diverged, scores inf). A protocol that
+    does not apply to a variant
     (a failures-only choice on a train variant) leaves its runs as the baseline's, so every row counts
     the same cells."""
     all_cells = {k: v for k, v in cells(m).items() if k in published}
@@ -326,7 +327,10 @@ def joint_table(m: Mapping, published: Mapping[tuple[str, str], tuple[float, flo
             if log and pub <= 0:
                 continue
             n += 1
-            inside += _meets(r["pi_lo"], r["pi_hi"], pub, half)
+            if "center" not in r or "center" not in rows[BASELINE]:  # a run's value not finite: far from anything
+                score, fixed = math.inf, math.inf
+                continue
+            inside += _meets(r.get("pi_lo", -math.inf), r.get("pi_hi", math.inf), pub, half)
             dz = _f(pub, log) - r["center"]
             score += _z2(dz, r.get("sd", 0.0))
             fixed += _z2(dz, rows[BASELINE].get("sd", 0.0))
