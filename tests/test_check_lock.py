@@ -57,7 +57,8 @@ def run(tmp_path) -> Path:
     root = tmp_path / "w"
     (root / "metrics/env").mkdir(parents=True)
     (root / "plots/train").mkdir(parents=True)
-    (root / "params.yaml").write_text("train:\n  seed: 0\n  mask: [-1.0e4]\nreport: {x: 1}\n", encoding="utf-8")
+    (root / "params.yaml").write_text("train:\n  seed: 0\n  threads: 1\n  mask: [-1.0e4]\nreport: {x: 1}\n",
+                                      encoding="utf-8")
     (root / "dvc.yaml").write_text(yaml.safe_dump({"stages": {
         "train": {"cmd": "x", "params": ["train"], "metrics": ["metrics/train.json"],
                   "outs": ["metrics/env/train.json", "plots/train"]},
@@ -119,15 +120,21 @@ def test_stale_lock_entries_and_a_missing_lock(run):
     assert json.loads((run / "metrics/train.json").read_text(encoding="utf-8")) == {"loss": 3.7}
 
 
-def test_a_param_only_stages_not_rerun_ran_with_otherwise_is_a_note(run):
+def test_a_thread_count_only_stages_not_rerun_ran_with_otherwise_is_a_note(run):
     reference = yaml.safe_load((run / "dvc.lock").read_text(encoding="utf-8"))
-    text = (run / "params.yaml").read_text(encoding="utf-8").replace("seed: 0", "seed: 1")
-    (run / "params.yaml").write_text(text, encoding="utf-8")
+    params = (run / "params.yaml").read_text(encoding="utf-8")
+    (run / "params.yaml").write_text(params.replace("threads: 1", "threads: 2"), encoding="utf-8")
     # nothing rerun: both stages' lock entries are the reference's, their outputs intact
     problems, notes = lock_findings(run, reference_lock=reference)
-    assert problems == [] and notes == ["params.yaml train.seed was edited after the run (report, train ran with 0, "
-                                        "it now reads 1), and they were not rerun: the outputs are the reference's "
+    assert problems == [] and notes == ["params.yaml train.threads was edited after the run (train ran with 1, "
+                                        "it now reads 2), and it was not rerun: the outputs are the reference's "
                                         "own (`dvc status` lists them stale)"]
+    # any other param is the protocol's: edited and not rerun, the outputs no longer follow params.yaml
+    text = params.replace("seed: 0", "seed: 1")
+    (run / "params.yaml").write_text(text, encoding="utf-8")
+    problems, notes = lock_findings(run, reference_lock=reference)
+    assert notes == [] and problems == ["params.yaml train.seed was edited after the run (report, train ran with 0, "
+                                        "it now reads 1)"]
     # train rerun (its entry differs from the reference's) under the old value: a problem again
     (run / "metrics/train.json").write_text('{"loss": 3.8}', encoding="utf-8")
     lock = yaml.safe_load((run / "dvc.lock").read_text(encoding="utf-8"))

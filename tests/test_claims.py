@@ -302,3 +302,4 @@ def test_no_effect_needs_zero_inside_the_interval_and_of_the_order_of_noise_is_a
     assert not K.d32_no_effect(gap(-0.3, -0.1)) and not K.d32_no_effect_val(gap(-0.3, -0.1))  # below: one too
     assert K.d32_gap_of_the_order_of_noise(gap(0, 0, mean=0.175, sd=0.135))
     assert not K.d32_gap_of_the_order_of_noise(gap(0, 0, mean=0.852, sd=0.097))  # our d256 gap: 8.8 sd
+    assert not K.d32_gap_of_the_order_of_noise(gap(0, 0, mean=-0.5, sd=0.05))  # 10 sd the other way: an effect

@@ -244,3 +244,14 @@ def test_least_cost_pairs_skips_unpublished_numbers_and_shuns_non_numbers():
     assert least_cost_pairs([[0.0]], [[nan], [3.0]], [1.0]) == [(0, 1)]
     # each column counts in units of its scale
     assert least_cost_pairs([[0.0, 0.0]], [[1.0, 0.0], [0.0, 5.0]], [1.0, 100.0]) == [(0, 1)]
+
+
+def test_a_head_whose_statistic_is_not_a_number_leaves_the_others_matched():
+    from attnrepro.matching import matched_to
+
+    def row(head, e, p):
+        return {"layer": 0, "head": head, "entropy": e, "prev": p}
+    reference = [row(0, 0.1, 0.9), row(1, 0.5, 0.2), row(2, float("nan"), 0.5)]
+    other = [row(0, 0.5, 0.2), row(1, 0.1, 0.9), row(2, 0.3, 0.5)]
+    named = {r["head"]: (r["entropy"], r["prev"]) for r in matched_to(reference, other, ("entropy", "prev"))}
+    assert named[0] == (0.1, 0.9) and named[1] == (0.5, 0.2) and named[2] == (0.3, 0.5)

@@ -253,3 +253,26 @@ def test_the_check_judges_a_runs_heads_under_the_names_of_the_reference_heads_th
     assert swapped != ref and heads_renamed(swapped, ref) == ref and heads_renamed(ref, ref) == ref
     partial = {k: v for k, v in swapped.items() if not k.endswith("l0h1.prev")}
     assert heads_renamed(partial, ref) == partial  # a head lacks a statistic: left as it is
+
+
+def test_heads_are_renamed_only_where_they_are_judged_statistically():
+    from attnrepro.check import heads_as_judged, seed_values
+    from attnrepro.matching import HEAD_STATS as STATS
+
+    def heads(a, b):  # two heads' five role statistics, nested as a seed's run or flat as metrics
+        return {"l0h0": dict(zip(STATS, a)), "l0h1": dict(zip(STATS, b))}
+
+    def flat(h):
+        return {f"heads.{name}.{k}": v for name, r in h.items() for k, v in r.items()}
+
+    first, second = (0.3, 0.8, 0.05, 1.2, 1.0), (0.5, 0.2, 0.45, 2.3, 1.5)
+    ref, swapped = flat(heads(first, second)), flat(heads(second, first))
+    dists = {"heads": {"runs": {"1": heads((0.52, 0.25, 0.4, 2.2, 1.4), (0.31, 0.75, 0.06, 1.1, 0.9)),
+                                "2": heads((0.29, 0.82, 0.07, 1.3, 1.1), (0.48, 0.18, 0.5, 2.4, 1.6))}}}
+    # the same machine and params: a permutation of the heads is a difference the exact check must see
+    assert heads_as_judged(swapped, dists, ref, "exact") == (swapped, dists)
+    cur, judged = heads_as_judged(swapped, dists, ref, "statistical")
+    assert cur == ref
+    # each of the run's own seeds is renamed too, so Welch compares a head with the same head
+    assert sorted(seed_values(judged, "heads.l0h0.entropy")) == [0.29, 0.31]
+    assert sorted(seed_values(judged, "heads.l0h1.prev")) == [0.4, 0.5]

@@ -41,7 +41,7 @@ from typing import Callable, Optional
 from .claims import (CONCLUSIONS, Expectations, ClaimResult, Tol, band, counts, evaluate_all, evaluate_claim,
                      fmt_number, load, load_dists, load_envs, load_metrics_dir, seed_values, cuda_run)
 from .config import UserError, read_params
-from .matching import heads_renamed
+from .matching import heads_renamed, seeds_renamed
 from .reference import (FLOAT_ORDER, Reference, Revision, claims_changes, get_leaf, key_leaves, listed, lock_findings,
                         norm_param, params_changes, pipeline_stages, read_yaml, reference)
 from .stats import ALPHA, FLOAT_ORDER_RATIO, FLOAT_ORDER_TOL, Band, t_quantile
@@ -383,6 +383,18 @@ def _runs(dists: dict, file: str) -> Optional[dict]:
     return (dists.get(file) or {}).get("runs")
 
 
+def heads_as_judged(cur: dict, cur_dists: dict, reference: dict, mode: str) -> tuple[dict, dict]:
+    """The run's metrics and seed distributions with its heads (and its own seeds' heads) named after the
+    reference's heads they play, where heads.json is judged statistically: another float order trains
+    other heads, and their indices carry no meaning. Judged exactly, the same run must give the same
+    heads in the same order, so a permutation stays a difference."""
+    if mode == "exact":
+        return cur, cur_dists
+    dists = {**cur_dists, "heads": seeds_renamed(cur_dists["heads"], reference)} if "heads" in cur_dists \
+        else cur_dists
+    return heads_renamed(cur, reference), dists
+
+
 def own_seeds(dists: dict, key: str, log: bool) -> Optional[Band]:
     """This run's own seeds of a metric, summarised from its per-seed values (never its stored summary)."""
     vals = seed_values(dists, key)
@@ -435,8 +447,8 @@ def run_check(rev: str = "HEAD", root: str | Path = ".", metrics_dir: str = "met
     lock_probs, lock_notes = lock_findings(root, metrics_dir, ref_lock)
     modes, why = decide_modes(files, m, ref, made_with_other_params(root, params, ref_lock, ref.params), mode)
 
-    cur = heads_renamed(cur, ref.metrics)  # a run's heads judged under the names of the reference's heads they play
-    rows = compare(cur, ref, cur_dists, exp, modes, envs, why, dist_producers(root, metrics_dir))
+    cur, judged_dists = heads_as_judged(cur, cur_dists, ref.metrics, modes.get("heads", "exact"))
+    rows = compare(cur, ref, judged_dists, exp, modes, envs, why, dist_producers(root, metrics_dir))
     results = evaluate_all(exp, cur, ref.dists, envs)  # conclusions: on this run and the reference's seeds
     gate_sweep_means(rows, results, cur, ref.metrics)
     out = Outcome(rows, results, modes, why, exp.headline, ref.label)

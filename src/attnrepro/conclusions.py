@@ -66,9 +66,9 @@ def d32_no_effect(m):
 @claim("train", "conclusion", "d32_gap_of_the_order_of_noise",
        "The chapter's evidence for it: 差距都在 0.1–0.2 之间浮动，量级与训练本身的随机性相当 (the gaps float between 0.1 "
        "and 0.2, of the same order as training's own randomness; §1.2). Tested: the mean d32 gap is of the order "
-       "of its own seed-to-seed sd (their ratio below √10: the same power of ten after rounding)")
+       "of its own seed-to-seed sd (|mean| / sd below √10: the same power of ten after rounding, either sign)")
 def d32_gap_of_the_order_of_noise(m):
-    return m["seeds.gap_d32_loss_final.mean"] < math.sqrt(10) * m["seeds.gap_d32_loss_final.sd"]
+    return abs(m["seeds.gap_d32_loss_final.mean"]) < math.sqrt(10) * m["seeds.gap_d32_loss_final.sd"]
 
 
 @claim("train", "conclusion", "d32_no_effect_val",

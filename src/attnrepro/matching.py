@@ -39,7 +39,9 @@ def matched_to(reference: list[dict], other: list[dict], stats: tuple[str, ...])
     for li in sorted({r["layer"] for r in reference}):
         ref = [r for r in reference if r["layer"] == li]
         oth = [r for r in other if r["layer"] == li]
-        scale = [float(np.std([r[k] for r in ref])) or 1.0 for k in stats]
+        # a head whose statistic is not a number must not make every pair of its layer cost the same
+        scale = [float(np.nanstd([r[k] for r in ref])) for k in stats]
+        scale = [sc if math.isfinite(sc) and sc > 0 else 1.0 for sc in scale]
         pairs = least_cost_pairs([[r[k] for k in stats] for r in ref], [[r[k] for k in stats] for r in oth], scale)
         out += [{**oth[j], "layer": li, "head": ref[i]["head"]} for i, j in pairs]
     return out
@@ -64,3 +66,14 @@ def heads_renamed(run: dict[str, float], reference: dict[str, float],
     for r in matched_to(theirs, mine, stats):
         out.update({f"heads.l{r['layer']}h{r['head']}.{k}": v for k, v in r.items() if k not in ("layer", "head")})
     return out
+
+
+def seeds_renamed(dist: dict, reference: dict[str, float]) -> dict:
+    """A heads seed distribution (metrics/dist/heads.json) with every seed's heads renamed after the
+    reference's head each plays (heads_renamed), its per-seed values flattened (as the check reads them)."""
+    from .stats import flatten
+
+    runs = {s: {k.removeprefix("heads."): v for k, v in
+                heads_renamed({f"heads.{k}": v for k, v in flatten(r).items()}, reference).items()}
+            for s, r in (dist.get("runs") or {}).items()}
+    return {**dist, "runs": runs}

@@ -300,11 +300,12 @@ def lock_findings(root: Path, metrics_dir: str = "metrics",
                   reference_lock: Optional[dict] = None) -> tuple[list[str], list[str]]:
     """(problems, notes): each metrics/ and plots/ output and each param that differs from what dvc.lock
     recorded for the stages of dvc.yaml (a stale lock entry of a stage dvc.yaml no longer has is ignored),
-    and each metrics file no stage recorded, are problems; except that a param only stages that were not
-    rerun ran with another value of (their lock entry, outputs and params, is the reference's own, and
-    their outputs are intact) is a note: their outputs are the reference's, so nothing they hold was
-    made with the new value (a threads=2 rerun of the default stages leaves the sweeps so; `dvc status`
-    lists them stale)."""
+    and each metrics file no stage recorded, are problems; except that a thread count (a setting of the
+    machine, not of the protocol) only stages that were not rerun ran with another value of (their lock
+    entry, outputs and params, is the reference's own, and their outputs are intact) is a note: their
+    outputs are the reference's, so nothing they hold was made with the new value (a threads=2 rerun of
+    the default stages leaves the sweeps so; `dvc status` lists them stale). Any other param edited
+    after the run stays a problem even there: the committed outputs no longer follow params.yaml."""
     if not (root / "dvc.lock").is_file():
         return ["dvc.lock is missing: the outputs cannot be matched with the run that made them"], []
     lock = read_yaml(root / "dvc.lock")
@@ -337,7 +338,7 @@ def lock_findings(root: Path, metrics_dir: str = "metrics",
                         params_seen.setdefault((file, ".".join(leaf), short(v), short(get_leaf(tree, leaf))),
                                                []).append(name)
     for (file, leaf, ran, now), names in params_seen.items():
-        if all(n in not_rerun for n in names):
+        if leaf.rsplit(".", 1)[-1] == "threads" and all(n in not_rerun for n in names):
             notes.append(f"{file} {leaf} was edited after the run ({listed(names, 3)} ran with {ran}, it now reads "
                          f"{now}), and {'it was' if len(names) == 1 else 'they were'} not rerun: the outputs are "
                          "the reference's own (`dvc status` lists them stale)")
