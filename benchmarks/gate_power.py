@@ -61,6 +61,8 @@ from pathlib import Path
 
 import yaml
 
+from attnrepro.io import write_text  # atomic: a kill mid-write never leaves hours of results half-written
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "gate_power.json"
 DATA_DIR = ROOT / "data"  # what each case's data/ starts as (--data)
@@ -330,29 +332,23 @@ def run_seeds(case: Case, rev: str, n: int, keep: bool) -> dict:
 def seed_effects(mine: dict, theirs: dict, ref_stats: dict, keys: list[str]) -> dict:
     """run_seeds' statistics: mine/theirs {seed: {metric: value}} (the same seeds), ref_stats the reference's
     seed summary per metric (its sd, and log_sd for a log-scale metric)."""
-    from scipy import stats
-
+    from attnrepro.experiments.sensitivity import paired_effect
     from attnrepro.stats import holm_adjusted, log_scale
 
     seeds = list(mine)
-    n = len(seeds)
-    t_crit = stats.t.ppf(1 - 0.05 / (2 * max(len(keys), 1)), n - 1)
+    alpha = 0.05 / max(len(keys), 1)  # Bonferroni intervals; Holm's step-down on the p-values below
     rows = []
     for key in keys:
         s_ref = ref_stats[key]
         log = log_scale(key) and "log_sd" in s_ref and all(x[key] > 0 for x in (*mine.values(), *theirs.values()))
-        f = math.log if log else float
         sd = s_ref["log_sd"] if log else s_ref["sd"]
-        d = [f(mine[s][key]) - f(theirs[s][key]) for s in seeds]
-        mean = sum(d) / n
-        se = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1) / n)
-        p = (1.0 if mean == 0 else 0.0) if se == 0 else float(2 * stats.t.sf(abs(mean / se), n - 1))
-        lo, hi = mean - t_crit * se, mean + t_crit * se
+        e = paired_effect([mine[s][key] for s in seeds], [theirs[s][key] for s in seeds], log, alpha)
+        mean, p, lo, hi = e["diff"], e["p"], e["ci_lo"], e["ci_hi"]
         unit = sd if sd > 0 else float("nan")
         rows.append({"metric": key, "log": int(log), "mean_diff": mean, "seed_sd": sd, "p": p,
                      "effect_sd": mean / unit, "ci_sd": [lo / unit, hi / unit],
                      # a metric the same on every reference seed (a count) is within noise only unchanged
-                     "within_noise": int(all(x == 0 for x in d) if sd == 0
+                     "within_noise": int(all(mine[s][key] == theirs[s][key] for s in seeds) if sd == 0
                                          else -EQUIVALENCE_SD * sd < lo and hi < EQUIVALENCE_SD * sd)})
     for r, adjusted in zip(rows, holm_adjusted([r["p"] for r in rows])):
         r["p_holm"] = adjusted
@@ -481,7 +477,7 @@ def main(argv=None) -> int:
               f"{', '.join(r['caught_by']) or 'nothing'}", flush=True)
         RESULTS.parent.mkdir(parents=True, exist_ok=True)
         kept = {"seeds": previous["seeds"]} if "seeds" in previous else {}  # --seeds findings stay
-        RESULTS.write_text(json.dumps({"reference": rev, "results": list(results.values()), **kept}, indent=1) + "\n")
+        write_text(RESULTS, json.dumps({"reference": rev, "results": list(results.values()), **kept}, indent=1) + "\n")
     done = [results[n] for n in CASES if n in results]
     print("\n" + table(done) + "\n\n" + confusion(done))
     return 0
@@ -505,7 +501,7 @@ def seeds_main(names: list[str], rev: str, n: int, keep: bool) -> int:
         else:
             print(f"  stage {r['stage_failed']} failed: {r['error']}")
         RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS.write_text(json.dumps(previous, indent=1) + "\n")
+        write_text(RESULTS, json.dumps(previous, indent=1) + "\n")
     return 0
 
 

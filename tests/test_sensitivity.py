@@ -305,3 +305,4 @@ def test_a_run_that_diverged_leaves_its_cells_not_a_number_without_crashing_the_
     md = report.sensitivity_markdown(m, SimpleNamespace(claims=[]), prereg_path=Path("/nonexistent"))
     assert "| d32_scaled.loss_final | not a number |" in md
     assert "| failures_correct.loss_final | 4 | — | b | not a number | not a number (a run diverged) | — |" in md
+    assert "No pre-registration at /nonexistent" in md  # said, not silently left out

@@ -428,9 +428,6 @@ def _modes_note(e: dict) -> str:
     return "; ".join(out)
 
 
-RUN_MINUTES_LARGE = 6  # one 1500-step run of the d_model-256 model on one idle core (README; docs/CRITICAL.md)
-
-
 def critical_one_variable_markdown(q: dict) -> list[str]:
     """The one-variable curve: design, cost, table and onset (metrics critical.d_qk)."""
     rows = sorted((int(k[3:]), v) for k, v in q.items() if k.startswith("dqk") and k[3:].isdigit())
@@ -448,9 +445,8 @@ def critical_one_variable_markdown(q: dict) -> list[str]:
            f"only its per-head query/key width d_qk moving over {grid}, so the scaled arm divides by √d_qk and the "
            "value path, head count and every other weight stay the same; "
            f"{q['seeds']} paired seeds per point, scaled and unscaled ({2 * len(rows) * q['seeds']} runs; {new} to "
-           f"train where the store holds the seeds stage's d_head-{q['d_head']} runs, at about "
-           f"{RUN_MINUTES_LARGE:g} minutes each on one idle core, about {new * RUN_MINUTES_LARGE / 2 / 60:.1f} hours on "
-           f"2 cores). Onset (the first d_qk whose mean gap's 95% lower bound exceeds the d_qk-{first} gap's upper "
+           f"train where the store holds the seeds stage's d_head-{q['d_head']} runs; what they took is the section's "
+           f"cost above). Onset (the first d_qk whose mean gap's 95% lower bound exceeds the d_qk-{first} gap's upper "
            f"bound, never finer than the grid): {where}; {base}. Modes: each arm's seeds at each d_qk tested on "
            "their step-222 entropy (stats.find_modes, Bonferroni over the grid), as in the seeds stage.\n",
            "| d_qk | gap (unscaled − scaled) [95% CI] | min, max | unscaled logit std at init | unscaled entropy "
@@ -623,6 +619,9 @@ def sensitivity_markdown(m: dict, exp, prereg_path: Path = sens.PREREGISTRATION)
             share = "—" if x.get("closes") is None else f"{100 * x['closes']:.2g}%"
             out.append(f"| {x['cell']} | {x['choice']} | {verdict} | {share} | {_cell(x['reason'])} |")
         out.append("")
+    else:
+        out += [f"No pre-registration at {prereg_path} (run from the repository's root): the pre-registered "
+                "explanations are not judged here.\n"]
     joint = sens.joint_table(m, published)
     if joint:
         out += ["Protocols judged jointly: over the cells with a published figure, how many published figures fall "
