@@ -99,6 +99,16 @@ def test_critical_one_variable_curve(repo):
     assert o["reached"] in (0, 1) and ("by_d_qk" in o) == bool(o["reached"]) and o["baseline_gap_above_zero"] in (0, 1)
     if o["reached"]:  # a grid interval, never finer
         assert [o["after_d_qk"], o["by_d_qk"]] in ([4, 8], [8, 12], [12, 16])
+    # the onset is the rule (its own tests: test_stats) applied to the stage's own per-seed gaps
+    import pandas as pd
+
+    from attnrepro.stats import onset_interval
+    per_seed = pd.read_csv(repo / "plots/critical/qk_per_seed.csv").pivot(index="seed", columns="d_qk",
+                                                                         values="gap_loss_final")
+    where = onset_interval([4, 8, 12, 16], per_seed[[4, 8, 12, 16]].to_numpy())
+    assert (where is None) == (not o["reached"])
+    if where:
+        assert (o["after_d_qk"], o["by_d_qk"]) == where
     for d in (4, 8, 12, 16):
         e = q[f"dqk{d}"]
         assert set(e["modes"]) == {"scaled", "unscaled"} and e["modes"]["scaled"]["statistic"] == "entropy_step3"
