@@ -778,10 +778,10 @@ def _judge(claim: Claim, key: str, metrics, dists) -> ClaimResult:
     b = band(dists, key) if claim.cls == "value" else None
     if b is not None:
         seeds = seed_values(dists, key)
+        # where the band has modes, which one the chapter's run was in is chapter_modes' (once per variant)
         return ClaimResult(claim, "pass" if rounds_to or _meets(b, lo_p, hi_p) else "fail", value=value, band=b,
                            z=b.z(claim.published), percentile=percentile_of(seeds, claim.published),
-                           percentile_range=(percentile_of(seeds, lo_p), percentile_of(seeds, hi_p)),
-                           mode=-1 if b.modes else None)  # which mode: chapter_modes, once per variant
+                           percentile_range=(percentile_of(seeds, lo_p), percentile_of(seeds, hi_p)))
     closest = min(max(value, lo_p), hi_p) if math.isfinite(value) else claim.published
     return ClaimResult(claim, "pass" if (claim.tol or Tol("exact")).ok(value, closest) else "fail", value=value)
 
@@ -801,7 +801,7 @@ def chapter_modes(results: list[ClaimResult], dists: Mapping[str, dict]) -> None
     published = {r.claim.metric: r.claim.published for r in results
                  if r.claim.is_cell and r.claim.published is not None and r.claim.match is None}
     for r in results:
-        if r.mode is None:
+        if r.band is None or not r.band.modes:
             continue
         file, variant = r.claim.metric.split(".")[:2]
         statistic = ((dists.get(file) or {}).get("modes") or {}).get(variant, {}).get("statistic")
