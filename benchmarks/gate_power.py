@@ -437,6 +437,8 @@ def main(argv=None) -> int:
     ap.add_argument("--cases", default="", help="comma-separated case names (default: all; --list shows them)")
     ap.add_argument("--rev", default="HEAD", help="the reference revision the cases start from and are judged against")
     ap.add_argument("--keep", action="store_true", help="keep each case's worktree (printed) for inspection")
+    ap.add_argument("--resume", action="store_true",
+                    help="skip the cases the results file already judged against this reference (an ERROR is rerun)")
     ap.add_argument("--list", action="store_true", help="list the cases and exit")
     ap.add_argument("--stages", default="", help="comma-separated stages to rerun instead of each case's own "
                                                  "(a quick trial of the harness)")
@@ -469,6 +471,11 @@ def main(argv=None) -> int:
         return seeds_main(names, rev, args.seeds, args.keep)
     previous = load_results(rev)
     results = {r["case"]: r for r in previous["results"]}
+    if args.resume:
+        done = [n for n in names if n in results and results[n].get("verdict") != "ERROR"]
+        if done:
+            print(f"--resume: {len(done)} case(s) already judged against {rev[:10]}: {', '.join(done)}", flush=True)
+        names = [n for n in names if n not in done]
     for i, name in enumerate(names):
         print(f"[{i + 1}/{len(names)}] {name}: {CASES[name].why}", flush=True)
         r = run_case(CASES[name], rev, args.keep)

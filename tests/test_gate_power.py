@@ -77,6 +77,26 @@ def test_results_of_another_reference_are_not_mixed_in(tmp_path, monkeypatch, ca
     assert [r["case"] for r in out["results"]] == ["no_simd", "avx2"] and out["seeds"] == {"gelu_tanh": {"harmless": True}}
 
 
+def test_resume_skips_the_cases_already_judged_and_reruns_an_error(tmp_path, monkeypatch, capsys):
+    results = tmp_path / "gate_power.json"
+    monkeypatch.setattr(gp, "RESULTS", results)
+    rev = gp.sh(["git", "rev-parse", "HEAD"], gp.ROOT).stdout.strip()
+    def record(case, verdict="PASS"):
+        return {"case": case.name, "area": case.area, "expect": case.expect, "verdict": verdict,
+                "golden_test": "PASS", "seconds": 1.0, "caught_by": []}
+    results.write_text(json.dumps({"reference": rev, "results": [
+        record(gp.CASES["avx2"]), record(gp.CASES["no_simd"], "ERROR")]}))
+    ran = []
+
+    def run_case(case, r, keep):
+        ran.append(case.name)
+        return record(case)
+    monkeypatch.setattr(gp, "run_case", run_case)
+    assert gp.main(["--cases", "avx2,no_simd,avx2_serial", "--resume"]) == 0
+    assert ran == ["no_simd", "avx2_serial"] and "already judged" in capsys.readouterr().out
+    assert [r["case"] for r in json.loads(results.read_text())["results"]] == ["avx2", "no_simd", "avx2_serial"]
+
+
 def test_a_crash_that_is_not_the_changes_is_an_error_never_a_catch():
     assert gp.stage_failure("train", "train: 1 of 4 runs did not finish: d32: diverged (diverged at step 9)")["verdict"] == "FAIL"
     assert gp.stage_failure("corpus", "ERROR: failed to reproduce 'corpus': npm pack exited 1")["verdict"] == "ERROR"
