@@ -195,3 +195,14 @@ def test_holm_counts_a_nan_as_one_and_modes_on_log_fall_back_for_a_zero():
     values = {s: v for s, v in enumerate([0.0, 0.01, 0.02, 0.015, 0.012, 0.9, 0.95, 0.92])}
     m = find_modes(values, log=True)  # log(0) would raise; on the values the split is plain
     assert len(m.groups) == 2 and m.groups[1] == [5, 6, 7]
+
+
+def test_a_gaps_modes_keep_two_degrees_of_freedom_for_their_sd():
+    from attnrepro.experiments.critical import gap_groups
+
+    # two crossing splits of 4 seeds: 4 groups of one, no sd left: the gap is one band
+    assert gap_groups([[0, 1], [2, 3]], [[0, 2], [1, 3]], 4) == []
+    # 5 seeds, 3 groups: 2 degrees of freedom left, the modes stay
+    assert gap_groups([[0, 1, 2], [3, 4]], [[0, 1, 2, 3], [4]], 5) == [[0, 1, 2], [3], [4]]
+    assert gap_groups([[0, 1, 2, 3, 4]], [[0, 1, 2, 3, 4]], 5) == []  # one mode in both arms: none
+    stats.describe([0.1, 0.2, 0.9, 1.0, 0.5], groups=[[0, 1, 2], [3], [4]])  # the pooled sd exists

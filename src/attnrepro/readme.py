@@ -195,32 +195,12 @@ def stage_runs(params: dict) -> dict[str, int]:
 
 
 def critical_runs(train: dict, crit: dict) -> int:
-    """The critical stage's distinct runs (experiments/critical.py): the mixed-width curve, the one-variable
-    curve and the chapter's variants at the one-variable seeds, each arm scaled and unscaled; a spec two of
-    them share (the preset itself at d_qk = its d_head, the small preset at the mixed curve's d_head 32) once."""
-    models, variants = train["models"], train["variants"]
-    mixed_base = models[next(iter(variants.values()))["model"]]
-    ov = crit["one_variable"]
-    specs = set()
+    """The critical stage's distinct runs, from the stage's own plan (experiments/critical.py)."""
+    from .config import from_dict
+    from .experiments.critical import CriticalConfig, planned_runs
+    from .experiments.protocol import TrainConfig
 
-    def add(model: dict, seed: int) -> None:
-        m = dict(model)
-        if m.get("d_qk") is not None and m["d_qk"] * m["n_head"] == m["d_model"]:
-            m["d_qk"] = None  # ModelConfig stores a d_qk equal to d_head as null: one run
-        specs.add((tuple(sorted(m.items())), seed))
-
-    for s in crit["seeds"]:
-        for d in crit["d_heads"]:
-            d_model = d * -(-crit["min_d_model"] // d)
-            for sc in (True, False):
-                add({**mixed_base, "d_model": d_model, "n_head": d_model // d, "scaled": sc}, s)
-    for s in ov["seeds"]:
-        for d in ov["d_qks"]:
-            for sc in (True, False):
-                add({**models[ov["model"]], "d_qk": d, "scaled": sc}, s)
-        for v in variants.values():
-            add({**models[v["model"]], **{k: x for k, x in v.items() if k != "model"}}, s)
-    return len(specs)
+    return planned_runs(from_dict(TrainConfig, train, prefix="train"), from_dict(CriticalConfig, crit, prefix="critical"))
 
 
 SWEEPS = ("seeds", "critical", "qknorm", "sensitivity")

@@ -15,6 +15,7 @@ own runs, shared through the run store).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Optional
 
@@ -159,9 +160,17 @@ def arm_modes(runs: dict, grid: list[int], seeds: list[int], statistic: str) -> 
     return out
 
 
-def run(train: TrainConfig, cfg: CriticalConfig, device: str, engine: EngineConfig) -> CriticalResult:
-    """Both designs and the chapter's models, scaled and unscaled at every grid point and seed, as one sweep
-    under the train protocol; the gap curves, their onsets, the modes, exercise 1."""
+def gap_groups(scaled: list, unscaled: list, n: int) -> list:
+    """The modes of a paired gap: the common refinement of its two arms' modes, where it leaves at least 2
+    degrees of freedom for their pooled sd (two crossing splits of 4 seeds leave 4 groups of one); else none,
+    and the gap is one band."""
+    refined = common_refinement([scaled, unscaled])
+    return refined if 1 < len(refined) <= n - 2 else []
+
+
+def planned(train: TrainConfig, cfg: CriticalConfig, device: str = "cpu") -> tuple[list, list, list, list]:
+    """The sweep's points and its run specs, in order: the mixed-width curve (d_head, scaled, seed), the
+    one-variable curve (d_qk, scaled, seed), the chapter's variants at the one-variable seeds (variant, seed)."""
     ov = cfg.one_variable
     require(ov.model in train.models, "critical.one_variable.model", ov.model,
             "one of train.models: " + ", ".join(sorted(train.models)))
@@ -176,6 +185,22 @@ def run(train: TrainConfig, cfg: CriticalConfig, device: str, engine: EngineConf
              + [train.run(qk_model(qk_base, d, scaled=sc), s, device, f"d_qk {d} {arm(sc)} seed {s}")
                 for d, sc, s in qk]
              + [train.spec(v, s, device) for v, s in refs])
+    return mixed, qk, refs, specs
+
+
+def planned_runs(train: TrainConfig, cfg: CriticalConfig) -> int:
+    """The distinct runs the sweep trains: a spec two designs share (the preset itself at d_qk = its d_head,
+    the small preset at the mixed curve's first d_head) is one run in the store."""
+    return len({json.dumps(spec.key_material(), sort_keys=True) for spec in planned(train, cfg)[3]})
+
+
+def run(train: TrainConfig, cfg: CriticalConfig, device: str, engine: EngineConfig) -> CriticalResult:
+    """Both designs and the chapter's models, scaled and unscaled at every grid point and seed, as one sweep
+    under the train protocol; the gap curves, their onsets, the modes, exercise 1."""
+    ov = cfg.one_variable
+    mixed_base = train.models[train.variants[next(iter(train.variants))]["model"]]
+    qk_base = train.models[ov.model]
+    mixed, qk, refs, specs = planned(train, cfg, device)
     runs = run_sweep("critical", specs, corpus_inputs(), engine)
     require_ok(runs, "critical")
     summaries = [r.summary() for r in runs]
@@ -207,8 +232,7 @@ def run(train: TrainConfig, cfg: CriticalConfig, device: str, engine: EngineConf
     for d in ov.d_qks:
         for a in ("scaled", "unscaled"):
             groups[(d, a)] = modes[(d, a)].groups if len(modes[(d, a)].groups) > 1 else []
-        refined = common_refinement([modes[(d, "scaled")].groups, modes[(d, "unscaled")].groups])
-        groups[(d, "gap")] = refined if len(refined) > 1 else []
+        groups[(d, "gap")] = gap_groups(modes[(d, "scaled")].groups, modes[(d, "unscaled")].groups, len(ov.seeds))
     qk_rows = [{"seed": s, "d_qk": d, **pair_row(by_qk[(d, True, s)], by_qk[(d, False, s)])}
                for s in ov.seeds for d in ov.d_qks]
     qdf = pd.DataFrame(qk_rows)
