@@ -440,7 +440,8 @@ def critical_one_variable_markdown(q: dict) -> list[str]:
     base = ("the d_qk-{0} gap itself is above zero (its 95% lower bound > 0): the rule reads a rise from a gap "
             "already there".format(first) if o.get("baseline_gap_above_zero")
             else f"the d_qk-{first} gap is not distinguishable from zero")
-    out = [f"**One variable** (the curve the onset is read on; design and cost argued in `docs/CRITICAL.md`): the "
+    out = [f"**One variable** (the curve the onset is read on; design, cost, and the first grid's result that "
+           "extended it down argued in `docs/CRITICAL.md`): the "
            f"chapter's {q['model']} model (d_model {q['d_model']}, {q['n_head']} head, value width {q['d_head']}) with "
            f"only its per-head query/key width d_qk moving over {grid}, so the scaled arm divides by √d_qk and the "
            "value path, head count and every other weight stay the same; "
