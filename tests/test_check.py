@@ -341,6 +341,22 @@ def test_float_order_tolerance_holds_a_rerun_of_the_same_run_far_tighter_than_th
     assert rc == 0 and "float order" not in out, out
 
 
+def test_float_order_tolerance_of_a_log_scale_metric_is_a_factor(repo, live, capsys):
+    """A collapsed entropy is judged on the log scale: the float-order tolerance is a factor of the reference run's."""
+    dump(repo / "docs/float_order.json", {"ratio": {"train.unscaled.entropy": 0.002}})
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "float-order profile")
+    log_sd = Band.of([math.log(SEEDS[s]["unscaled"]["entropy"]) for s in SEEDS]).sd  # 0.415
+    another_machine(repo, live)
+    edit(repo, "train", lambda d: d["unscaled"].__setitem__("entropy", 0.0004 * math.exp(0.05 * log_sd)))
+    rc, out = check(repo, capsys)
+    assert rc == 0, out
+    edit(repo, "train", lambda d: d["unscaled"].__setitem__("entropy", 0.0004 * math.exp(0.5 * log_sd)))
+    rc, out = check(repo, capsys)  # inside the seed band, 5 float-order tolerances away
+    assert rc == 1 and "metric train.unscaled.entropy" in out
+    assert f"float order: within ×{math.exp(0.1 * log_sd):.4g} (0.1 seed sd, log scale)" in out
+
+
 def test_detectable_shifts_follow_the_prediction_interval_welch_and_the_float_order_tolerance():
     from attnrepro.check import detectable_shifts
 
@@ -387,3 +403,25 @@ def test_a_seed_distribution_is_judged_in_the_mode_of_the_stage_that_writes_it(r
     d["stages"]["sweep"]["outs"].append("metrics/dist/train.json")  # as the seeds stage writes dist/train
     (repo / "dvc.yaml").write_text(yaml.safe_dump(d), encoding="utf-8")
     assert dist_producers(repo) == {"train": "sweep"}
+
+
+def test_results_keyed_under_other_numerics_are_not_this_codes(repo, capsys):
+    edit(repo, "env/train", lambda d: d.update(numerics={"corpus_lm": 0}))
+    rc, out = check(repo, capsys)
+    assert rc == 1 and "metrics/train.json comes from runs keyed under other numerics than the code at HEAD's " \
+                       "(corpus_lm: 0 -> 1)" in out
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_metric_that_is_not_a_number_fails_statistically(repo, live, capsys, bad):
+    another_machine(repo, live)
+    edit(repo, "train", lambda d: d["scaled"].__setitem__("loss_final", bad))
+    rc, out = check(repo, capsys)
+    assert rc == 1 and "metric train.scaled.loss_final" in out and "is outside the reference band" in out
+
+
+def test_mode_exact_holds_another_machines_run_to_the_reference_bytes(repo, live, capsys):
+    another_machine(repo, live)
+    edit(repo, "train", lambda d: d["scaled"].__setitem__("loss_final", 3.72))  # inside the seed band
+    rc, out = check(repo, capsys, "--mode", "exact")
+    assert rc == 1 and "metric train.scaled.loss_final = 3.72 drifted from 3.7 (exact)" in out

@@ -135,16 +135,22 @@ def test_a_thread_count_only_stages_not_rerun_ran_with_otherwise_is_a_note(run):
     problems, notes = lock_findings(run, reference_lock=reference)
     assert notes == [] and problems == ["params.yaml train.seed was edited after the run (report, train ran with 0, "
                                         "it now reads 1)"]
-    # train rerun (its entry differs from the reference's) under the old value: a problem again
+    # train rerun (its entry differs from the reference's) under the old values: even the thread count is a problem
+    (run / "params.yaml").write_text(params.replace("threads: 1", "threads: 2").replace("seed: 0", "seed: 1"),
+                                     encoding="utf-8")
     (run / "metrics/train.json").write_text('{"loss": 3.8}', encoding="utf-8")
     lock = yaml.safe_load((run / "dvc.lock").read_text(encoding="utf-8"))
     for out in lock["stages"]["train"]["outs"]:
         out["md5"] = out_md5(run / out["path"])
     (run / "dvc.lock").write_text(yaml.safe_dump(lock, sort_keys=False), encoding="utf-8")
     problems, notes = lock_findings(run, reference_lock=reference)
-    assert problems == ["params.yaml train.seed was edited after the run (report, train ran with 0, it now reads 1)"]
+    assert notes == [] and problems == [
+        "params.yaml train.seed was edited after the run (report, train ran with 0, it now reads 1)",
+        "params.yaml train.threads was edited after the run (train ran with 1, it now reads 2)"]
     # an output edited after the run (the lock the reference's) is never "not rerun"
     (run / "dvc.lock").write_text(yaml.safe_dump(reference, sort_keys=False), encoding="utf-8")
-    problems, _ = lock_findings(run, reference_lock=reference)
-    assert problems == ["metrics/train.json was edited after the run (its md5 differs from dvc.lock's)",
-                        "params.yaml train.seed was edited after the run (report, train ran with 0, it now reads 1)"]
+    problems, notes = lock_findings(run, reference_lock=reference)
+    assert notes == [] and problems == [
+        "metrics/train.json was edited after the run (its md5 differs from dvc.lock's)",
+        "params.yaml train.seed was edited after the run (report, train ran with 0, it now reads 1)",
+        "params.yaml train.threads was edited after the run (train ran with 1, it now reads 2)"]

@@ -306,3 +306,27 @@ def test_a_run_that_diverged_leaves_its_cells_not_a_number_without_crashing_the_
     assert "| d32_scaled.loss_final | not a number |" in md
     assert "| failures_correct.loss_final | 4 | — | b | not a number | not a number (a run diverged) | — |" in md
     assert "No pre-registration at /nonexistent" in md  # said, not silently left out
+
+
+def test_first_split_takes_validation_from_the_front_of_the_same_stream():
+    import io
+
+    import numpy as np
+
+    def npy(a):
+        buf = io.BytesIO()
+        np.save(buf, np.asarray(a, dtype=np.int32))
+        return buf.getvalue()
+    train, val = list(range(100, 190)), list(range(190, 200))
+    out = S.first_split({"train.npy": npy(train), "val.npy": npy(val), "vocab.json": b"{}"})
+    t, v = (np.load(io.BytesIO(out[k])).tolist() for k in ("train.npy", "val.npy"))
+    assert v == list(range(100, 110)) and t == list(range(110, 200)) and out["vocab.json"] == b"{}"
+
+
+def test_accounts_for_says_missing_where_it_cannot_judge():
+    base = band(BASE)
+    assert S.accounts_for({k: v for k, v in base.items() if k != "center"}, row([4.3] * 4 + [4.31]), 5.0) == "missing"
+    logb = band([0.05, 0.051, 0.049, 0.0505, 0.0495], log=True)
+    r = {**band([0.1, 0.102, 0.098, 0.101, 0.099], log=True), "p_holm": 0.001}
+    assert S.accounts_for(logb, r, 0.0, 0.0) == "missing"  # a published 0 has no log
+    assert S.closes(base, row([4.3] * 4 + [4.31]), base["center"]) is None  # no gap to close

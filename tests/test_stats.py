@@ -59,6 +59,23 @@ def test_bootstrap_is_deterministic():
     assert lo < sum(num) / sum(den) < hi
 
 
+def test_welch_and_paired_t_are_scipys_on_unequal_samples():
+    from scipy import stats as sp
+
+    x, y = [4.0, 4.1, 3.9], [4.3, 4.9, 3.8, 4.6, 4.1, 4.4]  # unequal n and sd: Welch's df differ from Student's
+    assert Band.of(x).welch(Band.of(y)) == pytest.approx(sp.ttest_ind(x, y, equal_var=False).pvalue, rel=1e-9)
+    a, b = [1.0, 2.0, 3.0, 4.0, 5.0], [1.3, 2.1, 3.6, 4.2, 5.9]
+    assert paired_t_p(a, b) == pytest.approx(sp.ttest_rel(b, a).pvalue, rel=1e-9)
+
+
+def test_the_bootstrap_resamples_seeds_in_pairs():
+    # num = 2 * den plus a little: a paired resample keeps the ratio near 2, an unpaired one would not
+    den = [0.5, 1.0, 1.5, 2.0, 2.5, 3.0]
+    num = [2 * d + e for d, e in zip(den, [0.01, -0.01, 0.02, -0.02, 0.0, 0.01])]
+    lo, hi = bootstrap_ratio(num, den)
+    assert 1.98 < lo < hi < 2.02
+
+
 def test_the_onset_is_a_grid_interval_set_by_seed_noise():
     x = [32, 48, 64, 96, 128]
     rng = np.random.default_rng(0)
