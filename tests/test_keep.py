@@ -113,6 +113,18 @@ def test_keep_refuses_outputs_that_differ_from_the_lock(project, capsys):
     assert _sh(project, "git", "diff", "--cached", "--name-only").stdout == ""
 
 
+def test_keep_refuses_while_a_killed_stage_left_its_staging_journal(project, capsys):
+    from attnrepro.io import STAGING
+
+    _new_run(project, 2)
+    (project / STAGING / "slot-1").mkdir(parents=True)
+    (project / STAGING / "slot-1" / "journal.json").write_text("{}")
+    assert cli.main(["keep"]) == 2
+    err = capsys.readouterr().err
+    assert "journal of a stage killed" in err and "attnrepro staging --finish | --discard" in err
+    assert _sh(project, "git", "diff", "--cached", "--name-only").stdout == ""
+
+
 def test_restore_puts_the_reference_back(project, capsys):
     ref = (project / "metrics" / "make.json").read_text()
     _new_run(project, 5)

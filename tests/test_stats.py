@@ -222,4 +222,26 @@ def test_a_gaps_modes_keep_two_degrees_of_freedom_for_their_sd():
     # 5 seeds, 3 groups: 2 degrees of freedom left, the modes stay
     assert gap_groups([[0, 1, 2], [3, 4]], [[0, 1, 2, 3], [4]], 5) == [[0, 1, 2], [3], [4]]
     assert gap_groups([[0, 1, 2, 3, 4]], [[0, 1, 2, 3, 4]], 5) == []  # one mode in both arms: none
+
+
+def test_the_mixed_width_model_is_the_smallest_multiple_of_d_head_at_least_min_d_model():
+    from attnrepro.experiments.critical import critical_model
+
+    import yaml
+    from pathlib import Path
+
+    params = yaml.safe_load((Path(__file__).resolve().parents[1] / "params.yaml").read_text(encoding="utf-8"))
+    base = params["train"]["models"]["small"]
+    for d_head, d_model in ((32, 128), (96, 192), (192, 192), (256, 256), (24, 144)):
+        m = critical_model(base, d_head, 128)
+        assert (m.d_model, m.n_head, m.d_head) == (d_model, d_model // d_head, d_head)
     stats.describe([0.1, 0.2, 0.9, 1.0, 0.5], groups=[[0, 1, 2], [3], [4]])  # the pooled sd exists
+
+
+def test_the_gap_tests_p_value_falls_as_the_gap_grows():
+    ps = [stats.gap_p(r, 10) for r in (0.0, 1.0, 2.0, 4.0, 8.0)]
+    assert ps[0] == 1.0 and all(a > b for a, b in zip(ps, ps[1:]))
+    assert stats.gap_p(float("inf"), 10) == pytest.approx(1 / (stats.GAP_REPS + 1))
+    # the ratio of a sample does not depend on its mean or scale
+    x = [0.1, 0.4, 0.35, 0.2, 1.9, 2.1, 2.0]
+    assert stats.gap_ratio(x) == pytest.approx(stats.gap_ratio([5 + 3 * v for v in x]))
