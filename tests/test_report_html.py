@@ -99,8 +99,7 @@ def test_report_html_figures_load_in_chromium(tmp_path):
 @pytest.mark.skipif(chromium() is None, reason="no headless Chromium (apt install chromium)")
 def test_the_committed_report_html_loads_every_figure(tmp_path):
     page = REPO / "report" / "REPORT.html"
-    if not page.exists():
-        pytest.skip("report/REPORT.html not generated yet (dvc repro report)")
+    assert page.exists(), "report/REPORT.html is a committed output: dvc repro report"
     md = (REPO / "report" / "REPORT.md").read_text(encoding="utf-8")
     n, ok, bad = loaded_in_chromium(page, tmp_path)
     assert n == len(re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md)) and ok == n, bad
