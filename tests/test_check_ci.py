@@ -73,6 +73,15 @@ def test_a_base_that_is_not_a_commit_is_one_line(tmp_path, live, capsys):
     assert rc == 2 and out == f"error: --base: 'nope' is not a commit in {root.resolve()}\n"
 
 
+def test_a_base_with_no_commit_in_common_is_one_line(tmp_path, live, capsys):
+    root, _ = pull_request(tmp_path)
+    git(root, "checkout", "-q", "--orphan", "unrelated")
+    git(root, "commit", "-q", "--allow-empty", "-m", "no history in common")
+    git(root, "checkout", "-q", "-")
+    rc, out = check(root, capsys, "--base", "unrelated")
+    assert rc == 2 and out == "error: --base: HEAD and unrelated have no commit in common\n"
+
+
 def workflow() -> dict:
     data = yaml.safe_load((REPO / ".github/workflows/reproduce.yml").read_text(encoding="utf-8"))
     data["on"] = data.pop(True, data.get("on"))  # YAML 1.1 reads `on:` as true

@@ -115,6 +115,8 @@ def test_stale_lock_entries_and_a_missing_lock(run):
     lock["stages"]["train@old"] = {"cmd": "x", "outs": [{"path": "metrics/train.json", "md5": "0" * 32}]}
     (run / "dvc.lock").write_text(yaml.safe_dump(lock), encoding="utf-8")
     assert lock_problems(run) == []
+    (run / "dvc.lock").write_text("stages: [unclosed\n", encoding="utf-8")
+    assert lock_problems(run) == ["dvc.lock is not valid YAML: the outputs cannot be matched with the run that made them"]
     (run / "dvc.lock").unlink()
     assert lock_problems(run) == ["dvc.lock is missing: the outputs cannot be matched with the run that made them"]
     assert json.loads((run / "metrics/train.json").read_text(encoding="utf-8")) == {"loss": 3.7}
