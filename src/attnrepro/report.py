@@ -1189,7 +1189,9 @@ def build(claims_path: Path, metrics_dir: Path, plots_dir: Path, pairs, smooth: 
     md += ["## How to read a published value\n",
            "Where our runs have seeds, first by its **percentile among our seeds** "
            "(0 or 100: beyond all of them; with n seeds it moves in steps of 100/n, a tie counting half), and where a "
-           "variant's seeds fall into modes, by the mode it lies nearest. Then by our band: the published figure, with "
+           "variant's seeds fall into modes, by the mode the chapter's run was in (read once per variant off the "
+           "chapter's published value of the statistic the modes were found on; unknown where it prints none). Then by "
+           "our band: the published figure, with "
            "the rounding interval of its printed digits, is \"inside\" when it meets the 95% prediction interval of one "
            "run over our seeds (per mode where there are modes; z: seed standard deviations from our mean or nearest "
            "mode, on the log scale for attention statistics), \"off\" when it misses its tolerance where no seed "
