@@ -1047,7 +1047,8 @@ def runs_count(key: str, metrics: dict, dists: dict) -> tuple[int | None, str]:
         if d and m.get("seeds") and w and q.get("seeds"):
             return (len(d) * 2 * m["seeds"] + len(w) * 2 * q["seeds"],
                     f"{len(w)} d_qk × scaled/unscaled × {q['seeds']} seeds (one variable) and {len(d)} d_head × "
-                    f"scaled/unscaled × {m['seeds']} seeds (mixed width); runs shared with other stages trained once")
+                    f"scaled/unscaled × {m['seeds']} seeds (mixed width); the chapter's variants at the one-variable "
+                    "seeds add reference points; a run two of these or another stage share is trained once")
         if d and m.get("seeds"):
             return len(d) * 2 * m["seeds"], f"{len(d)} d_head × scaled/unscaled × {m['seeds']} seeds"
     if key == "qknorm":
