@@ -276,3 +276,14 @@ def test_heads_are_renamed_only_where_they_are_judged_statistically():
     # each of the run's own seeds is renamed too, so Welch compares a head with the same head
     assert sorted(seed_values(judged, "heads.l0h0.entropy")) == [0.29, 0.31]
     assert sorted(seed_values(judged, "heads.l0h1.prev")) == [0.4, 0.5]
+
+
+def test_heads_lengths_longer_than_the_models_block_are_one_line():
+    from types import SimpleNamespace
+
+    from attnrepro.config import UserError
+    from attnrepro.experiments.heads import check_lengths
+
+    check_lengths(SimpleNamespace(seq_len=16, ablation_len=16), 16)
+    with pytest.raises(UserError, match=r"heads\.ablation_len: got 17, expected at most the model's block_size 16"):
+        check_lengths(SimpleNamespace(seq_len=16, ablation_len=17), 16)

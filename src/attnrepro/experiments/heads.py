@@ -89,15 +89,19 @@ class HeadsResult:
         return out
 
 
+def check_lengths(cfg: HeadsConfig, block_size: int) -> None:
+    for name in ("seq_len", "ablation_len"):
+        if getattr(cfg, name) > block_size:
+            raise UserError(f"heads.{name}: got {getattr(cfg, name)}, expected at most the model's block_size "
+                            f"{block_size}")
+
+
 def run(cfg: HeadsConfig, attention: AttentionConfig) -> HeadsResult:
     """The heads of `heads.checkpoint` (whose attention must be params `attention`'s) on the corpus'
     validation stream."""
     model = load_checkpoint(cfg.checkpoint, "heads.checkpoint")
     attention.check_checkpoint(model.cfg.impl, "heads.checkpoint")
-    for name in ("seq_len", "ablation_len"):
-        if getattr(cfg, name) > model.cfg.block_size:
-            raise UserError(f"heads.{name}: got {getattr(cfg, name)}, expected at most the model's block_size "
-                            f"{model.cfg.block_size}")
+    check_lengths(cfg, model.cfg.block_size)
     itos = json.loads((CORPUS / "vocab.json").read_text(encoding="utf-8"))
     seqs = fixed_sequences(load_tokens(CORPUS / "val.npy"), cfg.n_seqs, cfg.seq_len, cfg.seq_seed)
     rows, base, maps = measure(model, cfg, seqs, progress_bar=True)
@@ -158,6 +162,7 @@ def seed_portraits(cfg: HeadsConfig, checkpoints: dict[int, Path], reference: in
     measured = {}
     for seed, path in checkpoints.items():
         model = load_checkpoint(path, f"the seed {seed} checkpoint")
+        check_lengths(cfg, model.cfg.block_size)
         measured[seed] = (*measure(model, cfg, seqs)[:2], model.cfg.n_layer)
     ref = measured[reference][0]
     return distribution({s: heads_metrics(matched_to(ref, rows, STATS), base, n_layer, cfg)
