@@ -1,6 +1,7 @@
 """`attnrepro keep` stages exactly the pipeline's git-tracked outputs, dvc.lock and README.md (after
 regenerating it) and never commits; `attnrepro restore` puts the committed reference back."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -137,6 +138,17 @@ def test_restore_puts_the_reference_back(project, capsys):
     assert not (project / "plots" / "make" / "extra.csv").exists()
     assert "changed outs" not in _sh(project, sys.executable, "-m", "dvc", "status", "--json").stdout
     assert (project / "params.yaml").read_text() == "make:\n  n: 5\n"  # params are code: left alone
+
+
+def test_restore_says_when_dvc_cannot_put_data_back(project, capsys):
+    import shutil
+
+    _new_run(project, 5)
+    shutil.rmtree(project / ".dvc" / "cache")  # the reference's data/big.bin is in no cache now
+    assert cli.main(["restore", "--yes"]) == 1
+    out = capsys.readouterr().out
+    assert "`dvc checkout` could not restore every DVC-tracked output (data/)" in out
+    assert json.loads((project / "metrics" / "make.json").read_text()) == {"n": 1}  # git's part is done
 
 
 def test_restore_asks_first(project, capsys, monkeypatch):
