@@ -245,3 +245,11 @@ def test_the_gap_tests_p_value_falls_as_the_gap_grows():
     # the ratio of a sample does not depend on its mean or scale
     x = [0.1, 0.4, 0.35, 0.2, 1.9, 2.1, 2.0]
     assert stats.gap_ratio(x) == pytest.approx(stats.gap_ratio([5 + 3 * v for v in x]))
+
+
+def test_a_log_band_judges_a_value_at_or_below_zero_impossible():
+    b = Band.of([0.001, 0.002, 0.0015, 0.0012], log=True)
+    assert b.z(0.0) == -math.inf and b.p_new(0.0) == 0.0 and b.p_new(-1.0) == 0.0 and not b.contains(0.0)
+    assert b.p_new(float("nan")) == 0.0 and b.p_new(0.0015) > 0.5
+    lo, hi = b.prediction_interval()
+    assert b.p_new(hi * 1.0001) < 0.05 < b.p_new(hi * 0.9999)  # the interval holds exactly p_new >= alpha
