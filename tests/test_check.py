@@ -425,3 +425,23 @@ def test_mode_exact_holds_another_machines_run_to_the_reference_bytes(repo, live
     edit(repo, "train", lambda d: d["scaled"].__setitem__("loss_final", 3.72))  # inside the seed band
     rc, out = check(repo, capsys, "--mode", "exact")
     assert rc == 1 and "metric train.scaled.loss_final = 3.72 drifted from 3.7 (exact)" in out
+
+
+def test_a_conclusion_the_reference_does_not_reproduce_is_kept_both_ways(repo, live, capsys):
+    """The reference's run did not collapse (entropy 0.02 on every seed) and its report says so: a run that does not
+    either passes, naming it; a run on which the conclusion starts to hold has moved, and fails."""
+    seeds = {s: {**SEEDS[s], "unscaled": {**SEEDS[s]["unscaled"], "entropy": 0.02 + 0.001 * s}} for s in SEEDS}
+    dump(repo / "metrics/train.json", seeds[0])
+    dump(repo / "metrics/dist/train.json", distribution(seeds))
+    dump(repo / "metrics/claims.json", {"train.collapse": {"pass": 0, "skipped": 0}})
+    d = yaml.safe_load((repo / "dvc.yaml").read_text(encoding="utf-8"))
+    d["stages"]["report"] = {"cmd": "x", "outs": ["metrics/claims.json"]}
+    (repo / "dvc.yaml").write_text(yaml.safe_dump(d), encoding="utf-8")
+    relock(repo)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "a reference that does not reproduce the collapse")
+    rc, out = check(repo, capsys)
+    assert rc == 0 and "not reproduced, as on the reference: " in out and "train.collapse" in out, out
+    edit(repo, "train", lambda m: m["unscaled"].__setitem__("entropy", 0.005))
+    rc, out = check(repo, capsys)
+    assert rc == 1 and "conclusion train.collapse holds on this run, but not on the reference's run" in out, out
