@@ -131,12 +131,25 @@ def test_a_thread_count_only_stages_not_rerun_ran_with_otherwise_is_a_note(run):
     assert problems == [] and notes == ["params.yaml train.threads was edited after the run (train ran with 1, "
                                         "it now reads 2), and it was not rerun: the outputs are the reference's "
                                         "own (`dvc status` lists them stale)"]
-    # any other param is the protocol's: edited and not rerun, the outputs no longer follow params.yaml
+    # any other param is the protocol's: edited and run by no stage, the outputs no longer follow params.yaml
     text = params.replace("seed: 0", "seed: 1")
     (run / "params.yaml").write_text(text, encoding="utf-8")
     problems, notes = lock_findings(run, reference_lock=reference)
     assert notes == [] and problems == ["params.yaml train.seed was edited after the run (report, train ran with 0, "
                                         "it now reads 1)"]
+    # ... run by one stage at its new value (train, relocked), the stage not rerun is a note: stale, named
+    lock = yaml.safe_load((run / "dvc.lock").read_text(encoding="utf-8"))
+    lock["stages"]["train"]["params"]["params.yaml"]["train"]["seed"] = 1
+    (run / "metrics/train.json").write_text('{"loss": 3.75}', encoding="utf-8")
+    for out in lock["stages"]["train"]["outs"]:
+        out["md5"] = out_md5(run / out["path"])
+    (run / "dvc.lock").write_text(yaml.safe_dump(lock, sort_keys=False), encoding="utf-8")
+    problems, notes = lock_findings(run, reference_lock=reference)
+    assert problems == [] and notes == ["params.yaml train.seed was edited after the run (report ran with 0, it now "
+                                        "reads 1), and it was not rerun: the outputs are the reference's own (`dvc "
+                                        "status` lists them stale); train ran with 1"]
+    (run / "dvc.lock").write_text(yaml.safe_dump(reference, sort_keys=False), encoding="utf-8")
+    (run / "metrics/train.json").write_text('{"loss": 3.7}', encoding="utf-8")
     # train rerun (its entry differs from the reference's) under the old values: even the thread count is a problem
     (run / "params.yaml").write_text(params.replace("threads: 1", "threads: 2").replace("seed: 0", "seed: 1"),
                                      encoding="utf-8")

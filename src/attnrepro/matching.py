@@ -70,10 +70,14 @@ def heads_renamed(run: dict[str, float], reference: dict[str, float],
 
 def seeds_renamed(dist: dict, reference: dict[str, float]) -> dict:
     """A heads seed distribution (metrics/dist/heads.json) with every seed's heads renamed after the
-    reference's head each plays (heads_renamed), its per-seed values flattened (as the check reads them)."""
+    reference's head each plays (heads_renamed); its structure (each seed's values nested by head) kept, so an
+    unchanged naming leaves it equal to the input."""
     from .stats import flatten
 
-    runs = {s: {k.removeprefix("heads."): v for k, v in
-                heads_renamed({f"heads.{k}": v for k, v in flatten(r).items()}, reference).items()}
-            for s, r in (dist.get("runs") or {}).items()}
+    head_name = re.compile(r"^l\d+h\d+$")
+    runs = {}
+    for s, r in (dist.get("runs") or {}).items():
+        renamed = heads_renamed({f"heads.{k}": v for k, v in flatten(r).items()}, reference)
+        runs[s] = {k: ({stat: renamed.get(f"heads.{k}.{stat}", v) for stat, v in sub.items()}
+                       if head_name.match(k) and isinstance(sub, dict) else sub) for k, sub in r.items()}
     return {**dist, "runs": runs}

@@ -300,12 +300,12 @@ def lock_findings(root: Path, metrics_dir: str = "metrics",
                   reference_lock: Optional[dict] = None) -> tuple[list[str], list[str]]:
     """(problems, notes): each metrics/ and plots/ output and each param that differs from what dvc.lock
     recorded for the stages of dvc.yaml (a stale lock entry of a stage dvc.yaml no longer has is ignored),
-    and each metrics file no stage recorded, are problems; except that a thread count (a setting of the
-    machine, not of the protocol) only stages that were not rerun ran with another value of (their lock
-    entry, outputs and params, is the reference's own, and their outputs are intact) is a note: their
-    outputs are the reference's, so nothing they hold was made with the new value (a threads=2 rerun of
-    the default stages leaves the sweeps so; `dvc status` lists them stale). Any other param edited
-    after the run stays a problem even there: the committed outputs no longer follow params.yaml."""
+    and each metrics file no stage recorded, are problems; except that a param only stages that were not
+    rerun ran with another value of (their lock entry, outputs and params, is the reference's own, and
+    their outputs are intact) is a note where the new value was run: a thread count (a setting of the
+    machine, not of the protocol), or a param another stage ran with at its new value (`dvc exp run -S
+    failures.steps=600 failures` leaves the sweeps that declare `failures` so; `dvc status` lists them
+    stale). A param edit no stage ran with stays a problem: nothing committed follows params.yaml."""
     if not (root / "dvc.lock").is_file():
         return ["dvc.lock is missing: the outputs cannot be matched with the run that made them"], []
     lock = read_yaml(root / "dvc.lock")
@@ -314,7 +314,7 @@ def lock_findings(root: Path, metrics_dir: str = "metrics",
     stages, trees = pipeline_stages(root), {}
     current = {n: st for n, st in (lock.get("stages") or {}).items()
                if n in stages or ("@" in n and any(k in stages.get(n.split("@")[0], {}) for k in ("foreach", "matrix")))}
-    problems, notes, recorded, params_seen = [], [], set(), {}
+    problems, notes, recorded, params_seen, ran_with_now = [], [], set(), {}, {}
     theirs = (reference_lock or {}).get("stages") or {}
     not_rerun = {n for n, st in current.items()
                  if n in theirs and (st.get("outs"), st.get("params")) == (theirs[n].get("outs"), theirs[n].get("params"))}
@@ -337,11 +337,15 @@ def lock_findings(root: Path, metrics_dir: str = "metrics",
                     if norm_param(get_leaf(tree, leaf)) != norm_param(v):
                         params_seen.setdefault((file, ".".join(leaf), short(v), short(get_leaf(tree, leaf))),
                                                []).append(name)
+                    else:
+                        ran_with_now.setdefault((file, ".".join(leaf)), []).append(name)
     for (file, leaf, ran, now), names in params_seen.items():
-        if leaf.rsplit(".", 1)[-1] == "threads" and all(n in not_rerun for n in names):
+        run_now = ran_with_now.get((file, leaf), [])
+        if all(n in not_rerun for n in names) and (leaf.rsplit(".", 1)[-1] == "threads" or run_now):
             notes.append(f"{file} {leaf} was edited after the run ({listed(names, 3)} ran with {ran}, it now reads "
                          f"{now}), and {'it was' if len(names) == 1 else 'they were'} not rerun: the outputs are "
-                         "the reference's own (`dvc status` lists them stale)")
+                         "the reference's own (`dvc status` lists them stale)"
+                         + (f"; {listed(run_now, 3)} ran with {now}" if run_now else ""))
         else:
             problems.append(f"{file} {leaf} was edited after the run ({listed(names, 3)} ran with {ran}, it now "
                             f"reads {now})")
