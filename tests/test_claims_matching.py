@@ -237,7 +237,8 @@ def test_a_band_with_modes_shows_each_modes_interval_not_their_hull(tmp_path):
 
 def test_least_cost_pairs_skips_unpublished_numbers_and_shuns_non_numbers():
     from attnrepro.matching import least_cost_pairs
-    # column 0 alone would pair 0-1 and 1-0; the reference's None leaves column 1 out of the cost
+    # a None in the reference is not compared (no arithmetic on it): the pairing is column 0's alone, 0-1 and 1-0,
+    # though column 1 of the other vectors differs
     assert least_cost_pairs([[1.0, None], [0.0, None]], [[0.0, 5.0], [1.0, -5.0]], [1.0, 1.0]) == [(0, 1), (1, 0)]
     # a statistic that is not a number resembles nothing: the finite other vector wins despite a larger distance
     nan = float("nan")

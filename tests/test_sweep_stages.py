@@ -80,6 +80,12 @@ def test_critical_curve(repo):
     m = load(repo, "critical")
     assert {"d8", "d16", "d32", "onset", "seeds"} <= set(m)
     assert m["d8"]["d_model"] == 16 and m["d32"]["d_model"] == 32
+    from attnrepro.experiments.critical import CriticalConfig, planned_runs
+    from attnrepro.experiments.protocol import TrainConfig
+    from attnrepro.config import from_dict
+    p = yaml.safe_load((repo / "params.yaml").read_text(encoding="utf-8"))
+    assert m["runs"] == planned_runs(from_dict(TrainConfig, p["train"], prefix="train"),
+                                     from_dict(CriticalConfig, p["critical"], prefix="critical"))
     o = m["onset"]
     assert o["reached"] in (0, 1) and ("by_d_head" in o) == bool(o["reached"])
     if o["reached"]:  # a grid interval, never finer

@@ -1045,10 +1045,11 @@ def runs_count(key: str, metrics: dict, dists: dict) -> tuple[int | None, str]:
         q = m.get("d_qk") or {}
         w = [k for k in q if k.startswith("dqk") and k[3:].isdigit()]
         if d and m.get("seeds") and w and q.get("seeds"):
-            return (len(d) * 2 * m["seeds"] + len(w) * 2 * q["seeds"],
-                    f"{len(w)} d_qk × scaled/unscaled × {q['seeds']} seeds (one variable) and {len(d)} d_head × "
-                    f"scaled/unscaled × {m['seeds']} seeds (mixed width); the chapter's variants at the one-variable "
-                    "seeds add reference points; a run two of these or another stage share is trained once")
+            return (m.get("runs") or len(d) * 2 * m["seeds"] + len(w) * 2 * q["seeds"],
+                    f"{len(w)} d_qk × scaled/unscaled × {q['seeds']} seeds (one variable), {len(d)} d_head × "
+                    f"scaled/unscaled × {m['seeds']} seeds (mixed width) and the chapter's variants at the one-variable "
+                    "seeds (reference points), a run two of these share counted once; one another stage shares is "
+                    "trained once")
         if d and m.get("seeds"):
             return len(d) * 2 * m["seeds"], f"{len(d)} d_head × scaled/unscaled × {m['seeds']} seeds"
     if key == "qknorm":

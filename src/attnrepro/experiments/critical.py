@@ -213,7 +213,8 @@ def run(train: TrainConfig, cfg: CriticalConfig, device: str, engine: EngineConf
              **pair_row(by_mixed[(d, True, s)], by_mixed[(d, False, s)])} for s in cfg.seeds for d in cfg.d_heads]
     df = pd.DataFrame(rows)
     per_point, curve = curve_stats(df, "d_head", extra=("d_model",))
-    metrics = {"seeds": len(cfg.seeds), **{f"d{d}": e for d, e in per_point.items()}}
+    metrics = {"seeds": len(cfg.seeds), "runs": len({r.key for r in runs}),  # distinct: a run two points share once
+               **{f"d{d}": e for d, e in per_point.items()}}
     first = cfg.d_heads[0]
     gaps = df.pivot(index="seed", columns="d_head", values="gap_loss_final")
     metrics["onset"], where = onset_entry(cfg.d_heads, gaps, "d_head")
