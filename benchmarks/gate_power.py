@@ -438,7 +438,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rev", default="HEAD", help="the reference revision the cases start from and are judged against")
     ap.add_argument("--keep", action="store_true", help="keep each case's worktree (printed) for inspection")
     ap.add_argument("--resume", action="store_true",
-                    help="skip the cases the results file already judged against this reference (an ERROR is rerun)")
+                    help="skip the cases the results file already judged against this reference (an ERROR is "
+                         "rerun; a case whose definition changed since must be named in --cases without --resume)")
     ap.add_argument("--list", action="store_true", help="list the cases and exit")
     ap.add_argument("--stages", default="", help="comma-separated stages to rerun instead of each case's own "
                                                  "(a quick trial of the harness)")
