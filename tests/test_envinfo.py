@@ -175,3 +175,15 @@ def test_gpu_record_is_torchs_device():
             assert envinfo.parse_pci(info["gpu_pci_bus_id"]) == pci
     env = envinfo.environment("cuda:0")
     assert env["cuda_version"] == torch.version.cuda and env["cudnn_version"] is not None
+
+
+def test_a_run_a_stage_uses_twice_counts_once_in_its_cost():
+    from types import SimpleNamespace
+
+    from attnrepro.envinfo import stage_environment
+
+    def rec(key, secs):
+        files = {"env.json": {}, "spec.json": {"numerics": 1}, "timing.json": {"wall_seconds": secs}}
+        return SimpleNamespace(key=key, spec=SimpleNamespace(task="corpus_lm"), read=lambda f: files[f])
+    env = stage_environment("cpu", [rec("a", 10.0), rec("b", 5.0), rec("a", 10.0)])
+    assert env["runs"] == 2 and env["run_wall_seconds"] == 15.0

@@ -215,7 +215,7 @@ def test_holm_counts_a_nan_as_one_and_modes_on_log_fall_back_for_a_zero():
 
 
 def test_a_gaps_modes_keep_two_degrees_of_freedom_for_their_sd():
-    from attnrepro.experiments.critical import gap_groups
+    from attnrepro.stats import gap_groups
 
     # two crossing splits of 4 seeds: 4 groups of one, no sd left: the gap is one band
     assert gap_groups([[0, 1], [2, 3]], [[0, 2], [1, 3]], 4) == []
@@ -253,3 +253,13 @@ def test_a_log_band_judges_a_value_at_or_below_zero_impossible():
     assert b.p_new(float("nan")) == 0.0 and b.p_new(0.0015) > 0.5
     lo, hi = b.prediction_interval()
     assert b.p_new(hi * 1.0001) < 0.05 < b.p_new(hi * 0.9999)  # the interval holds exactly p_new >= alpha
+
+
+def test_z_from_a_given_mode_and_modes_need_a_degree_of_freedom():
+    vals = [1.0, 1.1, 0.9, 3.0, 3.1]
+    b = stats.from_summary(stats.describe(vals, groups=[[0, 1, 2], [3, 4]]))
+    sd = b.mode_sd
+    assert b.z(3.05) == pytest.approx(0.0)  # nearest: mode 1
+    assert b.z(3.05, mode=0) == pytest.approx((3.05 - 1.0) / sd)  # the mode asked for, not the nearest
+    with pytest.raises(ValueError, match="no degree of freedom"):
+        stats.describe([1.0, 2.0], groups=[[0], [1]])

@@ -631,7 +631,8 @@ class ClaimResult:
     seeds_n: Optional[int] = None
     mean_holds: Optional[bool] = None
     band: Optional[Band] = None  # cells: our seed distribution of the metric
-    z: Optional[float] = None  # cells: (published - our mean) / our seed sd (from the nearest mode, with modes)
+    z: Optional[float] = None  # cells: (published - our mean) / our seed sd (with modes: from the chapter's
+    # mode where chapter_modes decides it, else the nearest, in within-mode sd)
     percentile: Optional[float] = None  # cells with seeds: where the published figure sits among them (%)
     percentile_range: Optional[tuple[float, float]] = None  # ... where the ends of its rounding interval sit
     mode: Optional[int] = None  # cells whose seeds fall into modes: the mode the chapter's run was in (chapter_modes)
@@ -809,6 +810,8 @@ def chapter_modes(results: list[ClaimResult], dists: Mapping[str, dict]) -> None
         b = band(dists, key) if statistic else None
         r.mode = b.nearest_mode(published[key]) if key in published and b is not None and b.modes else None
         r.mode_by = key if r.mode is not None else ""
+        if r.mode is not None and len(r.band.modes) == len(b.modes):  # z from the chapter's mode, not the nearest
+            r.z = r.band.z(r.claim.published, mode=r.mode)
 
 
 def evaluate_all(exp: Expectations, metrics, dists, envs) -> list[ClaimResult]:

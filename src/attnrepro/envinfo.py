@@ -199,9 +199,11 @@ def stage_environment(device: str, runs: Sequence) -> dict:
     env = environment(device)
     env["numerics"] = dict(sorted({(r.spec.task, r.read("spec.json")["numerics"]) for r in runs}))
     env["run_keys"] = hashlib.sha256("\n".join(sorted(r.key for r in runs)).encode()).hexdigest()
-    # the compute its runs cost when they were trained (each run's own wall time, wherever it ran)
-    env["runs"] = len(runs)
-    env["run_wall_seconds"] = round(sum(r.read("timing.json")["wall_seconds"] for r in runs), 1)
+    # the compute its runs cost when they were trained (each run's own wall time, wherever it ran), each
+    # distinct run once: a sweep may use one run at two of its points
+    distinct = list({r.key: r for r in runs}.values())
+    env["runs"] = len(distinct)
+    env["run_wall_seconds"] = round(sum(r.read("timing.json")["wall_seconds"] for r in distinct), 1)
     others = sorted({f"{e.get('cpu')}, torch {e.get('torch')}, {e.get('torch_threads')} thread(s)"
                      for e in run_envs if any(k in e and e[k] != env.get(k) for k in RUN_MACHINE_KEYS)})
     env["runs_on"] = "; ".join(others) if others else "this machine"

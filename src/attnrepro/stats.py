@@ -11,7 +11,7 @@ interval (ALPHA = 0.05, two-sided); a multi-seed run is compared by Welch's t-te
 the means, as MLPerf's reference convergence points compare a submission with their
 reference runs. Metrics that live near zero and move by factors (a collapsed entropy,
 the softmax Jacobian, logit scales) are judged on the log scale: the same formulas on
-log(x). Without scipy: Student's t comes from the regularized incomplete beta function.
+log(x). Student's t, quantiles and tests come from scipy.stats.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Iterable, Optional, Sequence
 
-ALPHA = 0.05  # two-sided; the check spends it family-wise (Bonferroni, attnrepro.check.families)
+ALPHA = 0.05  # two-sided; the check spends it family-wise (Holm's step-down, attnrepro.check.families)
 
 # metrics judged on the log scale: attention statistics and scales that move by factors and,
 # collapsed, live near zero (a rule on the key, so every stage and the check agree)
@@ -108,14 +108,17 @@ class Band:
         intervals = self.mode_intervals(alpha) if self.modes else [self.prediction_interval(alpha)]
         return any(lo <= value <= hi for lo, hi in intervals)
 
-    def z(self, value: float) -> float:
-        """How many seed standard deviations `value` lies from the mean (on the band's scale)."""
+    def z(self, value: float, mode: Optional[int] = None) -> float:
+        """How many seed standard deviations `value` lies from the mean (on the band's scale); with modes,
+        from mode `mode` (an index into self.modes; default the nearest) in within-mode sd."""
         if self.log and value <= 0:
             return -math.inf
         x = math.log(value) if self.log else value
         mean, sd = self.mean, self.sd
-        if self.modes:  # from the nearest mode, in within-mode sd
-            mean, sd = min((m for _, m in self.modes), key=lambda m: abs(x - m)), self.mode_sd
+        if self.modes:
+            centres = [m for _, m in self.modes]
+            mean = centres[mode] if mode is not None else min(centres, key=lambda m: abs(x - m))
+            sd = self.mode_sd
         if sd == 0:
             return 0.0 if x == mean else math.copysign(math.inf, x - mean)
         return (x - mean) / sd
@@ -199,6 +202,8 @@ def describe(values: Iterable[float], log: bool = False, groups: Sequence[Sequen
     out = {"n": lin.n, "mean": lin.mean, "sd": lin.sd, "min": min(vals), "max": max(vals)}
     out["ci95_lo"], out["ci95_hi"] = b.confidence_interval()
     if len(groups) > 1:
+        if len(vals) - len(groups) < 1:
+            raise ValueError(f"{len(groups)} modes over {len(vals)} values leave no degree of freedom for their sd")
         x = [math.log(v) if b.log else v for v in vals]
         means = [sum(x[i] for i in g) / len(g) for g in groups]
         ss = sum((x[i] - m) ** 2 for g, m in zip(groups, means) for i in g)
@@ -349,6 +354,14 @@ def common_refinement(partitions: Iterable[Sequence[Sequence]]) -> list[list]:
     for s in seeds:
         groups.setdefault(tuple(next(i for i, g in enumerate(p) if s in g) for p in parts), []).append(s)
     return [groups[k] for k in sorted(groups)]
+
+
+def gap_groups(scaled: list, unscaled: list, n: int) -> list:
+    """The modes of a paired gap: the common refinement of its two arms' modes, where it leaves at least 2
+    degrees of freedom for their pooled sd (two crossing splits of 4 seeds leave 4 groups of one); else none,
+    and the gap is one band."""
+    refined = common_refinement([scaled, unscaled])
+    return refined if 1 < len(refined) <= n - 2 else []
 
 
 def onset_interval(x: Sequence[float], per_seed: Sequence[Sequence[float]],

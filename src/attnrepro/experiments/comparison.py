@@ -12,7 +12,7 @@ from ..audit.load import AttentionConfig
 from ..config import UserError, require
 from ..engine import EngineConfig
 from ..envinfo import stage_environment
-from ..stats import ALPHA, Modes, bootstrap_ratio, common_refinement, describe, distribution, find_modes, log_scale
+from ..stats import ALPHA, Modes, bootstrap_ratio, describe, distribution, find_modes, gap_groups, log_scale
 from ..sweep import require_ok, run_sweep
 from .protocol import TrainConfig, corpus_inputs, d_head_of, series
 
@@ -219,7 +219,8 @@ def modes_of(key: str, modes: dict[str, Modes], pairs: dict[int, dict[bool, str]
         return modes[variant].groups
     for d_head, pair in pairs.items():
         if key.startswith(f"comparison.gap_d{d_head}_") and set(pair) == {True, False}:
-            return common_refinement([modes[pair[True]].groups, modes[pair[False]].groups])
+            scaled, unscaled = modes[pair[True]].groups, modes[pair[False]].groups
+            return gap_groups(scaled, unscaled, sum(len(g) for g in scaled))
     return []
 
 

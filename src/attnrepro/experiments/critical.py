@@ -24,7 +24,7 @@ import pandas as pd
 from ..config import from_dict, require
 from ..envinfo import stage_environment
 from ..model import ModelConfig
-from ..stats import ALPHA, common_refinement, describe, find_modes, log_scale, onset_interval, paired_t_p
+from ..stats import ALPHA, describe, find_modes, gap_groups, log_scale, onset_interval, paired_t_p
 from ..engine import EngineConfig
 from ..sweep import require_ok, run_sweep
 from .protocol import TrainConfig, corpus_inputs
@@ -158,14 +158,6 @@ def arm_modes(runs: dict, grid: list[int], seeds: list[int], statistic: str) -> 
             out[(d, "scaled" if scaled else "unscaled")] = find_modes(
                 {s: runs[(d, scaled, s)][statistic] for s in seeds}, alpha, log_scale(statistic), statistic)
     return out
-
-
-def gap_groups(scaled: list, unscaled: list, n: int) -> list:
-    """The modes of a paired gap: the common refinement of its two arms' modes, where it leaves at least 2
-    degrees of freedom for their pooled sd (two crossing splits of 4 seeds leave 4 groups of one); else none,
-    and the gap is one band."""
-    refined = common_refinement([scaled, unscaled])
-    return refined if 1 < len(refined) <= n - 2 else []
 
 
 def planned(train: TrainConfig, cfg: CriticalConfig, device: str = "cpu") -> tuple[list, list, list, list]:
