@@ -330,3 +330,16 @@ def test_accounts_for_says_missing_where_it_cannot_judge():
     r = {**band([0.1, 0.102, 0.098, 0.101, 0.099], log=True), "p_holm": 0.001}
     assert S.accounts_for(logb, r, 0.0, 0.0) == "missing"  # a published 0 has no log
     assert S.closes(base, row([4.3] * 4 + [4.31]), base["center"]) is None  # no gap to close
+
+
+def test_the_report_prints_the_share_of_the_gap_a_choice_closes_as_a_plain_percentage(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from attnrepro import report
+
+    prereg = tmp_path / "prereg.yaml"
+    prereg.write_text("[]\n")
+    verdict = {"cell": "c.m", "choice": "a", "verdict": "held", "why": "", "reason": "r", "closes": 0.9996}
+    monkeypatch.setattr(S, "prereg_verdicts", lambda *a: [verdict, dict(verdict, closes=-3.9)])
+    md = report.sensitivity_markdown(sweep_metrics(), SimpleNamespace(claims=[]), prereg_path=prereg)
+    assert "| c.m | a | held | 100% | r |" in md and "| -390% |" in md and "e+02" not in md

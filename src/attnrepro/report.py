@@ -617,7 +617,7 @@ def sensitivity_markdown(m: dict, exp, prereg_path: Path = sens.PREREGISTRATION)
                 "| cell | choice | verdict | gap closed | reason given in advance |", "| --- | --- | --- | --- | --- |"]
         for x in verdicts:
             verdict = x["verdict"] + (f" ({x['why']})" if x["why"] else "")
-            share = "—" if x.get("closes") is None else f"{100 * x['closes']:.2g}%"
+            share = "—" if x.get("closes") is None else f"{100 * x['closes']:.0f}%"
             out.append(f"| {x['cell']} | {x['choice']} | {verdict} | {share} | {_cell(x['reason'])} |")
         out.append("")
     else:
@@ -1195,8 +1195,9 @@ def build(claims_path: Path, metrics_dir: Path, plots_dir: Path, pairs, smooth: 
            "chapter's published value of the statistic the modes were found on; unknown where it prints none). Then by "
            "our band: the published figure, with "
            "the rounding interval of its printed digits, is \"inside\" when it meets the 95% prediction interval of one "
-           "run over our seeds (per mode where there are modes; z: seed standard deviations from our mean or nearest "
-           "mode, on the log scale for attention statistics), \"off\" when it misses its tolerance where no seed "
+           "run over our seeds (per mode where there are modes; z: seed standard deviations from our mean, or with "
+           "modes from the chapter's mode where its diagnostic names one, else the nearest, in within-mode sd; on the "
+           "log scale for attention statistics), \"off\" when it misses its tolerance where no seed "
            "distribution exists. Head portraits are judged after matching our heads to the published ones one-to-one "
            "within a layer (Hungarian assignment over their statistics). "
            f"Published values outside without an explanation measured here: **{c['value']['unexplained']}** (marked "
