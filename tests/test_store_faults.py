@@ -241,7 +241,14 @@ STAGE = textwrap.dedent("""
 def _start(root: Path, tag: str, steps: int) -> subprocess.Popen:
     (root / "stage.py").write_text(STAGE.format(tests=str(Path(__file__).parent), steps=steps))
     return subprocess.Popen([sys.executable, str(root / "stage.py"), tag], cwd=root, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=_as_a_terminal_job)
+
+
+def _as_a_terminal_job() -> None:
+    """Ctrl-C's default action, as in a terminal's foreground job: a test run in the background of a
+    non-interactive shell (`cmd &`, nohup) inherits SIGINT ignored, and Python then never raises
+    KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _children(pid: int) -> list[int]:
