@@ -28,6 +28,7 @@ from .claims import (CLASSES, MOVE_SD, ClaimResult, claims_json, counts, evaluat
                      load_envs, load_metrics_dir)
 from .check import detectable_shifts
 from .config import require
+from .reference import FLOAT_ORDER
 from .report_html import markdown_to_html, resolver
 from .stats import Band, percentile_of
 
@@ -447,9 +448,6 @@ def qknorm_markdown(m: dict) -> str:
                    f"{cell(v['logit_std_step0'])} | " + " | ".join(cell(v[k]) for k in steps)
                    + f" | {cell(v['entropy_final'])} | {cell(v['jacobian_fro_final'])} |")
     return "\n".join(out) + "\n\n"
-
-
-FLOAT_ORDER_PATH = Path("docs/float_order.json")  # benchmarks/divergence_profile.py
 
 
 def power_markdown(dists: dict, exp, float_order: dict) -> str:
@@ -1056,7 +1054,7 @@ def build(claims_path: Path, metrics_dir: Path, plots_dir: Path, pairs, smooth: 
     if rest:
         md.append("## Other figures\n")
         md += [f"![{st}: {name}]({plots_href}/{st}/{name})\n" for st, name in rest]
-    md += ["## Gate power\n", power_markdown(dists, exp, _read(FLOAT_ORDER_PATH).get("ratio", {}))]
+    md += ["## Gate power\n", power_markdown(dists, exp, _read(Path(FLOAT_ORDER)).get("ratio", {}))]
     md += ["## Appendix: machine records\n", env_markdown(envs)]
     summary = {cls: {k: v for k, v in c[cls].items()} for cls in CLASSES}
     markdown = "\n".join(md).rstrip() + "\n"
