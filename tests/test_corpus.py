@@ -410,3 +410,21 @@ def test_stage_local_end_to_end(fake_corpus, tmp_path, repo_copy):
     prov = json.loads((out / "provenance.json").read_text(encoding="utf-8"))
     assert prov["source"] == "local" and prov["sha256"] == fake_corpus.files
     assert "validation" in prov["split"]
+
+
+def test_stage_rerun_is_byte_identical(fake_corpus, tmp_path, repo_copy):
+    """Every file of data/corpus, provenance.json included, comes out the same on a rerun: a
+    timestamp there changed the folder's hash on every fresh clone, so dvc.lock moved and
+    `attnrepro restore` could not check the corpus out again."""
+    params = write_params(tmp_path, {"source": "local", "local_dir": str(fake_corpus.dir),
+                                     "files": fake_corpus.files, "vocab_size": 40, "val_fraction": 0.1})
+    out = repo_copy / "data/corpus"
+
+    def files() -> dict[str, bytes]:
+        proc = run_script("stages/corpus.py", "--params", params, cwd=repo_copy)
+        assert proc.returncode == 0, proc.stderr
+        return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+
+    first = files()
+    assert "provenance.json" in first
+    assert files() == first
