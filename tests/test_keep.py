@@ -138,6 +138,14 @@ def test_restore_puts_the_reference_back(project, capsys):
     assert not (project / "plots" / "make" / "extra.csv").exists()
     assert "changed outs" not in _sh(project, sys.executable, "-m", "dvc", "status", "--json").stdout
     assert (project / "params.yaml").read_text() == "make:\n  n: 5\n"  # params are code: left alone
+    assert "params.yaml differs from HEAD and is left as it is" in out  # ... and said so
+
+
+def test_restore_is_silent_about_params_it_did_not_change(project, capsys):
+    _new_run(project, 5)
+    _sh(project, "git", "checkout", "HEAD", "--", "params.yaml")
+    assert cli.main(["restore", "--yes"]) == 0
+    assert "params.yaml" not in capsys.readouterr().out
 
 
 def test_restore_says_when_dvc_cannot_put_data_back(project, capsys):

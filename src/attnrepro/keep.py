@@ -167,6 +167,10 @@ def restore(root: Path, yes: bool, say=print, ask=input) -> int:
         say(f"restore: {len(in_head)} paths checked out from HEAD" + (f", {len(new)} new files removed" if new else ""))
     else:
         say("restore: the git-tracked outputs, dvc.lock and README.md are the committed reference already")
+    if _run(["git", "diff", "--quiet", "HEAD", "--", "params.yaml"], root, check=False).returncode == 1:
+        # params are an input, like code: an edit (or a `dvc exp run -S` applied to the workspace) stays
+        say("restore: params.yaml differs from HEAD and is left as it is (dvc status will list the stages "
+            "that read the changed params); `git checkout HEAD -- params.yaml` puts the reference's back")
     proc = _run(["dvc", "checkout"], root, check=False)
     out = (proc.stdout + proc.stderr).strip()
     if out:
