@@ -31,6 +31,7 @@ import yaml
 from attnrepro.experiments.protocol import TrainConfig, corpus_inputs
 from attnrepro.config import UserError, from_dict
 from attnrepro.engine import EngineConfig
+from attnrepro.store import MANIFEST
 from attnrepro.sweep import require_ok, run_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,8 +43,17 @@ def specs(runs: int, steps: int):
     return [cfg.spec("d32_scaled", seed, "cpu") for seed in range(1, runs + 1)]
 
 
-def results(records) -> list[dict[str, bytes]]:
-    return [{p.name: p.read_bytes() for p in sorted(r.path.iterdir()) if p.name != "timing.json"} for r in records]
+def results(records) -> list[dict[str, object]]:
+    """Every file of every run but its timing record, and the store's manifest without the timing
+    record's entry (the manifest hashes every file, timing.json too, so it differs whenever that does)."""
+    out = []
+    for r in records:
+        files: dict[str, object] = {p.name: p.read_bytes() for p in sorted(r.path.iterdir())
+                                    if p.name not in ("timing.json", MANIFEST)}
+        files[MANIFEST] = {k: v for k, v in json.loads((r.path / MANIFEST).read_text(encoding="utf-8")).items()
+                           if k != "timing.json"}
+        out.append(files)
+    return out
 
 
 def start_cluster(workers: int, folder: Path) -> tuple[str, list[subprocess.Popen], float]:

@@ -150,3 +150,28 @@ def test_train_overhead_refuses_to_time_a_dvc_repro_that_is_no_no_op(tmp_path):
                        capture_output=True, text=True, env=env, timeout=300)
     assert p.returncode == 2 and "lists 1 stale stage (s)" in p.stderr and p.stdout == "", p.stderr
     assert not (tmp_path / "ran").exists()
+
+
+def test_sweep_benchmark_compares_runs_without_their_timing(tmp_path):
+    """benchmarks/sweep.py's byte-identity check: a timing record, and the manifest's entry for it,
+    may differ between modes; any other byte may not (the manifest alone once made it say NO)."""
+    import importlib.util
+    from types import SimpleNamespace
+
+    spec = importlib.util.spec_from_file_location("sweep_bench", ROOT / "benchmarks" / "sweep.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+
+    def run(name: str, timing: str, history: str) -> SimpleNamespace:
+        d = tmp_path / name
+        d.mkdir()
+        files = {"history.json": history, "timing.json": timing}
+        for f, text in files.items():
+            (d / f).write_text(text)
+        (d / "MANIFEST.json").write_text(json.dumps({f: {"size": len(t), "sha256": str(hash(t))}
+                                                     for f, t in files.items()}))
+        return SimpleNamespace(path=d)
+
+    a, b, c = run("a", "1.0", "[1]"), run("b", "2.5", "[1]"), run("c", "1.0", "[2]")
+    assert bench.results([a]) == bench.results([b])
+    assert bench.results([a]) != bench.results([c])
