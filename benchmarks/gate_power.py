@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import fcntl
 import fnmatch
 import json
 import math
@@ -431,6 +432,26 @@ def load_results(rev: str) -> dict:
     return previous
 
 
+def save(rev: str, update) -> None:
+    """Read, `update` and rewrite the results file under a lock, so that two runs of this script at
+    once (a serial case beside the others, say) each add their cases without dropping the other's."""
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    with open(Path(tempfile.gettempdir()) / f"{RESULTS.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        data = load_results(rev)
+        update(data)
+        write_text(RESULTS, json.dumps({"reference": rev, **data}, indent=1) + "\n")
+
+
+def _put(results: list[dict], r: dict) -> None:
+    """Replace the case's earlier result in place, or append it."""
+    at = [i for i, x in enumerate(results) if x["case"] == r["case"]]
+    if at:
+        results[at[0]] = r
+    else:
+        results.append(r)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -480,25 +501,19 @@ def main(argv=None) -> int:
     for i, name in enumerate(names):
         print(f"[{i + 1}/{len(names)}] {name}: {CASES[name].why}", flush=True)
         r = run_case(CASES[name], rev, args.keep)
-        results[name] = r
         print(f"  gate {r['verdict']}, golden test {r['golden_test']}, {r['seconds'] / 60:.1f} min; caught by: "
               f"{', '.join(r['caught_by']) or 'nothing'}", flush=True)
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        kept = {"seeds": previous["seeds"]} if "seeds" in previous else {}  # --seeds findings stay
-        write_text(RESULTS, json.dumps({"reference": rev, "results": list(results.values()), **kept}, indent=1) + "\n")
+        save(rev, lambda d, r=r: _put(d["results"], r))
+    results = {r["case"]: r for r in load_results(rev)["results"]}  # with any other run's cases
     done = [results[n] for n in CASES if n in results]
     print("\n" + table(done) + "\n\n" + confusion(done))
     return 0
 
 
 def seeds_main(names: list[str], rev: str, n: int, keep: bool) -> int:
-    previous = load_results(rev)
-    previous["reference"] = rev
-    found = previous.setdefault("seeds", {})
     for name in names:
         print(f"{name}: the train variants at {n} seeds ({CASES[name].why})", flush=True)
         r = run_seeds(CASES[name], rev, n, keep)
-        found[name] = r
         if "moved" in r:
             print(f"  {r['verdict']}: {r['metrics']} metrics, {len(r['moved'])} moved (Holm, alpha 0.05), "
                   f"{r['metrics'] - len(r['not_within_noise'])} shown within ±{EQUIVALENCE_SD:g} seed sd (Bonferroni "
@@ -508,8 +523,7 @@ def seeds_main(names: list[str], rev: str, n: int, keep: bool) -> int:
                 print(f"    {m['metric']}: {m['mean_diff']:+.4g} ({m['effect_sd']:+.2f} sd, Holm p {m['p_holm']:.3g})")
         else:
             print(f"  stage {r['stage_failed']} failed: {r['error']}")
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        write_text(RESULTS, json.dumps(previous, indent=1) + "\n")
+        save(rev, lambda d, name=name, r=r: d.setdefault("seeds", {}).__setitem__(name, r))
     return 0
 
 

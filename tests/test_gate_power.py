@@ -114,6 +114,19 @@ def test_a_trial_writes_its_own_file_and_another_references_results_are_kept(tmp
     assert json.loads((tmp_path / f"gate_power.{'a' * 10}.json").read_text())["results"] == [{"case": "x"}]
 
 
+def test_two_runs_at_once_each_keep_the_others_cases(tmp_path, monkeypatch):
+    monkeypatch.setattr(gp, "RESULTS", tmp_path / "gate_power.json")
+    rev = "a" * 40
+    gp.save(rev, lambda d: gp._put(d["results"], {"case": "x", "verdict": "ERROR"}))
+    gp.save(rev, lambda d: gp._put(d["results"], {"case": "y", "verdict": "PASS"}))  # another run, read afresh
+    gp.save(rev, lambda d: d.setdefault("seeds", {}).__setitem__("y", {"verdict": "harmless"}))
+    gp.save(rev, lambda d: gp._put(d["results"], {"case": "x", "verdict": "FAIL"}))  # a rerun replaces in place
+    saved = json.loads(gp.RESULTS.read_text())
+    assert saved["reference"] == rev
+    assert saved["results"] == [{"case": "x", "verdict": "FAIL"}, {"case": "y", "verdict": "PASS"}]
+    assert saved["seeds"] == {"y": {"verdict": "harmless"}}
+
+
 def test_seed_effects_call_a_mutant_harmless_only_when_every_interval_is_inside_one_seed_sd():
     seeds = [1, 2, 3, 4, 5]
     theirs = {s: {"loss_final": 4.0 + 0.1 * (s % 3), "entropy_final": 0.5 + 0.01 * s} for s in seeds}
