@@ -40,7 +40,9 @@ and compares each gated train metric with the reference's runs at the same seeds
 differences in reference seed sd, Bonferroni t intervals, Holm's p): "moved" (an effect the
 gate missed), "harmless" (every interval within one seed sd: shown within noise, a finding)
 or "inconclusive" (five seeds cannot tell either way). Figures, not asserts; hours of CPU (each case about
-15-25 minutes on 2 cores).
+15-25 minutes on 2 cores; the --seeds form about 2 hours per case). The --seeds form keeps its runs in
+.gate_power_stores/ (git-ignored), one run store per reference and case definition, so a stopped
+comparison resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ import argparse
 import dataclasses
 import fcntl
 import fnmatch
+import hashlib
 import json
 import math
 import os
@@ -67,6 +70,7 @@ from attnrepro.io import write_text  # atomic: a kill mid-write never leaves hou
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "gate_power.json"
 DATA_DIR = ROOT / "data"  # what each case's data/ starts as (--data)
+SEED_STORES = ROOT / ".gate_power_stores"  # --seeds runs, kept so that a stopped comparison resumes
 # the stages a change reaches, train first: a case is judged after the stages up to train, and only if it
 # passes there after the rest too (a caught mutant costs no more than its train runs)
 TRAINING = ("init_sweep", "train", "heads", "failures", "reversal", "charlm")
@@ -212,17 +216,18 @@ def _set_line(text: str, section: str, key: str, value) -> str:
 
 class CaseTree:
     """The repository at `rev` in a temporary worktree with the case applied and committed, its own
-    empty run store, the case's float order and `extra` params; removed on exit unless `keep`."""
+    run store (empty and temporary unless `store` names one the case's runs alone went to), the case's
+    float order and `extra` params; removed on exit unless `keep`."""
 
-    def __init__(self, case: Case, rev: str, keep: bool, extra: dict | None = None):
-        self.case, self.rev, self.keep, self.extra = case, rev, keep, extra or {}
+    def __init__(self, case: Case, rev: str, keep: bool, extra: dict | None = None, store: Path | None = None):
+        self.case, self.rev, self.keep, self.extra, self.store = case, rev, keep, extra or {}, store
 
     def __enter__(self) -> "CaseTree":
         self.tmp = Path(tempfile.mkdtemp(prefix=f"gate_power_{self.case.name}_"))
         self.tree = self.tmp / "repo"
         sh(["git", "worktree", "add", "--detach", str(self.tree), self.rev], ROOT)
         apply(self.case, self.tree)
-        set_params(self.tree, {"engine.store": str(self.tmp / "store"), "engine.workers": self.case.workers,
+        set_params(self.tree, {"engine.store": str(self.store or self.tmp / "store"), "engine.workers": self.case.workers,
                                **self.extra})
         sh(["git", "-c", "user.name=gate_power", "-c", "user.email=gate_power@localhost", "commit", "-qam",
             f"gate_power: {self.case.name}"], self.tree)
@@ -315,7 +320,7 @@ def run_seeds(case: Case, rev: str, n: int, keep: bool) -> dict:
     if len(seeds) < n:
         raise SystemExit(f"the reference has {len(seeds)} seeds, fewer than --seeds {n}")
     t0 = time.perf_counter()
-    with CaseTree(case, rev, keep, {"seeds.seeds": seeds}) as t:
+    with CaseTree(case, rev, keep, {"seeds.seeds": seeds}, seed_store(case, rev)) as t:
         seconds, failed = t.repro([s for s in case.stages if s == "corpus"] + ["seeds"])
         if failed:
             return {"case": case.name, "seeds": seeds, "stage_failed": failed, "error": t.error}
@@ -328,6 +333,14 @@ def run_seeds(case: Case, rev: str, n: int, keep: bool) -> dict:
             if not any(fnmatch.fnmatchcase(f"train.{k}", g) for g in timings) and k in ref["stats"]]
     return {"case": case.name, "seeds": seeds, **seed_effects(mine, theirs, ref["stats"], keys),
             "seconds": round(time.perf_counter() - t0, 1), "stage_seconds": seconds}
+
+
+def seed_store(case: Case, rev: str) -> Path:
+    """The run store of `case`'s --seeds runs against `rev`: its own, as a mutant keeps the reference's
+    run keys, and named by the full revision and every field of the case, so a changed case starts afresh."""
+    full = sh(["git", "rev-parse", f"{rev}^{{commit}}"], ROOT).stdout.strip()
+    digest = hashlib.sha256(repr(dataclasses.astuple(case)).encode()).hexdigest()[:12]
+    return SEED_STORES / f"{full[:12]}-{case.name}-{digest}"
 
 
 def seed_effects(mine: dict, theirs: dict, ref_stats: dict, keys: list[str]) -> dict:

@@ -155,3 +155,24 @@ def test_a_traceback_in_a_mutants_stage_is_a_catch_and_a_count_must_not_move():
     assert gp.seed_effects(same, theirs, ref, ["loss_final", "params"])["verdict"] == "harmless"
     moved = {s: {**v, "params": 1001.0} for s, v in theirs.items()}
     assert "params" in gp.seed_effects(moved, theirs, ref, ["loss_final", "params"])["not_within_noise"]
+
+
+def test_seed_runs_keep_a_store_per_reference_and_case_definition(tmp_path, monkeypatch):
+    """--seeds trains for hours: its runs go to a store that outlives the worktree, so a stopped comparison
+    resumes; never one shared by two case definitions (a mutant keeps the reference's run keys)."""
+    case = gp.CASES["cosine_to_zero"]
+    head = gp.sh(["git", "rev-parse", "HEAD"], REPO).stdout.strip()
+    store = gp.seed_store(case, head)
+    assert store == gp.seed_store(case, head[:7]) and store.parent == gp.SEED_STORES
+    assert gp.seed_store(gp.dataclasses.replace(case, new=case.new + " "), head) != store
+    assert gp.seed_store(gp.CASES["gelu_tanh"], head) != store
+    assert store.name.startswith(head[:12])  # the full revision, however --rev spelled it
+
+    monkeypatch.setattr(gp, "DATA_DIR", tmp_path / "data")
+    (tmp_path / "data").mkdir()
+    with gp.CaseTree(case, head, keep=False, store=tmp_path / "kept") as t:
+        assert yaml.safe_load((t.tree / "params.yaml").read_text())["engine"]["store"] == str(tmp_path / "kept")
+        tree = t.tree
+    assert not tree.exists()
+    with gp.CaseTree(case, head, keep=False) as t:
+        assert yaml.safe_load((t.tree / "params.yaml").read_text())["engine"]["store"] == str(t.tmp / "store")
