@@ -37,7 +37,7 @@ benchmarks/results/gate_power.json (a --stages trial writes gate_power.trial.jso
 
 The second form trains the mutant's four train variants at the first 5 seeds of seeds.seeds
 and compares each gated train metric with the reference's runs at the same seeds (paired
-differences in reference seed sd, Bonferroni t intervals, Holm's p): "moved" (an effect the
+differences in reference seed sd, 90% t intervals (an intersection-union test), Holm's p): "moved" (an effect the
 gate missed), "harmless" (every interval within one seed sd: shown within noise, a finding)
 or "inconclusive" (five seeds cannot tell either way). Figures, not asserts; hours of CPU (each case about
 15-25 minutes on 2 cores; the --seeds form about 2 hours per case). The --seeds form keeps its runs in
@@ -255,8 +255,10 @@ class CaseTree:
                 return seconds, stage
         return seconds, ""
 
-    def check(self) -> dict:
-        chk = sh([sys.executable, "-m", "attnrepro.cli", "check", "--rev", self.rev, "--json"], self.tree, self.env,
+    def check(self, code: Path | None = None) -> dict:
+        """`attnrepro check --rev <reference>` on the tree, with the case's own checker or `code`'s (a src/)."""
+        env = {**self.env, "PYTHONPATH": str(code)} if code else self.env
+        chk = sh([sys.executable, "-m", "attnrepro.cli", "check", "--rev", self.rev, "--json"], self.tree, env,
                  check=False)
         try:
             return json.loads(chk.stdout)
@@ -309,11 +311,15 @@ EQUIVALENCE_SD = 1.0  # "within seed noise": an effect smaller than one referenc
 def run_seeds(case: Case, rev: str, n: int, keep: bool) -> dict:
     """The mutant's train variants at the reference's first n seeds against the reference's runs at those
     seeds. Per gated metric (every train metric but timings; on the log scale for attention statistics, as
-    the check), in units of the reference's seed sd (all its seeds): the mean paired difference, its t
-    interval at 1 - 0.05/m (Bonferroni over the m metrics, so all hold together) and the paired t-test's p
-    (Holm). The verdict is one of three: "moved" (some p_holm < 0.05: a real effect the gate missed),
-    "harmless" (every interval inside +/- EQUIVALENCE_SD: the effect is shown to be within seed noise), or
-    "inconclusive" (neither: n seeds cannot tell; no effect found is not no effect)."""
+    the check), in units of the reference's seed sd (all its seeds): the mean paired difference, its 90% t
+    interval and the paired t-test's p (Holm). The verdict is one of three: "moved" (some p_holm < 0.05: a
+    real effect the gate missed), "harmless" (every interval inside +/- EQUIVALENCE_SD: the effect is shown
+    to be within seed noise), or "inconclusive" (neither: n seeds cannot tell; no effect found is not no
+    effect). "Harmless" is an intersection-union test (Berger 1982): it claims that every metric is within
+    noise, which holds at level 0.05 when each metric's two one-sided tests do (its 90% interval inside the
+    margin), with no correction for the number of metrics. Besides, the tree is judged by `attnrepro check
+    --rev <reference>` with this checkout's checker (its seeds paired with the reference's, seeds_test):
+    what a five-seed rerun of the seeds stage meets."""
     ref = json.loads(sh(["git", "show", f"{rev}:metrics/dist/train.json"], ROOT).stdout)
     timings = yaml.safe_load(sh(["git", "show", f"{rev}:claims.yaml"], ROOT).stdout).get("timings", [])
     seeds = [int(s) for s in ref["seeds"]][:n]
@@ -325,6 +331,7 @@ def run_seeds(case: Case, rev: str, n: int, keep: bool) -> dict:
         if failed:
             return {"case": case.name, "seeds": seeds, "stage_failed": failed, "error": t.error}
         ours = json.loads((t.tree / "metrics/dist/train.json").read_text())
+        verdict = t.check(ROOT / "src")
     from attnrepro.stats import flatten
 
     mine = {s: flatten(ours["runs"][str(s)]) for s in seeds}
@@ -332,6 +339,9 @@ def run_seeds(case: Case, rev: str, n: int, keep: bool) -> dict:
     keys = [k for k in sorted(set.intersection(*(set(m) for m in mine.values()), *(set(m) for m in theirs.values())))
             if not any(fnmatch.fnmatchcase(f"train.{k}", g) for g in timings) and k in ref["stats"]]
     return {"case": case.name, "seeds": seeds, **seed_effects(mine, theirs, ref["stats"], keys),
+            "check": {"verdict": verdict.get("verdict"), "caught_by": caught_by(verdict, False),
+                      "failed_metrics": [m["key"] for m in verdict.get("failed_metrics", [])],
+                      "problems": verdict.get("problems", [])},
             "seconds": round(time.perf_counter() - t0, 1), "stage_seconds": seconds}
 
 
@@ -350,7 +360,7 @@ def seed_effects(mine: dict, theirs: dict, ref_stats: dict, keys: list[str]) -> 
     from attnrepro.stats import holm_adjusted, log_scale
 
     seeds = list(mine)
-    alpha = 0.05 / max(len(keys), 1)  # Bonferroni intervals; Holm's step-down on the p-values below
+    alpha = 2 * 0.05  # 90% intervals: each metric's two one-sided tests at 0.05 (the intersection-union test)
     rows = []
     for key in keys:
         s_ref = ref_stats[key]
@@ -529,11 +539,16 @@ def seeds_main(names: list[str], rev: str, n: int, keep: bool) -> int:
         r = run_seeds(CASES[name], rev, n, keep)
         if "moved" in r:
             print(f"  {r['verdict']}: {r['metrics']} metrics, {len(r['moved'])} moved (Holm, alpha 0.05), "
-                  f"{r['metrics'] - len(r['not_within_noise'])} shown within ±{EQUIVALENCE_SD:g} seed sd (Bonferroni "
+                  f"{r['metrics'] - len(r['not_within_noise'])} shown within ±{EQUIVALENCE_SD:g} seed sd (90% "
                   f"intervals, the widest reaching {r['widest_bound_sd']:.2f} sd); largest |effect| "
                   f"{r['max_abs_effect_sd']:.2f} seed sd; {r['seconds'] / 60:.1f} min", flush=True)
             for m in r["moved"][:10]:
                 print(f"    {m['metric']}: {m['mean_diff']:+.4g} ({m['effect_sd']:+.2f} sd, Holm p {m['p_holm']:.3g})")
+            c = r["check"]
+            print(f"  attnrepro check on the {n}-seed rerun: {c['verdict']}; caught by: "
+                  f"{', '.join(c['caught_by']) or 'nothing'}; failed metrics: {', '.join(c['failed_metrics']) or '—'}")
+            for problem in c["problems"][:10]:
+                print(f"    {problem}")
         else:
             print(f"  stage {r['stage_failed']} failed: {r['error']}")
         save(rev, lambda d, name=name, r=r: d.setdefault("seeds", {}).__setitem__(name, r))

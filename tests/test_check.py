@@ -263,24 +263,64 @@ def test_other_params_make_the_verdict_statistical(repo, capsys):
     assert "exact verdict (same machine and params as the reference): init, latency, sweep" in out
 
 
+def shifted(by, seeds=None) -> dict:
+    """The reference's seeds with scaled.loss_final moved by by(seed), renamed to `seeds` if given."""
+    out = {}
+    for i, (s, v) in enumerate(SEEDS.items()):
+        v = json.loads(json.dumps(v))
+        v["scaled"]["loss_final"] += by(s)
+        out[seeds[i] if seeds else s] = v
+    return out
+
+
 def test_a_multi_seed_rerun_is_judged_by_welch(repo, live, capsys):
     another_machine(repo, live)
-    near = {s: json.loads(json.dumps(v)) for s, v in SEEDS.items()}
-    for v in near.values():
-        v["scaled"]["loss_final"] += 0.001
-    dump(repo / "metrics/dist/train.json", distribution(near))
+    others = [11, 12, 13, 14, 15]  # none of the reference's seeds: nothing to pair
+    dump(repo / "metrics/dist/train.json", distribution(shifted(lambda s: 0.001, others)))
     assert check(repo, capsys)[0] == 0
-    far = {s: json.loads(json.dumps(v)) for s, v in SEEDS.items()}
-    for v in far.values():
-        v["scaled"]["loss_final"] += 0.1
-    dump(repo / "metrics/dist/train.json", distribution(far))
+    dump(repo / "metrics/dist/train.json", distribution(shifted(lambda s: 0.1, others)))
     rc, out = check(repo, capsys)
     assert rc == 1 and "train.scaled.loss_final: this run's seeds differ from the reference's (Welch p =" in out
+    near = shifted(lambda s: 0.001)
     # seeds of its own do not exempt the run itself from the band
     dump(repo / "metrics/dist/train.json", distribution(near))
     edit(repo, "train", lambda d: d["scaled"].__setitem__("loss_final", 99.0))
     rc, out = check(repo, capsys)
     assert rc == 1 and "metric train.scaled.loss_final = 99 is outside the reference band" in out
+
+
+def test_seeds_remade_by_a_stage_of_their_own_are_tested_though_the_metrics_are_the_references(repo, live, capsys):
+    stages = yaml.safe_load((repo / "dvc.yaml").read_text(encoding="utf-8"))
+    stages["stages"]["train"]["outs"].remove("metrics/dist/train.json")
+    stages["stages"]["seeds"] = {"cmd": "x", "params": ["train"], "metrics": ["metrics/seeds.json"],
+                                 "outs": ["metrics/env/seeds.json", "metrics/dist/train.json"]}
+    (repo / "dvc.yaml").write_text(yaml.safe_dump(stages), encoding="utf-8")
+    dump(repo / "metrics/seeds.json", {"n": 5})
+    dump(repo / "metrics/env/seeds.json", INTEL)
+    relock(repo)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "a seeds stage")
+    dump(repo / "metrics/env/seeds.json", AMD)  # the seeds stage alone rerun, elsewhere, with a shift
+    dump(repo / "metrics/dist/train.json", distribution(shifted(lambda s: 0.1)))
+    rc, out = check(repo, capsys, "--made-on", "an AMD machine")
+    assert rc == 1 and "train.scaled.loss_final: this run's seeds differ from the reference's" in out
+    assert "its seeds remade by the seeds stage" in out
+
+
+def test_a_rerun_at_the_reference_seeds_is_paired_by_seed(repo, live, capsys):
+    """0.6 seed sd, the same on every seed but for float-order jitter: hidden in the spread of the seeds
+    from Welch, plain to the paired test; a consistent shift under a tenth of a seed sd is no finding."""
+    another_machine(repo, live)
+    shift = lambda s: 0.01 + 0.0005 * (-1) ** s  # noqa: E731 - the seed sd of scaled.loss_final is 0.0158
+    dump(repo / "metrics/dist/train.json", distribution(shifted(shift, [11, 12, 13, 14, 15])))
+    assert check(repo, capsys)[0] == 0  # other seeds: Welch p 0.35
+    dump(repo / "metrics/dist/train.json", distribution(shifted(shift)))
+    rc, out = check(repo, capsys)
+    assert rc == 1 and ("train.scaled.loss_final: this run's seeds differ from the reference's (paired t-test at "
+                        "the reference's seeds p =") in out
+    dump(repo / "metrics/dist/train.json", distribution(shifted(lambda s: 0.001)))  # 0.06 sd on every seed
+    rc, out = check(repo, capsys)
+    assert rc == 0, out
 
 
 def test_missing_metric_fails_and_gpu_only_is_skipped(repo, capsys):
@@ -357,15 +397,36 @@ def test_float_order_tolerance_of_a_log_scale_metric_is_a_factor(repo, live, cap
     assert f"float order: within ×{math.exp(0.1 * log_sd):.4g} (0.1 seed sd, log scale)" in out
 
 
+def test_the_paired_test_is_a_minimum_effect_test():
+    from scipy import stats as sp
+
+    from attnrepro.check import paired_shift_p
+    from attnrepro.stats import paired_t_p
+
+    a, b = [1.0, 2.0, 3.0, 4.0, 5.0], [1.3, 2.1, 3.6, 4.2, 5.9]
+    assert paired_shift_p(a, b, 0.0) == pytest.approx(paired_t_p(a, b), rel=1e-12)
+    # with a margin: twice the one-sided p of the mean difference beyond it, whichever its sign
+    one_sided = sp.ttest_1samp([y - x for x, y in zip(a, b)], 0.1, alternative="greater").pvalue
+    assert paired_shift_p(a, b, 0.1) == pytest.approx(2 * one_sided, rel=1e-9)
+    assert paired_shift_p(b, a, 0.1) == pytest.approx(2 * one_sided, rel=1e-9)
+    assert paired_shift_p(a, b, 1.0) == 1.0  # a mean shift of 0.42 inside a margin of 1
+    x = [1.0, 2.0, 3.0, 4.0]
+    assert paired_shift_p(x, [v + 0.5 for v in x], 0.0) == 0.0  # a consistent shift: no spread at all
+    assert paired_shift_p(x, [v + 0.5 for v in x], 0.6) == 1.0  # ... under the margin: no finding
+
+
 def test_detectable_shifts_follow_the_prediction_interval_welch_and_the_float_order_tolerance():
     from attnrepro.check import detectable_shifts
 
     dists = {"train": distribution(SEEDS)}  # n = 5
     rows = {r["metric"]: r for r in detectable_shifts(dists, ["train.scaled.loss_final"],
-                                                      {"train.unscaled.loss_final": 0.003})}
+                                                      {"train.unscaled.loss_final": 0.003,
+                                                       "train.scaled.loss_final": 0.5})}
     head = rows["train.scaled.loss_final"]  # a family of one: alpha 0.05
     assert head["one_seed_sd"] == pytest.approx(2.7764 * (1 + 1 / 5) ** 0.5, rel=1e-4)
     assert head["five_seeds_sd"] == pytest.approx(2.3060 * (2 / 5) ** 0.5, rel=1e-4)  # Welch df 8
+    assert head["five_paired_sd"] == pytest.approx(0.1 + 2.7764 * 0.5 / 5 ** 0.5, rel=1e-4)  # paired, df 4
+    assert rows["train.unscaled.entropy"]["five_paired_sd"] is None  # no drift measured: no estimate
     assert rows["train.unscaled.loss_final"]["one_seed_sd"] == rows["train.unscaled.loss_final"]["five_seeds_sd"] == 0.1
     others = [r for r in rows.values() if not r["headline"] and not r["float_order"]]
     assert others and all(r["one_seed_sd"] > head["one_seed_sd"] for r in others)  # a larger family: stricter

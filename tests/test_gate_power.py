@@ -144,6 +144,20 @@ def test_seed_effects_call_a_mutant_harmless_only_when_every_interval_is_inside_
     assert not r["moved"]
 
 
+def test_harmless_is_an_intersection_union_test_whatever_the_number_of_metrics():
+    """Within noise on every metric needs every metric's 90% interval inside the margin, no more: adding
+    metrics makes it harder only by adding metrics that must each pass (Berger 1982)."""
+    seeds = [1, 2, 3, 4, 5]
+    wiggle = [0.04, -0.03, 0.05, -0.02, 0.0]  # paired differences: sd 0.036 of a seed sd of 0.1
+    keys = [f"m{i}" for i in range(100)]
+    theirs = {s: {k: 4.0 + 0.1 * (s % 3) for k in keys} for s in seeds}
+    mine = {s: {k: v + wiggle[i] for k, v in theirs[s].items()} for i, s in enumerate(seeds)}
+    ref = {k: {"sd": 0.1} for k in keys}
+    r = gp.seed_effects(mine, theirs, ref, keys)
+    assert r["verdict"] == "harmless" and r["widest_bound_sd"] < 1  # Bonferroni over 100 would reach ~5 sd
+    assert gp.seed_effects(mine, theirs, ref, keys[:1])["widest_bound_sd"] == r["widest_bound_sd"]
+
+
 def test_a_traceback_in_a_mutants_stage_is_a_catch_and_a_count_must_not_move():
     tb = "Traceback (most recent call last):\n  ...\nIndexError: index 230954 is out of bounds"
     assert gp.stage_failure("train", tb)["verdict"] == "FAIL"
