@@ -309,11 +309,17 @@ def test_seeds_remade_by_a_stage_of_their_own_are_tested_though_the_metrics_are_
 
 def test_a_rerun_at_the_reference_seeds_is_paired_by_seed(repo, live, capsys):
     """0.6 seed sd, the same on every seed but for float-order jitter: hidden in the spread of the seeds
-    from Welch, plain to the paired test; a consistent shift under a tenth of a seed sd is no finding."""
+    from Welch, plain to the paired test, which the check uses where the reference measured the metric's
+    drift between float orders small enough; a consistent shift under a tenth of a seed sd is no finding."""
     another_machine(repo, live)
     shift = lambda s: 0.01 + 0.0005 * (-1) ** s  # noqa: E731 - the seed sd of scaled.loss_final is 0.0158
+    dump(repo / "metrics/dist/train.json", distribution(shifted(shift)))
+    assert check(repo, capsys)[0] == 0  # no drift measured: Welch, p 0.35
+    dump(repo / "docs/float_order.json", {"ratio": {"train.scaled.loss_final": 0.05}})
+    git(repo, "add", "docs/float_order.json")
+    git(repo, "commit", "-qm", "the float-order profile")
     dump(repo / "metrics/dist/train.json", distribution(shifted(shift, [11, 12, 13, 14, 15])))
-    assert check(repo, capsys)[0] == 0  # other seeds: Welch p 0.35
+    assert check(repo, capsys)[0] == 0  # other seeds: nothing to pair, Welch
     dump(repo / "metrics/dist/train.json", distribution(shifted(shift)))
     rc, out = check(repo, capsys)
     assert rc == 1 and ("train.scaled.loss_final: this run's seeds differ from the reference's (paired t-test at "
@@ -321,6 +327,25 @@ def test_a_rerun_at_the_reference_seeds_is_paired_by_seed(repo, live, capsys):
     dump(repo / "metrics/dist/train.json", distribution(shifted(lambda s: 0.001)))  # 0.06 sd on every seed
     rc, out = check(repo, capsys)
     assert rc == 0, out
+    # a metric whose seeds training scrambles (drift as large as the seeds' spread): Welch, the stronger there
+    dump(repo / "docs/float_order.json", {"ratio": {"train.scaled.loss_final": 1.4}})
+    git(repo, "add", "docs/float_order.json")
+    git(repo, "commit", "-qm", "a chaotic metric")
+    dump(repo / "metrics/dist/train.json", distribution(shifted(shift)))
+    rc, out = check(repo, capsys)
+    assert rc == 0, out
+
+
+def test_the_paired_test_is_chosen_where_it_detects_less_than_welch():
+    from attnrepro.check import paired_shift, welch_shift
+
+    from scipy.stats import t
+
+    df = 0.3 ** 2 / (0.2 ** 2 / 4 + 0.1 ** 2 / 9)  # Welch-Satterthwaite, 5 and 10 seeds of equal sd
+    assert welch_shift(5, 10, 0.05) == pytest.approx(t.ppf(0.975, df) * 0.3 ** 0.5, rel=1e-9)
+    assert paired_shift(5, 0.5, 0.05) == pytest.approx(0.1 + t.ppf(0.975, 4) * 0.5 / 5 ** 0.5, rel=1e-9)
+    assert paired_shift(5, 0.133, 0.05 / 300) < welch_shift(5, 10, 0.05 / 300)  # a weight norm: paired
+    assert paired_shift(5, 1.4, 0.05 / 300) > welch_shift(5, 10, 0.05 / 300)  # a scrambled metric: Welch
 
 
 def test_missing_metric_fails_and_gpu_only_is_skipped(repo, capsys):

@@ -267,12 +267,11 @@ def detectable_shifts(dists: dict, headline: list[str], float_order: dict[str, f
     """The gate's power per banded metric: the smallest shift of a rerun's expected value that the check
     fails at least half the time, in seed sd and in the metric's units, for a one-seed rerun (its
     value against the prediction interval: t(1 - a/2, n - 1) sqrt(1 + 1/n) sd) and a five-seed rerun
-    (Welch's test of its seeds' mean, equal sd: t(1 - a/2, df) sqrt(1/5 + 1/n) sd), a = ALPHA / m at
+    (Welch's test of its seeds' mean: welch_shift), a = ALPHA / m at
     the first step of Holm's within the metric's family of m (the headline, or all other banded
     metrics of a complete rerun). A five-seed rerun at the reference's first seeds is paired by seed
-    (seeds_test): where docs/float_order.json measured the metric's drift r (seed sd, one seed), the sd of
-    a paired difference is taken as r, a rough estimate from one seed, and the shift it detects is
-    FLOAT_ORDER_TOL + t(1 - a/2, 4) r / sqrt(5) (`five_paired_sd`, None where r is unknown). A metric
+    where docs/float_order.json measured the metric's drift r (seed sd, one seed), and the paired test
+    detects less than Welch's (seeds_test): `five_paired_sd`, paired_shift (None where r is unknown). A metric
     on its float-order tolerance is held to FLOAT_ORDER_TOL sd whatever the seeds. Seeds split into
     modes are not modelled."""
     keys = sorted(f"{file}.{k}" for file, d in dists.items() for k, s in (d.get("stats") or {}).items()
@@ -285,11 +284,9 @@ def detectable_shifts(dists: dict, headline: list[str], float_order: dict[str, f
             b = band(dists, key)
             a, n = ALPHA / len(family), b.n
             one = t_quantile(1 - a / 2, n - 1) * math.sqrt(1 + 1 / n)
-            va, vb = 1 / 5, 1 / n
-            df = (va + vb) ** 2 / (va ** 2 / 4 + vb ** 2 / (n - 1))
-            five = t_quantile(1 - a / 2, df) * math.sqrt(va + vb)
+            five = welch_shift(5, n, a)
             r = float_order.get(key)
-            paired = None if r is None else FLOAT_ORDER_TOL + t_quantile(1 - a / 2, 4) * r / math.sqrt(5)
+            paired = None if r is None else paired_shift(5, r, a)
             tight = r is not None and r <= FLOAT_ORDER_RATIO
             if tight:
                 one = five = paired = FLOAT_ORDER_TOL
@@ -357,7 +354,7 @@ def compare(cur: dict, ref: Reference, cur_dists: dict, exp: Expectations, modes
             ok = b.contains(c, alpha)
             mine = own_seeds(cur_dists, key, b.log)
             if mine is not None and _runs(cur_dists, file) != _runs(ref.dists, file):  # this run has seeds of its own
-                how, p = seeds_test(key, b, mine, cur_dists, ref.dists)
+                how, p = seeds_test(key, b, mine, cur_dists, ref.dists, ratio, alpha)
                 rows.append(Row(key, r, c, how, "ok" if ok and p >= alpha else "OUTSIDE", b, alpha, p))
             else:
                 rows.append(Row(key, r, c, "band", "ok" if ok else "OUTSIDE", b, alpha))
@@ -391,14 +388,17 @@ def float_order_row(key: str, r: float, c: float, b: Band) -> Row:
 MIN_PAIRS = 3  # seeds a run shares with the reference for the paired test (2 degrees of freedom)
 
 
-def seeds_test(key: str, b: Band, mine: Band, cur_dists: dict, ref_dists: dict) -> tuple[str, float]:
-    """How a run's own seeds of a metric are tested against the reference's, and the p-value. At
-    MIN_PAIRS or more of the reference's seeds, paired by seed: the same seed drifts between float
-    orders far less than seeds differ on the metrics that training does not scramble (a weight norm
-    moves 0.13 seed sd; docs/float_order.json), so a shift that the seed spread hides from Welch stands
-    out (issue 18: cosine_to_zero moved d32_scaled ||W_qkv|| by 1.2 seed sd, consistently on 5 seeds).
-    A shift under FLOAT_ORDER_TOL seed sd is never a finding (a minimum-effect test). Otherwise Welch
-    against all the reference's seeds. A log-scale metric at or below 0 fails (no band's scale fits)."""
+def seeds_test(key: str, b: Band, mine: Band, cur_dists: dict, ref_dists: dict, drift: Optional[float],
+               alpha: float) -> tuple[str, float]:
+    """How a run's own seeds of a metric are tested against the reference's, and the p-value. Paired
+    by seed where the run has MIN_PAIRS or more of the reference's seeds and the metric's measured drift
+    between float orders (`drift`, seed sd: docs/float_order.json) makes the paired test the more
+    powerful (paired_shift below welch_shift; a choice from the reference alone, never from the run):
+    the same seed drifts far less than seeds differ on what training does not scramble (a weight norm
+    moves 0.13 seed sd), so a consistent shift that the seed spread hides from Welch stands out (issue 18:
+    cosine_to_zero moved d32_scaled ||W_qkv|| by 1.2 seed sd on 5 seeds). A shift under FLOAT_ORDER_TOL
+    seed sd is never a finding (a minimum-effect test). Otherwise Welch against all the reference's
+    seeds. A log-scale metric at or below 0 fails (no band's scale fits)."""
     if mine.log != b.log:
         return "band+welch", 0.0
     f = math.log if b.log else float
@@ -406,9 +406,25 @@ def seeds_test(key: str, b: Band, mine: Band, cur_dists: dict, ref_dists: dict) 
     ours, theirs = _runs(cur_dists, file) or {}, _runs(ref_dists, file) or {}
     pairs = [(flatten(theirs[s]).get(rest), flatten(ours[s]).get(rest)) for s in sorted(set(ours) & set(theirs))]
     pairs = [(a, c) for a, c in pairs if a is not None and c is not None]
-    if len(pairs) >= MIN_PAIRS:
+    if len(pairs) >= MIN_PAIRS and drift is not None \
+            and paired_shift(len(pairs), drift, alpha) < welch_shift(mine.n, b.n, alpha):
         return "band+paired", paired_shift_p([f(a) for a, _ in pairs], [f(c) for _, c in pairs], FLOAT_ORDER_TOL * b.sd)
     return "band+welch", b.welch(mine)
+
+
+def welch_shift(m: int, n: int, a: float) -> float:
+    """The shift, in seed sd, that Welch's test of m new seeds against n reference seeds detects half the
+    time at alpha a (equal sd): t(1 - a/2, df) sqrt(1/m + 1/n)."""
+    va, vb = 1 / m, 1 / n
+    df = (va + vb) ** 2 / (va ** 2 / (m - 1) + vb ** 2 / (n - 1))
+    return t_quantile(1 - a / 2, df) * math.sqrt(va + vb)
+
+
+def paired_shift(m: int, drift: float, a: float) -> float:
+    """The shift, in seed sd, that the paired test of m seeds detects half the time at alpha a, taking the
+    sd of a paired difference as the drift measured between float orders on one seed (rough):
+    FLOAT_ORDER_TOL + t(1 - a/2, m - 1) drift / sqrt(m)."""
+    return FLOAT_ORDER_TOL + t_quantile(1 - a / 2, m - 1) * drift / math.sqrt(m)
 
 
 def paired_shift_p(a: list[float], b: list[float], margin: float) -> float:
