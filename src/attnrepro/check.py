@@ -18,8 +18,9 @@ listed in the first lines and never used. Each stage's metrics file gets one of 
                the others; `families`), on the log scale for attention statistics
                (attnrepro.stats); where this run has seeds of its own (the seeds rerun), they
                must also pass a test against the reference's seeds, as MLPerf judges convergence:
-               paired by seed where they are the reference's seeds (a shift beyond a tenth of a
-               seed sd; `seeds_test`), else Welch's t-test of their recomputed summary; a metric
+               paired by seed where they are the reference's seeds and the reference's float-order
+               profile makes pairing the stronger test (a shift beyond a tenth of a seed sd;
+               `seeds_test`), else Welch's t-test of their recomputed summary; a metric
                without a distribution stays within its drift tolerance in the reference's
                claims.yaml. Seeds remade by their own stage judge the metrics file they belong to
                statistically, even where its stage was not rerun.

@@ -537,7 +537,8 @@ def power_markdown(dists: dict, exp, float_order: dict) -> str:
            "in reference seed sd and in the metric's units (×: a factor, for metrics judged on the log scale): a "
            "one-seed rerun against the prediction interval, a five-seed rerun at other seeds by Welch's test of its "
            "mean, and at the reference's first five seeds by the paired test (its sd estimated from one seed's "
-           "drift between float orders, docs/float_order.json: rough; — where not measured), each at "
+           "drift between float orders, docs/float_order.json: rough; — where not measured; the check pairs a "
+           "metric's seeds only where this is below Welch's), each at "
            "the first step of Holm's correction within its family (check.detectable_shifts). Metrics on their "
            "float-order tolerance (the same seed drifts at most 0.01 sd between float orders) "
            f"are held to 0.1 sd whatever the seeds; {sum(r['float_order'] for r in rows)} of {len(rows)} here.\n",
