@@ -434,11 +434,17 @@ def confusion(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def table(results: list[dict]) -> str:
-    lines = [f"{'case':<22} {'area':<12} {'expect':<9} {'gate':<5} {'golden':<6} {'min':>5}  caught by (cheapest first)"]
+def table(results: list[dict], seeds: dict | None = None) -> str:
+    """One line per case; `seeds` (the results file's --seeds comparisons) adds the check's verdict on the
+    case's 5-seed rerun and the paired effects' verdict, where one ran."""
+    seeds = seeds or {}
+    lines = [f"{'case':<22} {'area':<12} {'expect':<9} {'gate':<5} {'golden':<6} {'min':>5}  {'seeds: gate, effect':<25}"
+             "caught by (cheapest first)"]
     for r in results:
+        s = seeds.get(r["case"], {})
+        more = f"{s.get('check', {}).get('verdict', '?')}, {s['verdict']}" if "verdict" in s else "—"
         lines.append(f"{r['case']:<22} {r['area']:<12} {r['expect']:<9} {r['verdict']:<5} {r['golden_test']:<6} "
-                     f"{r['seconds'] / 60:>5.1f}  {', '.join(r['caught_by']) or '—'}")
+                     f"{r['seconds'] / 60:>5.1f}  {more:<25}{', '.join(r['caught_by']) or '—'}")
     return "\n".join(lines)
 
 
@@ -527,9 +533,10 @@ def main(argv=None) -> int:
         print(f"  gate {r['verdict']}, golden test {r['golden_test']}, {r['seconds'] / 60:.1f} min; caught by: "
               f"{', '.join(r['caught_by']) or 'nothing'}", flush=True)
         save(rev, lambda d, r=r: _put(d["results"], r))
-    results = {r["case"]: r for r in load_results(rev)["results"]}  # with any other run's cases
+    everything = load_results(rev)  # with any other run's cases
+    results = {r["case"]: r for r in everything["results"]}
     done = [results[n] for n in CASES if n in results]
-    print("\n" + table(done) + "\n\n" + confusion(done))
+    print("\n" + table(done, everything.get("seeds")) + "\n\n" + confusion(done))
     return 0
 
 

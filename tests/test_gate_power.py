@@ -144,6 +144,14 @@ def test_seed_effects_call_a_mutant_harmless_only_when_every_interval_is_inside_
     assert not r["moved"]
 
 
+def test_the_table_shows_a_cases_five_seed_verdicts_where_they_ran():
+    r = {"case": "x", "area": "model", "expect": "harmless", "verdict": "PASS", "golden_test": "FAIL", "seconds": 60,
+         "caught_by": ["golden test"]}
+    lines = gp.table([r, {**r, "case": "y"}], {"x": {"verdict": "inconclusive", "check": {"verdict": "PASS"}}}).splitlines()
+    assert "PASS, inconclusive" in lines[1] and "golden test" in lines[1]
+    assert "PASS, inconclusive" not in lines[2] and " — " in lines[2]
+
+
 def test_harmless_is_an_intersection_union_test_whatever_the_number_of_metrics():
     """Within noise on every metric needs every metric's 90% interval inside the margin, no more: adding
     metrics makes it harder only by adding metrics that must each pass (Berger 1982)."""
