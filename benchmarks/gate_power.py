@@ -325,11 +325,12 @@ def run_seeds(case: Case, rev: str, n: int, keep: bool) -> dict:
     seeds = [int(s) for s in ref["seeds"]][:n]
     if len(seeds) < n:
         raise SystemExit(f"the reference has {len(seeds)} seeds, fewer than --seeds {n}")
-    t0 = time.perf_counter()
-    with CaseTree(case, rev, keep, {"seeds.seeds": seeds}, seed_store(case, rev)) as t:
+    t0, store = time.perf_counter(), seed_store(case, rev)
+    with CaseTree(case, rev, keep, {"seeds.seeds": seeds}, store) as t:
         seconds, failed = t.repro([s for s in case.stages if s == "corpus"] + ["seeds"])
         if failed:
-            return {"case": case.name, "seeds": seeds, "stage_failed": failed, "error": t.error}
+            return {"case": case.name, "seeds": seeds, "stage_failed": failed, "error": t.error, "store": store.name,
+                    "seconds": round(time.perf_counter() - t0, 1)}
         ours = json.loads((t.tree / "metrics/dist/train.json").read_text())
         verdict = t.check(ROOT / "src")
     from attnrepro.stats import flatten
@@ -342,7 +343,7 @@ def run_seeds(case: Case, rev: str, n: int, keep: bool) -> dict:
             "check": {"verdict": verdict.get("verdict"), "caught_by": caught_by(verdict, False),
                       "failed_metrics": [m["key"] for m in verdict.get("failed_metrics", [])],
                       "problems": verdict.get("problems", [])},
-            "seconds": round(time.perf_counter() - t0, 1), "stage_seconds": seconds}
+            "seconds": round(time.perf_counter() - t0, 1), "stage_seconds": seconds, "store": store.name}
 
 
 def seed_store(case: Case, rev: str) -> Path:
@@ -540,6 +541,16 @@ def main(argv=None) -> int:
     return 0
 
 
+def put_seeds(seeds: dict, name: str, r: dict) -> None:
+    """Store a --seeds result; a resumed comparison (the same run store) adds its wall time to the
+    earlier ones' (`seconds_total`), so the cost of the runs it was served stays on record."""
+    old = seeds.get(name, {})
+    same = old.get("store") in (None, r.get("store"))  # a result from before stores were named: the same
+    before = old.get("seconds_total", old.get("seconds", 0.0)) if same else 0.0
+    r["seconds_total"] = round(before + r.get("seconds", 0.0), 1)
+    seeds[name] = r
+
+
 def seeds_main(names: list[str], rev: str, n: int, keep: bool) -> int:
     for name in names:
         print(f"{name}: the train variants at {n} seeds ({CASES[name].why})", flush=True)
@@ -558,7 +569,7 @@ def seeds_main(names: list[str], rev: str, n: int, keep: bool) -> int:
                 print(f"    {problem}")
         else:
             print(f"  stage {r['stage_failed']} failed: {r['error']}")
-        save(rev, lambda d, name=name, r=r: d.setdefault("seeds", {}).__setitem__(name, r))
+        save(rev, lambda d, name=name, r=r: put_seeds(d.setdefault("seeds", {}), name, r))
     return 0
 
 

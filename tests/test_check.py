@@ -304,7 +304,13 @@ def test_seeds_remade_by_a_stage_of_their_own_are_tested_though_the_metrics_are_
     dump(repo / "metrics/dist/train.json", distribution(shifted(lambda s: 0.1)))
     rc, out = check(repo, capsys, "--made-on", "an AMD machine")
     assert rc == 1 and "train.scaled.loss_final: this run's seeds differ from the reference's" in out
-    assert "its seeds remade by the seeds stage" in out
+    assert "train: judged exactly, and its seeds, remade by the seeds stage, against the reference's" in out
+    # the metrics file stays exact: its last digit moved is a difference, whatever the seeds say
+    dump(repo / "metrics/dist/train.json", distribution(shifted(lambda s: 0.0)))
+    assert check(repo, capsys, "--made-on", "an AMD machine")[0] == 0
+    edit(repo, "train", lambda d: d["scaled"].__setitem__("loss_final", 3.7000001))
+    rc, out = check(repo, capsys, "--made-on", "an AMD machine")
+    assert rc == 1 and "metric train.scaled.loss_final = 3.7 drifted from 3.7 (exact)" in out
 
 
 def test_a_rerun_at_the_reference_seeds_is_paired_by_seed(repo, live, capsys):
@@ -336,6 +342,33 @@ def test_a_rerun_at_the_reference_seeds_is_paired_by_seed(repo, live, capsys):
     assert rc == 0, out
 
 
+def test_the_seeds_of_a_metric_on_its_float_order_tolerance_are_tested_on_the_log_scale(repo, live, capsys):
+    """unscaled.entropy (log scale; seed log sd 0.41) drifts 0.005 sd between float orders: held to 0.1 sd
+    in one run, and its seeds paired with the reference's, below MIN_PAIRS shared seeds by Welch."""
+    dump(repo / "docs/float_order.json", {"ratio": {"train.unscaled.entropy": 0.005}})
+    git(repo, "add", "docs/float_order.json")
+    git(repo, "commit", "-qm", "the float-order profile")
+    another_machine(repo, live)
+
+    def entropy_times(factor, seeds=None):
+        out = {}
+        for i, (s, v) in enumerate(SEEDS.items()):
+            v = json.loads(json.dumps(v))
+            v["unscaled"]["entropy"] *= factor
+            out[seeds[i] if seeds else s] = v
+        return distribution(out)
+
+    dump(repo / "metrics/dist/train.json", entropy_times(1.2))  # 0.44 seed sd on every seed
+    rc, out = check(repo, capsys)
+    assert rc == 1 and ("train.unscaled.entropy: this run's seeds differ from the reference's (paired t-test at "
+                        "the reference's seeds p =") in out
+    dump(repo / "metrics/dist/train.json", entropy_times(1.02))  # 0.05 seed sd: under the margin
+    assert check(repo, capsys)[0] == 0
+    dump(repo / "metrics/dist/train.json", entropy_times(1.2, [0, 1, 12, 13, 14]))  # 2 pairs: Welch, too weak
+    rc, out = check(repo, capsys, "--all")
+    assert rc == 0 and "| train.unscaled.entropy | 0.0004 | 0.0004 |" in out and "+welch" in out
+
+
 def test_the_paired_test_is_chosen_where_it_detects_less_than_welch():
     from attnrepro.check import paired_shift, welch_shift
 
@@ -343,7 +376,9 @@ def test_the_paired_test_is_chosen_where_it_detects_less_than_welch():
 
     df = 0.3 ** 2 / (0.2 ** 2 / 4 + 0.1 ** 2 / 9)  # Welch-Satterthwaite, 5 and 10 seeds of equal sd
     assert welch_shift(5, 10, 0.05) == pytest.approx(t.ppf(0.975, df) * 0.3 ** 0.5, rel=1e-9)
-    assert paired_shift(5, 0.5, 0.05) == pytest.approx(0.1 + t.ppf(0.975, 4) * 0.5 / 5 ** 0.5, rel=1e-9)
+    # the margin: the drift measured on one seed, at least 0.1 seed sd
+    assert paired_shift(5, 0.5, 0.05) == pytest.approx(0.5 + t.ppf(0.975, 4) * 0.5 / 5 ** 0.5, rel=1e-9)
+    assert paired_shift(5, 0.02, 0.05) == pytest.approx(0.1 + t.ppf(0.975, 4) * 0.02 / 5 ** 0.5, rel=1e-9)
     assert paired_shift(5, 0.133, 0.05 / 300) < welch_shift(5, 10, 0.05 / 300)  # a weight norm: paired
     assert paired_shift(5, 1.4, 0.05 / 300) > welch_shift(5, 10, 0.05 / 300)  # a scrambled metric: Welch
 
@@ -450,9 +485,12 @@ def test_detectable_shifts_follow_the_prediction_interval_welch_and_the_float_or
     head = rows["train.scaled.loss_final"]  # a family of one: alpha 0.05
     assert head["one_seed_sd"] == pytest.approx(2.7764 * (1 + 1 / 5) ** 0.5, rel=1e-4)
     assert head["five_seeds_sd"] == pytest.approx(2.3060 * (2 / 5) ** 0.5, rel=1e-4)  # Welch df 8
-    assert head["five_paired_sd"] == pytest.approx(0.1 + 2.7764 * 0.5 / 5 ** 0.5, rel=1e-4)  # paired, df 4
-    assert rows["train.unscaled.entropy"]["five_paired_sd"] is None  # no drift measured: no estimate
-    assert rows["train.unscaled.loss_final"]["one_seed_sd"] == rows["train.unscaled.loss_final"]["five_seeds_sd"] == 0.1
+    # at the reference's seeds: paired (margin 0.5 + t(0.975, 4) 0.5 / sqrt 5 = 1.12) where below Welch's 1.46
+    assert head["five_reference_seeds_sd"] == pytest.approx(0.5 + 2.7764 * 0.5 / 5 ** 0.5, rel=1e-4) and head["paired"]
+    entropy = rows["train.unscaled.entropy"]  # no drift measured: Welch
+    assert entropy["five_reference_seeds_sd"] == entropy["five_seeds_sd"] and not entropy["paired"]
+    tight = rows["train.unscaled.loss_final"]
+    assert tight["one_seed_sd"] == 0.1 and tight["paired"] and 0.1 < tight["five_reference_seeds_sd"] < 0.12
     others = [r for r in rows.values() if not r["headline"] and not r["float_order"]]
     assert others and all(r["one_seed_sd"] > head["one_seed_sd"] for r in others)  # a larger family: stricter
     assert "train.scaled.params" not in rows  # no spread: not banded

@@ -152,6 +152,15 @@ def test_the_table_shows_a_cases_five_seed_verdicts_where_they_ran():
     assert "PASS, inconclusive" not in lines[2] and " — " in lines[2]
 
 
+def test_a_resumed_seed_comparison_adds_up_its_wall_time_within_one_store():
+    seeds = {}
+    gp.put_seeds(seeds, "x", {"verdict": "moved", "seconds": 3600.0, "store": "a"})
+    gp.put_seeds(seeds, "x", {"verdict": "moved", "seconds": 20.0, "store": "a"})  # resumed: served the runs
+    assert seeds["x"]["seconds_total"] == 3620.0
+    gp.put_seeds(seeds, "x", {"verdict": "moved", "seconds": 50.0, "store": "b"})  # another case definition
+    assert seeds["x"]["seconds_total"] == 50.0
+
+
 def test_harmless_is_an_intersection_union_test_whatever_the_number_of_metrics():
     """Within noise on every metric needs every metric's 90% interval inside the margin, no more: adding
     metrics makes it harder only by adding metrics that must each pass (Berger 1982)."""

@@ -19,11 +19,12 @@ listed in the first lines and never used. Each stage's metrics file gets one of 
                (attnrepro.stats); where this run has seeds of its own (the seeds rerun), they
                must also pass a test against the reference's seeds, as MLPerf judges convergence:
                paired by seed where they are the reference's seeds and the reference's float-order
-               profile makes pairing the stronger test (a shift beyond a tenth of a seed sd;
-               `seeds_test`), else Welch's t-test of their recomputed summary; a metric
-               without a distribution stays within its drift tolerance in the reference's
-               claims.yaml. Seeds remade by their own stage judge the metrics file they belong to
-               statistically, even where its stage was not rerun.
+               profile makes pairing the stronger test (a shift beyond the drift measured between
+               float orders, at least a tenth of a seed sd; `seeds_test`), else Welch's t-test of
+               their recomputed summary; a metric without a distribution stays within its drift
+               tolerance in the reference's claims.yaml. Seeds remade by a stage judged
+               statistically are tested so even where the metrics file they belong to is judged
+               exactly (its own stage not rerun: `remade_seeds`).
 
 Then the reference's claims, recomputed from the raw metrics of this run and of the
 reference's seeds: every checksum must hold; every conclusion must come out as on the
@@ -232,6 +233,7 @@ class Row:
     band: Optional[Band] = None
     alpha: float = ALPHA  # the per-metric alpha of the band (family-wise ALPHA: Holm's threshold for this row)
     p: Optional[float] = None  # Welch's or the paired test's p-value, when this run has seeds of its own
+    seeds: str = ""  # that test (paired | welch), where this run's own seeds are tested
 
     @property
     def failure(self) -> bool:
@@ -271,10 +273,10 @@ def detectable_shifts(dists: dict, headline: list[str], float_order: dict[str, f
     (Welch's test of its seeds' mean: welch_shift), a = ALPHA / m at
     the first step of Holm's within the metric's family of m (the headline, or all other banded
     metrics of a complete rerun). A five-seed rerun at the reference's first seeds is paired by seed
-    where docs/float_order.json measured the metric's drift r (seed sd, one seed), and the paired test
-    detects less than Welch's (seeds_test): `five_paired_sd`, paired_shift (None where r is unknown). A metric
-    on its float-order tolerance is held to FLOAT_ORDER_TOL sd whatever the seeds. Seeds split into
-    modes are not modelled."""
+    where docs/float_order.json measured the metric's drift r (seed sd, one seed) and the paired test
+    detects less than Welch's (seeds_test): `five_reference_seeds_sd`, the smaller of paired_shift and
+    welch_shift (`paired`: which). A one-seed rerun of a metric on its float-order tolerance is held to
+    FLOAT_ORDER_TOL sd; its seeds are tested as any other's. Seeds split into modes are not modelled."""
     keys = sorted(f"{file}.{k}" for file, d in dists.items() for k, s in (d.get("stats") or {}).items()
                   if s and s.get("n", 0) >= 2 and s.get("sd", 0) > 0 and not timing(f"{file}.{k}"))
     head = [k for k in keys if k in headline]
@@ -287,12 +289,13 @@ def detectable_shifts(dists: dict, headline: list[str], float_order: dict[str, f
             one = t_quantile(1 - a / 2, n - 1) * math.sqrt(1 + 1 / n)
             five = welch_shift(5, n, a)
             r = float_order.get(key)
-            paired = None if r is None else paired_shift(5, r, a)
+            at_ref = five if r is None else min(five, paired_shift(5, r, a))  # the test seeds_test picks
             tight = r is not None and r <= FLOAT_ORDER_RATIO
             if tight:
-                one = five = paired = FLOAT_ORDER_TOL
+                one = FLOAT_ORDER_TOL
             out.append({"metric": key, "headline": key in headline, "n": n, "sd": b.sd, "log": b.log,
-                        "float_order": tight, "one_seed_sd": one, "five_seeds_sd": five, "five_paired_sd": paired})
+                        "float_order": tight, "one_seed_sd": one, "five_seeds_sd": five,
+                        "five_reference_seeds_sd": at_ref, "paired": at_ref < five})
     return out
 
 
@@ -303,12 +306,14 @@ def holm(rows: list["Row"], headline: list[str]) -> None:
     below ALPHA / m), but it names every metric it can once one is outside. A row's p is its band's (one new run: Band.p_new), or the
     smaller of that and its seeds' test's (seeds_test) where this run has seeds of its own; its alpha becomes the threshold
     it was judged at, so its band text is the interval it was held to."""
-    banded = [r for r in rows if r.how in ("band", "band+welch", "band+paired")]
+    banded = [r for r in rows if r.how.startswith("band") or r.seeds]
     for family in ([r for r in banded if r.key in headline], [r for r in banded if r.key not in headline]):
         if not family:
             continue
         m = max(round(ALPHA / r.alpha) for r in family)  # the family's size as `families` counted it
-        ps = {id(r): min(r.band.p_new(r.cur), r.p if r.p is not None else 1.0) for r in family}
+        # a row held exactly or to its float-order tolerance (and passing it) is in the family by its seeds alone
+        ps = {id(r): min(r.band.p_new(r.cur), r.p if r.p is not None else 1.0) if r.how.startswith("band") else r.p
+              for r in family}
         ordered = sorted(family, key=lambda r: ps[id(r)])
         stopped = None
         for i, r in enumerate(ordered):
@@ -323,6 +328,7 @@ def compare(cur: dict, ref: Reference, cur_dists: dict, exp: Expectations, modes
             envs: dict, why: Optional[dict[str, str]] = None, producers: Optional[dict[str, str]] = None) -> list[Row]:
     rows = []
     keys = sorted(set(ref.metrics) | set(cur))
+    remade = remade_seeds(cur_dists, ref.dists, modes, producers or {})
     alphas = families([k for k in keys if k in cur and k in ref.metrics and not exp.is_timing(k)], ref, exp.headline)
     for key in keys:
         file = key.split(".", 1)[0]
@@ -338,27 +344,27 @@ def compare(cur: dict, ref: Reference, cur_dists: dict, exp: Expectations, modes
             continue
         r, c = ref.metrics[key], cur[key]
         b, alpha = band(ref.dists, key), alphas.get(key, ALPHA)
-        if modes.get(file) == "exact":
-            rows.append(Row(key, r, c, "exact", "ok" if _same(r, c) else "DRIFT", b, alpha))
+        ratio = ref.float_order.get(key)
+        # this run's own seeds of the metric, where a stage judged statistically remade them
+        mine = own_seeds(cur_dists, key, b.log) if b is not None and b.sd > 0 and file in remade else None
+        if modes.get(file) == "exact":  # the values exactly, and the seeds too where they were remade elsewhere
+            rows.append(with_seeds(Row(key, r, c, "exact", "ok" if _same(r, c) else "DRIFT", b, alpha), b, mine,
+                                   cur_dists, ref.dists, ratio))
             continue
         rule = exp.drift_rule(key)
         if rule is not None and rule.tol.kind == "info":  # reported, never gated, whatever its seeds
             rows.append(Row(key, r, c, "not gated", "info"))
             continue
-        ratio = ref.float_order.get(key)
         if b is not None and ratio is not None and ratio <= FLOAT_ORDER_RATIO and "other params" not in (why or {}).get(file, ""):
-            rows.append(float_order_row(key, r, c, b))
+            row = float_order_row(key, r, c, b)
+            row.alpha = alpha
+            rows.append(with_seeds(row, b, mine, cur_dists, ref.dists, ratio))
             continue
         if b is not None and b.sd == 0:  # the same on every seed (a count, a row sum): its drift rule, or exact,
             b = None  # against the full-precision value (the stored summary keeps 6 significant digits, too few for a 7-digit count)
         if b is not None:
-            ok = b.contains(c, alpha)
-            mine = own_seeds(cur_dists, key, b.log)
-            if mine is not None and _runs(cur_dists, file) != _runs(ref.dists, file):  # this run has seeds of its own
-                how, p = seeds_test(key, b, mine, cur_dists, ref.dists, ratio, alpha)
-                rows.append(Row(key, r, c, how, "ok" if ok and p >= alpha else "OUTSIDE", b, alpha, p))
-            else:
-                rows.append(Row(key, r, c, "band", "ok" if ok else "OUTSIDE", b, alpha))
+            row = Row(key, r, c, "band", "ok" if b.contains(c, alpha) else "OUTSIDE", b, alpha)
+            rows.append(with_seeds(row, b, mine, cur_dists, ref.dists, ratio))
         else:
             tol = rule.tol if rule is not None else Tol("exact")
             rows.append(Row(key, r, c, tol.text(), "ok" if tol.ok(c, r) else "DRIFT"))
@@ -369,6 +375,14 @@ def compare(cur: dict, ref: Reference, cur_dists: dict, exp: Expectations, modes
             rows.append(Row(f"dist/{file}", None, None, "exact", "DRIFT" if file in cur_dists else "MISSING"))
     holm(rows, exp.headline)
     return rows
+
+
+def remade_seeds(cur_dists: dict, ref_dists: dict, modes: dict[str, str], producers: dict[str, str]) -> list[str]:
+    """The seed distributions this run has of its own, made by a stage judged statistically (seeds writes
+    dist/train): their seeds are tested against the reference's, even where the metrics file they belong
+    to is judged exactly (its own stage not rerun)."""
+    return sorted(f for f in cur_dists if modes.get(producers.get(f, f)) == "statistical"
+                  and _runs(cur_dists, f) != _runs(ref_dists, f))
 
 
 def float_order_row(key: str, r: float, c: float, b: Band) -> Row:
@@ -389,19 +403,32 @@ def float_order_row(key: str, r: float, c: float, b: Band) -> Row:
 MIN_PAIRS = 3  # seeds a run shares with the reference for the paired test (2 degrees of freedom)
 
 
+def with_seeds(row: Row, b: Optional[Band], mine: Optional[Band], cur_dists: dict, ref_dists: dict,
+               drift: Optional[float]) -> Row:
+    """`row`, and where this run has seeds of its own (`mine`; the reference's: `b`) and the row holds,
+    their test too: outside where p < its alpha (Holm's step-down then sets the threshold)."""
+    if mine is None or row.verdict != "ok":
+        return row
+    row.seeds, row.p = seeds_test(row.key, b, mine, cur_dists, ref_dists, drift, row.alpha)
+    row.how += f"+{row.seeds}"
+    row.verdict = "ok" if row.p >= row.alpha else "OUTSIDE"
+    return row
+
+
 def seeds_test(key: str, b: Band, mine: Band, cur_dists: dict, ref_dists: dict, drift: Optional[float],
                alpha: float) -> tuple[str, float]:
-    """How a run's own seeds of a metric are tested against the reference's, and the p-value. Paired
-    by seed where the run has MIN_PAIRS or more of the reference's seeds and the metric's measured drift
-    between float orders (`drift`, seed sd: docs/float_order.json) makes the paired test the more
-    powerful (paired_shift below welch_shift; a choice from the reference alone, never from the run):
-    the same seed drifts far less than seeds differ on what training does not scramble (a weight norm
-    moves 0.13 seed sd), so a consistent shift that the seed spread hides from Welch stands out (issue 18:
-    cosine_to_zero moved d32_scaled ||W_qkv|| by 1.2 seed sd on 5 seeds). A shift under FLOAT_ORDER_TOL
-    seed sd is never a finding (a minimum-effect test). Otherwise Welch against all the reference's
-    seeds. A log-scale metric at or below 0 fails (no band's scale fits)."""
+    """How a run's own seeds of a metric are tested against the reference's (paired | welch), and the
+    p-value. Paired by seed where MIN_PAIRS or more of the reference's seeds have the metric in this run
+    and the metric's measured drift between float orders (`drift`, seed sd: docs/float_order.json) makes
+    the paired test the more powerful (paired_shift below welch_shift; a choice from the reference alone,
+    never from the run): the same seed drifts far less than seeds differ on what training does not
+    scramble (a weight norm moves 0.13 seed sd), so a consistent shift that the seed spread hides from
+    Welch stands out (issue 18: cosine_to_zero moved d32_scaled ||W_qkv|| by 1.2 seed sd on 5 seeds). A
+    shift within the drift measured on one seed, or under FLOAT_ORDER_TOL seed sd, is never a finding (a
+    minimum-effect test: a float order may shift every seed alike by that much). Otherwise Welch against
+    all the reference's seeds. A log-scale metric at or below 0 fails (no band's scale fits)."""
     if mine.log != b.log:
-        return "band+welch", 0.0
+        return "welch", 0.0
     f = math.log if b.log else float
     file, _, rest = key.partition(".")
     ours, theirs = _runs(cur_dists, file) or {}, _runs(ref_dists, file) or {}
@@ -409,8 +436,8 @@ def seeds_test(key: str, b: Band, mine: Band, cur_dists: dict, ref_dists: dict, 
     pairs = [(a, c) for a, c in pairs if a is not None and c is not None]
     if len(pairs) >= MIN_PAIRS and drift is not None \
             and paired_shift(len(pairs), drift, alpha) < welch_shift(mine.n, b.n, alpha):
-        return "band+paired", paired_shift_p([f(a) for a, _ in pairs], [f(c) for _, c in pairs], FLOAT_ORDER_TOL * b.sd)
-    return "band+welch", b.welch(mine)
+        return "paired", paired_shift_p([f(a) for a, _ in pairs], [f(c) for _, c in pairs], paired_margin(drift) * b.sd)
+    return "welch", b.welch(mine)
 
 
 def welch_shift(m: int, n: int, a: float) -> float:
@@ -421,17 +448,24 @@ def welch_shift(m: int, n: int, a: float) -> float:
     return t_quantile(1 - a / 2, df) * math.sqrt(va + vb)
 
 
+def paired_margin(drift: float) -> float:
+    """The shift, in seed sd, below which the paired test finds nothing: the drift measured on one seed
+    between float orders, at least FLOAT_ORDER_TOL."""
+    return max(FLOAT_ORDER_TOL, drift)
+
+
 def paired_shift(m: int, drift: float, a: float) -> float:
     """The shift, in seed sd, that the paired test of m seeds detects half the time at alpha a, taking the
     sd of a paired difference as the drift measured between float orders on one seed (rough):
-    FLOAT_ORDER_TOL + t(1 - a/2, m - 1) drift / sqrt(m)."""
-    return FLOAT_ORDER_TOL + t_quantile(1 - a / 2, m - 1) * drift / math.sqrt(m)
+    paired_margin + t(1 - a/2, m - 1) drift / sqrt(m)."""
+    return paired_margin(drift) + t_quantile(1 - a / 2, m - 1) * drift / math.sqrt(m)
 
 
 def paired_shift_p(a: list[float], b: list[float], margin: float) -> float:
     """Two-sided p-value of the paired t-test (a[i], b[i] share seed i) of |mean(b - a)| <= margin: a
     minimum-effect test, so that a shift below the margin (a float order's systematic last bits) is never
-    a finding, however consistent over the seeds. With margin 0, stats.paired_t_p."""
+    a finding, however consistent over the seeds; conservative (twice the one-sided p beyond the margin:
+    level at most alpha). With margin 0, stats.paired_t_p."""
     d = Band.of([y - x for x, y in zip(a, b)])
     excess = abs(d.mean) - margin
     if d.sd == 0:
@@ -507,12 +541,6 @@ def run_check(rev: str = "HEAD", root: str | Path = ".", metrics_dir: str = "met
     lock_probs, lock_notes = lock_findings(root, metrics_dir, ref_lock)
     modes, why = decide_modes(files, m, ref, made_with_other_params(root, params, ref_lock, ref.params), mode)
     producers = dist_producers(root, metrics_dir)
-    for file, producer in producers.items():
-        # seeds remade by another stage than the file's (seeds writes dist/train): judged with the file's
-        # metrics, so a rerun of the seeds stage alone never goes untested
-        if modes.get(file) == "exact" and modes.get(producer) == "statistical" \
-                and _runs(cur_dists, file) != _runs(ref.dists, file):
-            modes[file], why[file] = "statistical", f"its seeds remade by the {producer} stage"
 
     cur, judged_dists = heads_as_judged(cur, cur_dists, ref.metrics, modes.get("heads", "exact"))
     rows = compare(cur, ref, judged_dists, exp, modes, envs, why, producers)
@@ -520,6 +548,8 @@ def run_check(rev: str = "HEAD", root: str | Path = ".", metrics_dir: str = "met
     gate_sweep_means(rows, results, cur, ref.metrics)
     out = Outcome(rows, results, modes, why, exp.headline, ref.label)
     out.notes = m.notes + changes(revision, ref, root, claims_path, params, cur_dists, metrics_dir)
+    out.notes += [f"{f}: judged exactly, and its seeds, remade by the {producers.get(f, f)} stage, against the reference's"
+                  for f in remade_seeds(cur_dists, ref.dists, modes, producers) if modes.get(f) == "exact"]
     out.provenance, numerics = provenance(envs)
     out.notes += lock_notes
     out.problems = lock_probs + m.problems + numerics + metric_problems(rows, ref.name)
@@ -580,7 +610,7 @@ def metric_problems(rows: list[Row], label: str) -> list[str]:
         elif r.verdict == "MISSING":
             out.append(f"metric {r.key} is in {label} but missing from this run")
         elif r.verdict == "OUTSIDE" and r.p is not None and r.p < r.alpha:
-            test = "paired t-test at the reference's seeds" if r.how == "band+paired" else "Welch"
+            test = "paired t-test at the reference's seeds" if r.seeds == "paired" else "Welch"
             out.append(f"metric {r.key}: this run's seeds differ from the reference's ({test} p = {r.p:.3g}, "
                        f"alpha {r.alpha:.2g})")
         elif r.verdict == "OUTSIDE":
@@ -706,7 +736,8 @@ def render(o: Outcome, rev: Optional[str] = None, show_all: bool = False) -> str
                  f"({sum(r.how.startswith('band') for r in gated)} against a seed band, "
                  f"{sum(r.how.startswith('float order') for r in gated)} to their float-order tolerance, "
                  f"{sum(r.how == 'sweep mean (Welch)' for r in gated)} sweep means read by a conclusion, "
-                 f"{sum(r.how == 'exact' for r in gated)} exact); "
+                 f"{sum(r.how.startswith('exact') for r in gated)} exact; "
+                 f"{sum(bool(r.seeds) for r in gated)} with this run's own seeds tested too); "
                  f"{sum(r.how == 'timing, not gated' for r in o.rows)} timings and "
                  f"{sum(r.how == 'not gated' for r in o.rows)} informational metrics not gated")
     lines.append(f"  published   {c['value']['passed']} of {c['value']['n'] - c['value']['skipped']} published values "

@@ -55,7 +55,7 @@ in the prediction interval of one new run over the reference seeds (alpha = 0.05
 family-wise: Holm's step-down over the headline metrics, and again over the others), and the
 others within their drift tolerance (claims.yaml). A rerun's own seeds are tested against the
 reference's too: paired by seed where they are the reference's seeds and its float-order
-profile makes pairing the stronger test (a shift beyond 0.1 seed sd), else by Welch's t-test. Where the reference's docs/float_order.json
+profile makes pairing the stronger test (a shift beyond the measured drift, at least 0.1 seed sd; 3 or more shared seeds), else by Welch's t-test. Where the reference's docs/float_order.json
 says the same seed drifts at most 0.01 seed sd between float orders, a rerun with the same
 params must land within 0.1 seed sd of the reference run. A sweep's summaries are informational,
 except the cell means a gated conclusion reads (Welch's test of the two sweeps' seeds).

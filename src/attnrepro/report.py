@@ -535,36 +535,37 @@ def power_markdown(dists: dict, exp, float_order: dict) -> str:
 
     out = ["The smallest shift of a metric's expected value that `attnrepro check` fails at least half the time, "
            "in reference seed sd and in the metric's units (×: a factor, for metrics judged on the log scale): a "
-           "one-seed rerun against the prediction interval, a five-seed rerun at other seeds by Welch's test of its "
-           "mean, and at the reference's first five seeds by the paired test (its sd estimated from one seed's "
-           "drift between float orders, docs/float_order.json: rough; — where not measured; the check pairs a "
-           "metric's seeds only where this is below Welch's), each at "
-           "the first step of Holm's correction within its family (check.detectable_shifts). Metrics on their "
-           "float-order tolerance (the same seed drifts at most 0.01 sd between float orders) "
-           f"are held to 0.1 sd whatever the seeds; {sum(r['float_order'] for r in rows)} of {len(rows)} here.\n",
-           "| headline metric | seeds | 1-seed rerun: sd | units | 5 other seeds: sd | units | 5 paired seeds: sd |",
-           "| --- | --- | --- | --- | --- | --- | --- |"]
+           "one-seed rerun against the prediction interval (metrics on their float-order tolerance, where the same "
+           "seed drifts at most 0.01 sd between float orders: 0.1 sd), a five-seed rerun at other seeds by "
+           "Welch's test of its mean, and at the reference's first five seeds by the test the check picks there: "
+           "paired by seed where the metric's drift between float orders (docs/float_order.json, measured on one "
+           "seed: a rough estimate) makes it the stronger, else Welch's; each at the first step of Holm's "
+           "correction within its family (check.detectable_shifts). "
+           f"{sum(r['float_order'] for r in rows)} of {len(rows)} metrics on their float-order tolerance, "
+           f"{sum(r['paired'] for r in rows)} paired at the reference's seeds.\n",
+           "| headline metric | seeds | 1-seed rerun: sd | units | 5 other seeds: sd | units | 5 reference seeds: sd "
+           "| units |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in (r for r in rows if r["headline"]):
         out.append(f"| {r['metric']} | {r['n']} | {r['one_seed_sd']:.2f} | {units(r, 'one_seed_sd')} | "
-                   f"{r['five_seeds_sd']:.2f} | {units(r, 'five_seeds_sd')} | {_sd(r['five_paired_sd'])} |")
+                   f"{r['five_seeds_sd']:.2f} | {units(r, 'five_seeds_sd')} | "
+                   f"{r['five_reference_seeds_sd']:.2f}{' (paired)' if r['paired'] else ''} | "
+                   f"{units(r, 'five_reference_seeds_sd')} |")
     out += ["", "| other banded metrics | count | 1-seed rerun: median sd (range) | 5 other seeds: median sd (range) "
-            "| 5 paired seeds: median sd (range) |",
+            "| 5 reference seeds: median sd (range) |",
             "| --- | --- | --- | --- | --- |"]
     by_file: dict[str, list[dict]] = {}
     for r in (r for r in rows if not r["headline"]):
         by_file.setdefault(r["metric"].split(".")[0], []).append(r)
+
+    def spread(rs, k):
+        x = sorted(r[k] for r in rs)
+        return f"{x[len(x) // 2]:.2f} ({x[0]:.2f}–{x[-1]:.2f})"
+
     for file, rs in sorted(by_file.items()):
-        one, five = sorted(r["one_seed_sd"] for r in rs), sorted(r["five_seeds_sd"] for r in rs)
-        paired = sorted(r["five_paired_sd"] for r in rs if r["five_paired_sd"] is not None)
-        out.append(f"| {file} | {len(rs)} | {one[len(one) // 2]:.2f} ({one[0]:.2f}–{one[-1]:.2f}) | "
-                   f"{five[len(five) // 2]:.2f} ({five[0]:.2f}–{five[-1]:.2f}) | "
-                   + (f"{paired[len(paired) // 2]:.2f} ({paired[0]:.2f}–{paired[-1]:.2f}; {len(paired)} measured) |"
-                      if paired else "— |"))
+        out.append(f"| {file} | {len(rs)} | {spread(rs, 'one_seed_sd')} | {spread(rs, 'five_seeds_sd')} | "
+                   f"{spread(rs, 'five_reference_seeds_sd')}, {sum(r['paired'] for r in rs)} paired |")
     return "\n".join(out) + "\n\n"
-
-
-def _sd(x: Optional[float]) -> str:
-    return "—" if x is None else f"{x:.2f}"
 
 
 def sensitivity_published(claims) -> dict[tuple[str, str], tuple[float, float]]:
