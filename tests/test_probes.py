@@ -280,6 +280,9 @@ def test_heads_are_renamed_only_where_they_are_judged_statistically():
     # of the distribution must not see a difference the renaming made)
     assert judged["heads"]["runs"]["2"] == dists["heads"]["runs"]["2"]
     assert judged["heads"]["runs"]["1"]["l0h0"] == dict(zip(STATS, (0.31, 0.75, 0.06, 1.1, 0.9)))
+    # heads.json judged exactly (its stage not rerun) while another stage remade its seeds elsewhere: the
+    # metrics keep their names, the seeds are renamed for their test
+    assert heads_as_judged(swapped, dists, ref, "exact", seeds_remade=True) == (swapped, judged)
 
 
 def test_heads_lengths_longer_than_the_models_block_are_one_line():

@@ -344,15 +344,16 @@ def compare(cur: dict, ref: Reference, cur_dists: dict, exp: Expectations, modes
             continue
         r, c = ref.metrics[key], cur[key]
         b, alpha = band(ref.dists, key), alphas.get(key, ALPHA)
-        ratio = ref.float_order.get(key)
+        ratio, rule = ref.float_order.get(key), exp.drift_rule(key)
+        info = rule is not None and rule.tol.kind == "info"
         # this run's own seeds of the metric, where a stage judged statistically remade them
-        mine = own_seeds(cur_dists, key, b.log) if b is not None and b.sd > 0 and file in remade else None
+        mine = own_seeds(cur_dists, key, b.log) if b is not None and b.sd > 0 and file in remade and not info \
+            else None
         if modes.get(file) == "exact":  # the values exactly, and the seeds too where they were remade elsewhere
             rows.append(with_seeds(Row(key, r, c, "exact", "ok" if _same(r, c) else "DRIFT", b, alpha), b, mine,
                                    cur_dists, ref.dists, ratio))
             continue
-        rule = exp.drift_rule(key)
-        if rule is not None and rule.tol.kind == "info":  # reported, never gated, whatever its seeds
+        if info:  # reported, never gated, whatever its seeds
             rows.append(Row(key, r, c, "not gated", "info"))
             continue
         if b is not None and ratio is not None and ratio <= FLOAT_ORDER_RATIO and "other params" not in (why or {}).get(file, ""):
@@ -477,16 +478,16 @@ def _runs(dists: dict, file: str) -> Optional[dict]:
     return (dists.get(file) or {}).get("runs")
 
 
-def heads_as_judged(cur: dict, cur_dists: dict, reference: dict, mode: str) -> tuple[dict, dict]:
+def heads_as_judged(cur: dict, cur_dists: dict, reference: dict, mode: str,
+                    seeds_remade: bool = False) -> tuple[dict, dict]:
     """The run's metrics and seed distributions with its heads (and its own seeds' heads) named after the
     reference's heads they play, where heads.json is judged statistically: another float order trains
     other heads, and their indices carry no meaning. Judged exactly, the same run must give the same
-    heads in the same order, so a permutation stays a difference."""
-    if mode == "exact":
-        return cur, cur_dists
-    dists = {**cur_dists, "heads": seeds_renamed(cur_dists["heads"], reference)} if "heads" in cur_dists \
-        else cur_dists
-    return heads_renamed(cur, reference), dists
+    heads in the same order, so a permutation stays a difference; its seeds, if another stage remade
+    them elsewhere (`seeds_remade`: remade_seeds), are renamed all the same."""
+    dists = {**cur_dists, "heads": seeds_renamed(cur_dists["heads"], reference)} \
+        if "heads" in cur_dists and (mode != "exact" or seeds_remade) else cur_dists
+    return (cur if mode == "exact" else heads_renamed(cur, reference)), dists
 
 
 def own_seeds(dists: dict, key: str, log: bool) -> Optional[Band]:
@@ -542,7 +543,8 @@ def run_check(rev: str = "HEAD", root: str | Path = ".", metrics_dir: str = "met
     modes, why = decide_modes(files, m, ref, made_with_other_params(root, params, ref_lock, ref.params), mode)
     producers = dist_producers(root, metrics_dir)
 
-    cur, judged_dists = heads_as_judged(cur, cur_dists, ref.metrics, modes.get("heads", "exact"))
+    cur, judged_dists = heads_as_judged(cur, cur_dists, ref.metrics, modes.get("heads", "exact"),
+                                        "heads" in remade_seeds(cur_dists, ref.dists, modes, producers))
     rows = compare(cur, ref, judged_dists, exp, modes, envs, why, producers)
     results = evaluate_all(exp, cur, ref.dists, envs)  # conclusions: on this run and the reference's seeds
     gate_sweep_means(rows, results, cur, ref.metrics)
