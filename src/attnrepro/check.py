@@ -40,7 +40,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 
 from .claims import (CONCLUSIONS, Expectations, ClaimResult, Tol, band, counts, evaluate_all, evaluate_claim,
@@ -49,7 +49,7 @@ from .config import UserError, read_params
 from .matching import heads_renamed, seeds_renamed
 from .reference import (FLOAT_ORDER, Reference, Revision, claims_changes, get_leaf, key_leaves, listed, lock_findings,
                         norm_param, params_changes, pipeline_stages, read_yaml, reference)
-from .stats import ALPHA, FLOAT_ORDER_RATIO, FLOAT_ORDER_TOL, Band, flatten, t_cdf, t_quantile
+from .stats import ALPHA, FLOAT_ORDER_RATIO, FLOAT_ORDER_TOL, Band, flatten, paired_t_p, t_quantile
 
 # what decides whether a rerun must be byte-identical: the machine's float order and the software
 MACHINE_KEYS = ("cpu", "cpu_capability", "torch", "python", "torch_threads", "device", "cuda_available", "cuda_version",
@@ -325,10 +325,11 @@ def holm(rows: list["Row"], headline: list[str]) -> None:
 
 
 def compare(cur: dict, ref: Reference, cur_dists: dict, exp: Expectations, modes: dict[str, str],
-            envs: dict, why: Optional[dict[str, str]] = None, producers: Optional[dict[str, str]] = None) -> list[Row]:
+            envs: dict, why: Optional[dict[str, str]] = None, producers: Optional[dict[str, str]] = None,
+            remade: Sequence[str] = ()) -> list[Row]:
+    """Every metric's row; `remade` (remade_seeds): the seed distributions whose seeds are tested."""
     rows = []
     keys = sorted(set(ref.metrics) | set(cur))
-    remade = remade_seeds(cur_dists, ref.dists, modes, producers or {})
     alphas = families([k for k in keys if k in cur and k in ref.metrics and not exp.is_timing(k)], ref, exp.headline)
     for key in keys:
         file = key.split(".", 1)[0]
@@ -466,12 +467,11 @@ def paired_shift_p(a: list[float], b: list[float], margin: float) -> float:
     """Two-sided p-value of the paired t-test (a[i], b[i] share seed i) of |mean(b - a)| <= margin: a
     minimum-effect test, so that a shift below the margin (a float order's systematic last bits) is never
     a finding, however consistent over the seeds; conservative (twice the one-sided p beyond the margin:
-    level at most alpha). With margin 0, stats.paired_t_p."""
-    d = Band.of([y - x for x, y in zip(a, b)])
-    excess = abs(d.mean) - margin
-    if d.sd == 0:
-        return 0.0 if excess > 0 else 1.0
-    return min(1.0, 2 * (1 - t_cdf(excess / (d.sd / math.sqrt(d.n)), d.n - 1)))
+    level at most alpha): stats.paired_t_p of the differences moved back by the margin."""
+    mean = sum(y - x for x, y in zip(a, b)) / len(a)
+    if abs(mean) <= margin:
+        return 1.0
+    return paired_t_p(a, [y - math.copysign(margin, mean) for y in b])
 
 
 def _runs(dists: dict, file: str) -> Optional[dict]:
@@ -542,16 +542,16 @@ def run_check(rev: str = "HEAD", root: str | Path = ".", metrics_dir: str = "met
     lock_probs, lock_notes = lock_findings(root, metrics_dir, ref_lock)
     modes, why = decide_modes(files, m, ref, made_with_other_params(root, params, ref_lock, ref.params), mode)
     producers = dist_producers(root, metrics_dir)
+    remade = remade_seeds(cur_dists, ref.dists, modes, producers)
 
-    cur, judged_dists = heads_as_judged(cur, cur_dists, ref.metrics, modes.get("heads", "exact"),
-                                        "heads" in remade_seeds(cur_dists, ref.dists, modes, producers))
-    rows = compare(cur, ref, judged_dists, exp, modes, envs, why, producers)
+    cur, judged_dists = heads_as_judged(cur, cur_dists, ref.metrics, modes.get("heads", "exact"), "heads" in remade)
+    rows = compare(cur, ref, judged_dists, exp, modes, envs, why, producers, remade)
     results = evaluate_all(exp, cur, ref.dists, envs)  # conclusions: on this run and the reference's seeds
     gate_sweep_means(rows, results, cur, ref.metrics)
     out = Outcome(rows, results, modes, why, exp.headline, ref.label)
     out.notes = m.notes + changes(revision, ref, root, claims_path, params, cur_dists, metrics_dir)
     out.notes += [f"{f}: judged exactly, and its seeds, remade by the {producers.get(f, f)} stage, against the reference's"
-                  for f in remade_seeds(cur_dists, ref.dists, modes, producers) if modes.get(f) == "exact"]
+                  for f in remade if modes.get(f) == "exact"]
     out.provenance, numerics = provenance(envs)
     out.notes += lock_notes
     out.problems = lock_probs + m.problems + numerics + metric_problems(rows, ref.name)
