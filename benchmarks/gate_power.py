@@ -39,8 +39,10 @@ The second form trains the mutant's four train variants at the first 5 seeds of 
 and compares each gated train metric with the reference's runs at the same seeds (paired
 differences in reference seed sd, 90% t intervals (an intersection-union test), Holm's p): "moved" (an effect the
 gate missed), "harmless" (every interval within one seed sd: shown within noise, a finding)
-or "inconclusive" (five seeds cannot tell either way). Figures, not asserts; hours of CPU (each case about
-15-25 minutes on 2 cores; the --seeds form about 2 hours per case). The --seeds form keeps its runs in
+or "inconclusive" (five seeds cannot tell either way), and how many seeds a case with no effect at all
+would need to show each metric within one seed sd, from the spread of its paired differences (a
+faithful rerun's say what "harmless" can cost). Figures, not asserts; hours of CPU (each case about
+15-25 minutes on 2 cores; the --seeds form about 80 minutes per case on 2 free cores). The --seeds form keeps its runs in
 .gate_power_stores/ (git-ignored), one run store per reference and case definition, so a stopped
 comparison resumes where it stopped.
 """
@@ -372,6 +374,7 @@ def seed_effects(mine: dict, theirs: dict, ref_stats: dict, keys: list[str]) -> 
         unit = sd if sd > 0 else float("nan")
         rows.append({"metric": key, "log": int(log), "mean_diff": mean, "seed_sd": sd, "p": p,
                      "effect_sd": mean / unit, "ci_sd": [lo / unit, hi / unit],
+                     "diff_sd": e["se"] * math.sqrt(len(seeds)) / unit,
                      # a metric the same on every reference seed (a count) is within noise only unchanged
                      "within_noise": int(all(mine[s][key] == theirs[s][key] for s in seeds) if sd == 0
                                          else -EQUIVALENCE_SD * sd < lo and hi < EQUIVALENCE_SD * sd)})
@@ -380,10 +383,29 @@ def seed_effects(mine: dict, theirs: dict, ref_stats: dict, keys: list[str]) -> 
     moved = [r for r in rows if r["p_holm"] < 0.05]
     verdict = "moved" if moved else ("harmless" if rows and all(r["within_noise"] for r in rows) else "inconclusive")
     widest = max((max(abs(x) for x in r["ci_sd"]) for r in rows if math.isfinite(r["ci_sd"][0])), default=0.0)
+    needed = sorted((seeds_to_show_within_noise(r["diff_sd"]), r["metric"]) for r in rows if math.isfinite(r["diff_sd"]))
     return {"metrics": len(rows), "moved": moved, "verdict": verdict,
+            "seeds_needed": {"median": needed[len(needed) // 2][0], "max": needed[-1][0], "max_metric": needed[-1][1],
+                             "metrics_over": {str(k): sum(n > k for n, _ in needed) for k in (5, 10, 20)}}
+            if needed else {},
             "not_within_noise": [r["metric"] for r in rows if not r["within_noise"]],
             "max_abs_effect_sd": max((abs(r["effect_sd"]) for r in rows if math.isfinite(r["effect_sd"])), default=0.0),
             "widest_bound_sd": widest}
+
+
+def seeds_to_show_within_noise(diff_sd: float, margin: float = EQUIVALENCE_SD) -> int:
+    """The seeds a case with no effect at all needs for one metric's 90% interval to lie inside +/- margin
+    (seed sd) half the time, the sd of its paired differences being diff_sd (seed sd, as measured): the
+    smallest n with sqrt(n) margin / diff_sd - t(0.95, n - 1) >= z(0.75) (normal approximation of the
+    mean). Every metric at once needs more than the hardest one alone: this is a lower bound for that."""
+    from scipy.stats import norm
+
+    from attnrepro.stats import t_quantile
+
+    n = 2
+    while n < 100_000 and math.sqrt(n) * margin - t_quantile(0.95, n - 1) * diff_sd < norm.ppf(0.75) * diff_sd:
+        n += 1
+    return n
 
 
 def _result(case: Case, t0: float, golden_rc: int, verdict: dict, stage_seconds: dict) -> dict:
@@ -560,6 +582,11 @@ def seeds_main(names: list[str], rev: str, n: int, keep: bool) -> int:
                   f"{r['metrics'] - len(r['not_within_noise'])} shown within ±{EQUIVALENCE_SD:g} seed sd (90% "
                   f"intervals, the widest reaching {r['widest_bound_sd']:.2f} sd); largest |effect| "
                   f"{r['max_abs_effect_sd']:.2f} seed sd; {r['seconds'] / 60:.1f} min", flush=True)
+            if r.get("seeds_needed"):
+                need = r["seeds_needed"]
+                print(f"  to show a case with no effect within ±{EQUIVALENCE_SD:g} sd half the time, one metric needs "
+                      f"{need['median']} seeds (median), the hardest ({need['max_metric']}) {need['max']}; metrics "
+                      f"needing more than 5, 10, 20 seeds: {', '.join(map(str, need['metrics_over'].values()))}", flush=True)
             for m in r["moved"][:10]:
                 print(f"    {m['metric']}: {m['mean_diff']:+.4g} ({m['effect_sd']:+.2f} sd, Holm p {m['p_holm']:.3g})")
             c = r["check"]

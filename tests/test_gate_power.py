@@ -207,3 +207,18 @@ def test_seed_runs_keep_a_store_per_reference_and_case_definition(tmp_path, monk
     assert not tree.exists()
     with gp.CaseTree(case, head, keep=False) as t:
         assert yaml.safe_load((t.tree / "params.yaml").read_text())["engine"]["store"] == str(t.tmp / "store")
+
+
+def test_seeds_needed_to_show_no_effect_within_noise_grow_with_the_paired_spread():
+    from scipy.stats import norm, t
+
+    assert gp.seeds_to_show_within_noise(0.01) == 2
+    n = gp.seeds_to_show_within_noise(2 ** 0.5)  # a scrambled metric: paired differences as wide as two seeds
+    for m, ok in ((n, True), (n - 1, False)):
+        assert (m ** 0.5 - t.ppf(0.95, m - 1) * 2 ** 0.5 >= norm.ppf(0.75) * 2 ** 0.5) == ok
+    assert gp.seeds_to_show_within_noise(3.0) > n
+    seeds = [1, 2, 3, 4, 5]
+    theirs = {s: {"a": 4.0 + 0.1 * (s % 3), "b": 1.0 + 0.1 * s} for s in seeds}
+    mine = {s: {"a": v["a"] + 0.002 * (-1) ** s, "b": v["b"] + 0.15 * (-1) ** s} for s, v in theirs.items()}
+    need = gp.seed_effects(mine, theirs, {"a": {"sd": 0.1}, "b": {"sd": 0.1}}, ["a", "b"])["seeds_needed"]
+    assert need["max_metric"] == "b" and need["max"] > 2  # b's differences are 1.7 seed sd wide; a's 0.02
