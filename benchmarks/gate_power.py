@@ -441,17 +441,21 @@ def caught_by(verdict: dict, golden_failed: bool) -> list[str]:
 
 # ---------------------------------------------------------------- the tables
 
-def confusion(results: list[dict]) -> str:
+def confusion(results: list[dict], seeds: dict | None = None) -> str:
     """Expected x verdict; ERROR (the case could not be judged: a crash that is not the change's) is its own
-    column, never counted as caught."""
+    column, never counted as caught. The last column: of the cases that also ran at 5 seeds (`seeds`, the
+    results file's --seeds comparisons), how many the check failed there."""
+    seeds = seeds or {}
     rows = ("harmful", "harmless", "faithful")
-    lines = ["expected    gate FAIL  gate PASS  ERROR   golden test FAIL", "-" * 57]
+    lines = ["expected    gate FAIL  gate PASS  ERROR   golden test FAIL   5 seeds: FAIL of run", "-" * 80]
     for e in rows:
         rs = [r for r in results if r["expect"] == e]
         if rs:
             n = {v: sum(r["verdict"] == v for r in rs) for v in ("FAIL", "PASS")}
+            five = [seeds[r["case"]].get("check", {}).get("verdict") for r in rs if r.get("case") in seeds]
+            five_failed = f"{five.count('FAIL')} of {len(five)}"
             lines.append(f"{e:<10}  {n['FAIL']:>9}  {n['PASS']:>9}  {len(rs) - n['FAIL'] - n['PASS']:>5}   "
-                         f"{sum(r['golden_test'] == 'FAIL' for r in rs):>16}")
+                         f"{sum(r['golden_test'] == 'FAIL' for r in rs):>16}   {five_failed:>19}")
     cost = sum(r["seconds"] for r in results)
     lines.append(f"cost: {cost / 3600:.1f} h of wall time on this machine ({len(results)} cases)")
     return "\n".join(lines)
@@ -559,7 +563,7 @@ def main(argv=None) -> int:
     everything = load_results(rev)  # with any other run's cases
     results = {r["case"]: r for r in everything["results"]}
     done = [results[n] for n in CASES if n in results]
-    print("\n" + table(done, everything.get("seeds")) + "\n\n" + confusion(done))
+    print("\n" + table(done, everything.get("seeds")) + "\n\n" + confusion(done, everything.get("seeds")))
     return 0
 
 

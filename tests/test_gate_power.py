@@ -107,6 +107,14 @@ def test_a_crash_that_is_not_the_changes_is_an_error_never_a_catch():
     assert faithful[1:4] == ["0", "0", "1"]  # FAIL 0, PASS 0, ERROR 1
 
 
+def test_the_matrix_counts_the_five_seed_failures_of_the_cases_that_ran_there():
+    results = [{"case": c, "expect": "harmful", "verdict": "PASS", "golden_test": "FAIL", "seconds": 60} for c in "abc"]
+    seeds = {"a": {"check": {"verdict": "FAIL"}}, "b": {"check": {"verdict": "PASS"}}}
+    harmful = next(x for x in gp.confusion(results, seeds).splitlines() if x.startswith("harmful"))
+    assert harmful.endswith("1 of 2")
+    assert next(x for x in gp.confusion(results).splitlines() if x.startswith("harmful")).endswith("0 of 0")
+
+
 def test_a_trial_writes_its_own_file_and_another_references_results_are_kept(tmp_path, monkeypatch):
     monkeypatch.setattr(gp, "RESULTS", tmp_path / "gate_power.json")
     gp.RESULTS.write_text(json.dumps({"reference": "a" * 40, "results": [{"case": "x"}]}))
