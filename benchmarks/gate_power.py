@@ -321,7 +321,9 @@ def run_seeds(case: Case, rev: str, n: int, keep: bool) -> dict:
     noise, which holds at level 0.05 when each metric's two one-sided tests do (its 90% interval inside the
     margin), with no correction for the number of metrics. Besides, the tree is judged by `attnrepro check
     --rev <reference>` with this checkout's checker (its seeds paired with the reference's, seeds_test):
-    what a five-seed rerun of the seeds stage meets."""
+    what a five-seed rerun of the seeds stage meets. A mutant is also compared, the same way, with the
+    faithful control at the same seeds (vs_control): made under the same float order, it differs from the
+    mutant by the code alone, where the reference differs by the float order too."""
     ref = json.loads(sh(["git", "show", f"{rev}:metrics/dist/train.json"], ROOT).stdout)
     timings = yaml.safe_load(sh(["git", "show", f"{rev}:claims.yaml"], ROOT).stdout).get("timings", [])
     seeds = [int(s) for s in ref["seeds"]][:n]
@@ -339,13 +341,42 @@ def run_seeds(case: Case, rev: str, n: int, keep: bool) -> dict:
 
     mine = {s: flatten(ours["runs"][str(s)]) for s in seeds}
     theirs = {s: flatten(ref["runs"][str(s)]) for s in seeds}
-    keys = [k for k in sorted(set.intersection(*(set(m) for m in mine.values()), *(set(m) for m in theirs.values())))
+    control = control_runs(case, rev, seeds)
+    keys = [k for k in sorted(set.intersection(*(set(m) for m in (*mine.values(), *theirs.values(), *control.values()))))
             if not any(fnmatch.fnmatchcase(f"train.{k}", g) for g in timings) and k in ref["stats"]]
+    vs_control = {}
+    if control:
+        e = seed_effects(mine, control, ref["stats"], keys)
+        vs_control = {"control": CONTROL, **{k: e[k] for k in ("verdict", "moved", "not_within_noise",
+                                                               "max_abs_effect_sd", "widest_bound_sd")}}
     return {"case": case.name, "seeds": seeds, **seed_effects(mine, theirs, ref["stats"], keys),
+            "vs_control": vs_control,
             "check": {"verdict": verdict.get("verdict"), "caught_by": caught_by(verdict, False),
                       "failed_metrics": [m["key"] for m in verdict.get("failed_metrics", [])],
                       "problems": verdict.get("problems", [])},
             "seconds": round(time.perf_counter() - t0, 1), "stage_seconds": seconds, "store": store.name}
+
+
+CONTROL = "avx2"  # the faithful rerun made as every mutant is (AVX2, 2 workers): the same float order
+
+
+def control_runs(case: Case, rev: str, seeds: list[int]) -> dict:
+    """The faithful control's runs at `seeds` ({seed: {metric: value}}) for a mutant made under the control's
+    float order and worker count, or {} (a faithful case, or another float order). Against the reference
+    a mutant's effect carries the float order's too (AVX2 alone moves d32_scaled ||W_qkv|| l1 by -0.26 seed
+    sd on every one of 5 seeds); against the control only the code differs. Served from the control's
+    store where it ran at these seeds (seconds), trained otherwise (as long as the case itself)."""
+    c = CASES[CONTROL]
+    if case.expect == "faithful" or (case.isa, case.workers) != (c.isa, c.workers):
+        return {}
+    from attnrepro.stats import flatten
+
+    with CaseTree(c, rev, False, {"seeds.seeds": seeds}, seed_store(c, rev)) as t:
+        _, failed = t.repro(["seeds"])
+        if failed:
+            raise RuntimeError(f"the faithful control {CONTROL} failed at seeds {seeds}: {t.error}")
+        runs = json.loads((t.tree / "metrics/dist/train.json").read_text())["runs"]
+    return {s: flatten(runs[str(s)]) for s in seeds}
 
 
 def seed_store(case: Case, rev: str) -> Path:
@@ -463,15 +494,18 @@ def confusion(results: list[dict], seeds: dict | None = None) -> str:
 
 def table(results: list[dict], seeds: dict | None = None) -> str:
     """One line per case; `seeds` (the results file's --seeds comparisons) adds the check's verdict on the
-    case's 5-seed rerun and the paired effects' verdict, where one ran."""
+    case's 5-seed rerun and the paired effects' verdict against the reference (and / against the faithful
+    control, made under the same float order), where one ran."""
     seeds = seeds or {}
-    lines = [f"{'case':<22} {'area':<12} {'expect':<9} {'gate':<5} {'golden':<6} {'min':>5}  {'seeds: gate, effect':<25}"
+    lines = [f"{'case':<22} {'area':<12} {'expect':<9} {'gate':<5} {'golden':<6} {'min':>5}  {'seeds: gate, effect / vs control':<36}"
              "caught by (cheapest first)"]
     for r in results:
         s = seeds.get(r["case"], {})
         more = f"{s.get('check', {}).get('verdict', '?')}, {s['verdict']}" if "verdict" in s else "—"
+        if s.get("vs_control"):
+            more += f" / {s['vs_control']['verdict']}"
         lines.append(f"{r['case']:<22} {r['area']:<12} {r['expect']:<9} {r['verdict']:<5} {r['golden_test']:<6} "
-                     f"{r['seconds'] / 60:>5.1f}  {more:<25}{', '.join(r['caught_by']) or '—'}")
+                     f"{r['seconds'] / 60:>5.1f}  {more:<36}{', '.join(r['caught_by']) or '—'}")
     return "\n".join(lines)
 
 
@@ -593,6 +627,14 @@ def seeds_main(names: list[str], rev: str, n: int, keep: bool) -> int:
                       f"needing more than 5, 10, 20 seeds: {', '.join(map(str, need['metrics_over'].values()))}", flush=True)
             for m in r["moved"][:10]:
                 print(f"    {m['metric']}: {m['mean_diff']:+.4g} ({m['effect_sd']:+.2f} sd, Holm p {m['p_holm']:.3g})")
+            vc = r.get("vs_control")
+            if vc:
+                print(f"  against the faithful {vc['control']} rerun at the same seeds (only the code differs): "
+                      f"{vc['verdict']}, {len(vc['moved'])} moved, {r['metrics'] - len(vc['not_within_noise'])} shown "
+                      f"within ±{EQUIVALENCE_SD:g} seed sd (the widest bound {vc['widest_bound_sd']:.2f} sd); largest "
+                      f"|effect| {vc['max_abs_effect_sd']:.2f} seed sd", flush=True)
+                for m in vc["moved"][:10]:
+                    print(f"    {m['metric']}: {m['mean_diff']:+.4g} ({m['effect_sd']:+.2f} sd, Holm p {m['p_holm']:.3g})")
             c = r["check"]
             print(f"  attnrepro check on the {n}-seed rerun: {c['verdict']}; caught by: "
                   f"{', '.join(c['caught_by']) or 'nothing'}; failed metrics: {', '.join(c['failed_metrics']) or '—'}")

@@ -155,9 +155,12 @@ def test_seed_effects_call_a_mutant_harmless_only_when_every_interval_is_inside_
 def test_the_table_shows_a_cases_five_seed_verdicts_where_they_ran():
     r = {"case": "x", "area": "model", "expect": "harmless", "verdict": "PASS", "golden_test": "FAIL", "seconds": 60,
          "caught_by": ["golden test"]}
-    lines = gp.table([r, {**r, "case": "y"}], {"x": {"verdict": "inconclusive", "check": {"verdict": "PASS"}}}).splitlines()
-    assert "PASS, inconclusive" in lines[1] and "golden test" in lines[1]
+    seeds = {"x": {"verdict": "inconclusive", "check": {"verdict": "PASS"}},
+             "z": {"verdict": "moved", "check": {"verdict": "PASS"}, "vs_control": {"verdict": "inconclusive"}}}
+    lines = gp.table([r, {**r, "case": "y"}, {**r, "case": "z"}], seeds).splitlines()
+    assert "PASS, inconclusive " in lines[1] and "golden test" in lines[1]
     assert "PASS, inconclusive" not in lines[2] and " — " in lines[2]
+    assert "PASS, moved / inconclusive" in lines[3]
 
 
 def test_a_resumed_seed_comparison_adds_up_its_wall_time_within_one_store():
@@ -230,3 +233,14 @@ def test_seeds_needed_to_show_no_effect_within_noise_grow_with_the_paired_spread
     mine = {s: {"a": v["a"] + 0.002 * (-1) ** s, "b": v["b"] + 0.15 * (-1) ** s} for s, v in theirs.items()}
     need = gp.seed_effects(mine, theirs, {"a": {"sd": 0.1}, "b": {"sd": 0.1}}, ["a", "b"])["seeds_needed"]
     assert need["max_metric"] == "b" and need["max"] > 2  # b's differences are 1.7 seed sd wide; a's 0.02
+
+
+def test_a_mutant_is_compared_with_the_faithful_control_made_under_the_same_float_order(monkeypatch):
+    """Against the reference a mutant's effect carries the float order's; the control differs by the code alone.
+    Only a mutant made as the control was (float order, workers) gets one; a faithful case never does."""
+    control = gp.CASES[gp.CONTROL]
+    assert control.expect == "faithful" and all((c.isa, c.workers) == (control.isa, control.workers)
+                                                 for c in gp.MUTANTS)
+    monkeypatch.setattr(gp, "CaseTree", lambda *a, **k: pytest.fail("no tree for a case without a control"))
+    assert gp.control_runs(gp.CASES["avx2_serial"], "HEAD", [1, 2]) == {}
+    assert gp.control_runs(gp.dataclasses.replace(gp.CASES["gelu_tanh"], isa="DEFAULT"), "HEAD", [1, 2]) == {}
