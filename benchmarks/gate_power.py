@@ -39,10 +39,13 @@ The second form trains the mutant's four train variants at the first 5 seeds of 
 and compares each gated train metric with the reference's runs at the same seeds (paired
 differences in reference seed sd, 90% t intervals (an intersection-union test), Holm's p): "moved" (an effect the
 gate missed), "harmless" (every interval within one seed sd: shown within noise, a finding)
-or "inconclusive" (five seeds cannot tell either way), and how many seeds a case with no effect at all
-would need to show each metric within one seed sd, from the spread of its paired differences (a
-faithful rerun's say what "harmless" can cost). Figures, not asserts; hours of CPU (each case about
-15-25 minutes on 2 cores; the --seeds form about 80 minutes per case on 2 free cores). The --seeds form keeps its runs in
+or "inconclusive" (five seeds cannot tell either way); a mutant the same way against the faithful avx2
+rerun at the same seeds (the same float order, so that only the code differs); and how many seeds a
+case with no effect at all would need to show each metric within one seed sd, from the spread of its
+paired differences (a faithful rerun's figures say what showing "harmless" costs). Figures, not
+asserts; hours of CPU (each case about 15-25 minutes on 2 cores; the --seeds form about 55-80 minutes
+per case on 2 free cores, twice that for the first mutant at seeds the avx2 control has not run at:
+its runs are trained too). The --seeds form keeps its runs in
 .gate_power_stores/ (git-ignored), one run store per reference and case definition, so a stopped
 comparison resumes where it stopped.
 """
@@ -341,16 +344,10 @@ def run_seeds(case: Case, rev: str, n: int, keep: bool) -> dict:
 
     mine = {s: flatten(ours["runs"][str(s)]) for s in seeds}
     theirs = {s: flatten(ref["runs"][str(s)]) for s in seeds}
-    control = control_runs(case, rev, seeds)
-    keys = [k for k in sorted(set.intersection(*(set(m) for m in (*mine.values(), *theirs.values(), *control.values()))))
+    keys = [k for k in sorted(set.intersection(*(set(m) for m in (*mine.values(), *theirs.values()))))
             if not any(fnmatch.fnmatchcase(f"train.{k}", g) for g in timings) and k in ref["stats"]]
-    vs_control = {}
-    if control:
-        e = seed_effects(mine, control, ref["stats"], keys)
-        vs_control = {"control": CONTROL, **{k: e[k] for k in ("verdict", "moved", "not_within_noise",
-                                                               "max_abs_effect_sd", "widest_bound_sd")}}
     return {"case": case.name, "seeds": seeds, **seed_effects(mine, theirs, ref["stats"], keys),
-            "vs_control": vs_control,
+            "vs_control": against_control(case, rev, mine, ref["stats"], keys),
             "check": {"verdict": verdict.get("verdict"), "caught_by": caught_by(verdict, False),
                       "failed_metrics": [m["key"] for m in verdict.get("failed_metrics", [])],
                       "problems": verdict.get("problems", [])},
@@ -358,6 +355,24 @@ def run_seeds(case: Case, rev: str, n: int, keep: bool) -> dict:
 
 
 CONTROL = "avx2"  # the faithful rerun made as every mutant is (AVX2, 2 workers): the same float order
+
+
+def against_control(case: Case, rev: str, mine: dict, ref_stats: dict, keys: list[str]) -> dict:
+    """seed_effects of the mutant's runs `mine` against the faithful control's at the same seeds, on the
+    metrics both have: {} where the case has no control, an "error" where the control's runs failed
+    (the mutant's own comparison stands)."""
+    t0 = time.perf_counter()
+    try:
+        control = control_runs(case, rev, list(mine))
+    except RuntimeError as e:
+        return {"control": CONTROL, "error": str(e)[-500:], "seconds": round(time.perf_counter() - t0, 1)}
+    if not control:
+        return {}
+    keys = [k for k in keys if all(k in runs for runs in control.values())]
+    e = seed_effects(mine, control, ref_stats, keys)
+    return {"control": CONTROL, **{k: e[k] for k in ("verdict", "moved", "not_within_noise", "max_abs_effect_sd",
+                                                       "widest_bound_sd")},
+            "metrics": len(keys), "seconds": round(time.perf_counter() - t0, 1)}
 
 
 def control_runs(case: Case, rev: str, seeds: list[int]) -> dict:
@@ -416,7 +431,8 @@ def seed_effects(mine: dict, theirs: dict, ref_stats: dict, keys: list[str]) -> 
     widest = max((max(abs(x) for x in r["ci_sd"]) for r in rows if math.isfinite(r["ci_sd"][0])), default=0.0)
     needed = sorted((seeds_to_show_within_noise(r["diff_sd"]), r["metric"]) for r in rows if math.isfinite(r["diff_sd"]))
     return {"metrics": len(rows), "moved": moved, "verdict": verdict,
-            "seeds_needed": {"median": needed[len(needed) // 2][0], "max": needed[-1][0], "max_metric": needed[-1][1],
+            "seeds_needed": {"metrics": len(needed), "median": needed[len(needed) // 2][0], "max": needed[-1][0],
+                             "max_metric": needed[-1][1],
                              "metrics_over": {str(k): sum(n > k for n, _ in needed) for k in (5, 10, 20)}}
             if needed else {},
             "not_within_noise": [r["metric"] for r in rows if not r["within_noise"]],
@@ -426,9 +442,11 @@ def seed_effects(mine: dict, theirs: dict, ref_stats: dict, keys: list[str]) -> 
 
 def seeds_to_show_within_noise(diff_sd: float, margin: float = EQUIVALENCE_SD) -> int:
     """The seeds a case with no effect at all needs for one metric's 90% interval to lie inside +/- margin
-    (seed sd) half the time, the sd of its paired differences being diff_sd (seed sd, as measured): the
-    smallest n with sqrt(n) margin / diff_sd - t(0.95, n - 1) >= z(0.75) (normal approximation of the
-    mean). Every metric at once needs more than the hardest one alone: this is a lower bound for that."""
+    (seed sd) half the time, the sd of its paired differences being diff_sd (seed sd): the smallest n (at
+    most 100000) with sqrt(n) margin / diff_sd - t(0.95, n - 1) >= z(0.75), taking the sample sd as the
+    true one (accurate to about one seed then). diff_sd measured on 5 seeds is itself rough (the true sd
+    lies within about 0.65-2.4 times it, 90% of the time), and the largest of many such estimates is biased
+    upward: figures of order, not of precision. Every metric at once needs at least the hardest one's."""
     from scipy.stats import norm
 
     from attnrepro.stats import t_quantile
@@ -472,38 +490,39 @@ def caught_by(verdict: dict, golden_failed: bool) -> list[str]:
 
 # ---------------------------------------------------------------- the tables
 
-def confusion(results: list[dict], seeds: dict | None = None) -> str:
+def confusion(results: list[dict], seed_results: dict | None = None) -> str:
     """Expected x verdict; ERROR (the case could not be judged: a crash that is not the change's) is its own
-    column, never counted as caught. The last column: of the cases that also ran at 5 seeds (`seeds`, the
-    results file's --seeds comparisons), how many the check failed there."""
-    seeds = seeds or {}
+    column, never counted as caught. The last column: of the cases that also ran at more seeds
+    (`seed_results`, the results file's --seeds comparisons), how many the check failed there."""
+    seed_results = seed_results or {}
     rows = ("harmful", "harmless", "faithful")
-    lines = ["expected    gate FAIL  gate PASS  ERROR   golden test FAIL   5 seeds: FAIL of run", "-" * 80]
+    lines = ["expected    gate FAIL  gate PASS  ERROR   golden test FAIL   --seeds: FAIL of run", "-" * 80]
     for e in rows:
         rs = [r for r in results if r["expect"] == e]
         if rs:
             n = {v: sum(r["verdict"] == v for r in rs) for v in ("FAIL", "PASS")}
-            five = [seeds[r["case"]].get("check", {}).get("verdict") for r in rs if r.get("case") in seeds]
-            five_failed = f"{five.count('FAIL')} of {len(five)}"
+            verdicts = [seed_results[r["case"]].get("check", {}).get("verdict") for r in rs
+                        if r.get("case") in seed_results]
+            seeds_failed = f"{verdicts.count('FAIL')} of {len(verdicts)}"
             lines.append(f"{e:<10}  {n['FAIL']:>9}  {n['PASS']:>9}  {len(rs) - n['FAIL'] - n['PASS']:>5}   "
-                         f"{sum(r['golden_test'] == 'FAIL' for r in rs):>16}   {five_failed:>19}")
+                         f"{sum(r['golden_test'] == 'FAIL' for r in rs):>16}   {seeds_failed:>19}")
     cost = sum(r["seconds"] for r in results)
     lines.append(f"cost: {cost / 3600:.1f} h of wall time on this machine ({len(results)} cases)")
     return "\n".join(lines)
 
 
-def table(results: list[dict], seeds: dict | None = None) -> str:
-    """One line per case; `seeds` (the results file's --seeds comparisons) adds the check's verdict on the
+def table(results: list[dict], seed_results: dict | None = None) -> str:
+    """One line per case; `seed_results` (the results file's --seeds comparisons) adds the check's verdict on the
     case's 5-seed rerun and the paired effects' verdict against the reference (and / against the faithful
     control, made under the same float order), where one ran."""
-    seeds = seeds or {}
+    seed_results = seed_results or {}
     lines = [f"{'case':<22} {'area':<12} {'expect':<9} {'gate':<5} {'golden':<6} {'min':>5}  {'seeds: gate, effect / vs control':<36}"
              "caught by (cheapest first)"]
     for r in results:
-        s = seeds.get(r["case"], {})
+        s = seed_results.get(r["case"], {})
         more = f"{s.get('check', {}).get('verdict', '?')}, {s['verdict']}" if "verdict" in s else "—"
         if s.get("vs_control"):
-            more += f" / {s['vs_control']['verdict']}"
+            more += f" / {s['vs_control'].get('verdict', 'error')}"
         lines.append(f"{r['case']:<22} {r['area']:<12} {r['expect']:<9} {r['verdict']:<5} {r['golden_test']:<6} "
                      f"{r['seconds'] / 60:>5.1f}  {more:<36}{', '.join(r['caught_by']) or '—'}")
     return "\n".join(lines)
@@ -627,10 +646,12 @@ def seeds_main(names: list[str], rev: str, n: int, keep: bool) -> int:
                       f"needing more than 5, 10, 20 seeds: {', '.join(map(str, need['metrics_over'].values()))}", flush=True)
             for m in r["moved"][:10]:
                 print(f"    {m['metric']}: {m['mean_diff']:+.4g} ({m['effect_sd']:+.2f} sd, Holm p {m['p_holm']:.3g})")
-            vc = r.get("vs_control")
-            if vc:
+            vc = r.get("vs_control") or {}
+            if vc.get("error"):
+                print(f"  against the faithful {vc['control']} rerun: not compared ({vc['error']})", flush=True)
+            elif vc:
                 print(f"  against the faithful {vc['control']} rerun at the same seeds (only the code differs): "
-                      f"{vc['verdict']}, {len(vc['moved'])} moved, {r['metrics'] - len(vc['not_within_noise'])} shown "
+                      f"{vc['verdict']}, {len(vc['moved'])} moved, {vc['metrics'] - len(vc['not_within_noise'])} shown "
                       f"within ±{EQUIVALENCE_SD:g} seed sd (the widest bound {vc['widest_bound_sd']:.2f} sd); largest "
                       f"|effect| {vc['max_abs_effect_sd']:.2f} seed sd", flush=True)
                 for m in vc["moved"][:10]:

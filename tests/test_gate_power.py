@@ -108,10 +108,11 @@ def test_a_crash_that_is_not_the_changes_is_an_error_never_a_catch():
 
 
 def test_the_matrix_counts_the_five_seed_failures_of_the_cases_that_ran_there():
-    results = [{"case": c, "expect": "harmful", "verdict": "PASS", "golden_test": "FAIL", "seconds": 60} for c in "abc"]
-    seeds = {"a": {"check": {"verdict": "FAIL"}}, "b": {"check": {"verdict": "PASS"}}}
+    results = [{"case": c, "expect": "harmful", "verdict": "PASS", "golden_test": "FAIL", "seconds": 60} for c in "abcde"]
+    seeds = {"a": {"check": {"verdict": "FAIL"}}, "b": {"check": {"verdict": "PASS"}}, "c": {"check": {"verdict": "FAIL"}},
+             "d": {"check": {"verdict": "ERROR"}}}
     harmful = next(x for x in gp.confusion(results, seeds).splitlines() if x.startswith("harmful"))
-    assert harmful.endswith("1 of 2")
+    assert harmful.endswith("2 of 4")
     assert next(x for x in gp.confusion(results).splitlines() if x.startswith("harmful")).endswith("0 of 0")
 
 
@@ -228,11 +229,31 @@ def test_seeds_needed_to_show_no_effect_within_noise_grow_with_the_paired_spread
     for m, ok in ((n, True), (n - 1, False)):
         assert (m ** 0.5 - t.ppf(0.95, m - 1) * 2 ** 0.5 >= norm.ppf(0.75) * 2 ** 0.5) == ok
     assert gp.seeds_to_show_within_noise(3.0) > n
+    assert gp.seeds_to_show_within_noise(2 * 2 ** 0.5, margin=2.0) == n  # only the ratio to the margin counts
     seeds = [1, 2, 3, 4, 5]
-    theirs = {s: {"a": 4.0 + 0.1 * (s % 3), "b": 1.0 + 0.1 * s} for s in seeds}
-    mine = {s: {"a": v["a"] + 0.002 * (-1) ** s, "b": v["b"] + 0.15 * (-1) ** s} for s, v in theirs.items()}
-    need = gp.seed_effects(mine, theirs, {"a": {"sd": 0.1}, "b": {"sd": 0.1}}, ["a", "b"])["seeds_needed"]
-    assert need["max_metric"] == "b" and need["max"] > 2  # b's differences are 1.7 seed sd wide; a's 0.02
+    theirs = {s: {"a": 4.0 + 0.1 * (s % 3), "b": 1.0 + 0.1 * s, "c": 2.0} for s in seeds}
+    mine = {s: {"a": v["a"] + 0.002 * (-1) ** s, "b": v["b"] + 0.15 * (-1) ** s, "c": 2.0} for s, v in theirs.items()}
+    ref = {"a": {"sd": 0.1}, "b": {"sd": 0.1}, "c": {"sd": 0.0}}
+    need = gp.seed_effects(mine, theirs, ref, ["a", "b", "c"])["seeds_needed"]
+    b_sd = (sum((0.15 * (-1) ** s + 0.03) ** 2 for s in seeds) / 4) ** 0.5 / 0.1  # 1.64 seed sd; a's 0.02
+    assert need == {"metrics": 2, "median": gp.seeds_to_show_within_noise(b_sd), "max": gp.seeds_to_show_within_noise(b_sd),
+                    "max_metric": "b", "metrics_over": {"5": 1, "10": 1, "20": 0}}  # c: the same on every seed
+    # by hand: 4 - t(0.95, 15) 1.643 = 1.120 >= z(0.75) 1.643 = 1.108, and at 15: 0.980 < 1.108
+    assert need["max"] == 16 and gp.seeds_to_show_within_noise(0.02) == 2
+
+
+def test_seeds_needed_hold_up_in_a_simulation():
+    """At the n returned, a case with no effect lands its 90% interval inside +/- 1 sd about half the time."""
+    import numpy as np
+    from scipy.stats import t
+
+    rng = np.random.default_rng(0)
+    for sd in (1.0, 2.0):
+        n = gp.seeds_to_show_within_noise(sd)
+        d = rng.normal(0.0, sd, size=(20000, n))
+        half = t.ppf(0.95, n - 1) * d.std(axis=1, ddof=1) / n ** 0.5
+        inside = np.mean(np.abs(d.mean(axis=1)) + half < 1.0)
+        assert 0.45 < inside < 0.7, (sd, n, inside)
 
 
 def test_a_mutant_is_compared_with_the_faithful_control_made_under_the_same_float_order(monkeypatch):
@@ -242,5 +263,45 @@ def test_a_mutant_is_compared_with_the_faithful_control_made_under_the_same_floa
     assert control.expect == "faithful" and all((c.isa, c.workers) == (control.isa, control.workers)
                                                  for c in gp.MUTANTS)
     monkeypatch.setattr(gp, "CaseTree", lambda *a, **k: pytest.fail("no tree for a case without a control"))
-    assert gp.control_runs(gp.CASES["avx2_serial"], "HEAD", [1, 2]) == {}
+    assert gp.control_runs(gp.CASES[gp.CONTROL], "HEAD", [1, 2]) == {}
+    assert gp.control_runs(gp.dataclasses.replace(gp.CASES["avx2_serial"], workers=2), "HEAD", [1, 2]) == {}
     assert gp.control_runs(gp.dataclasses.replace(gp.CASES["gelu_tanh"], isa="DEFAULT"), "HEAD", [1, 2]) == {}
+
+
+def test_the_control_runs_come_from_the_controls_own_store_and_only_shared_metrics_are_compared(tmp_path, monkeypatch):
+    made = []
+
+    class Tree:  # what CaseTree gives: the control's seeds stage rerun in a tree of its own
+        def __init__(self, case, rev, keep, extra, store):
+            made.append((case.name, extra, store))
+            self.tree, self.error = tmp_path, ""
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+
+        def repro(self, stages):
+            runs = {str(s): {"d32": {"loss_final": 4.0 + 0.1 * s}} for s in (1, 2, 3)}
+            (tmp_path / "metrics/dist").mkdir(parents=True, exist_ok=True)
+            (tmp_path / "metrics/dist/train.json").write_text(json.dumps({"runs": runs}))
+            return {stage: 1.0 for stage in stages}, ""
+
+    monkeypatch.setattr(gp, "CaseTree", Tree)
+    case = gp.CASES["gelu_tanh"]
+    control = gp.control_runs(case, "HEAD", [1, 2, 3])
+    assert made == [(gp.CONTROL, {"seeds.seeds": [1, 2, 3]}, gp.seed_store(gp.CASES[gp.CONTROL], "HEAD"))]
+    assert control == {s: {"d32.loss_final": 4.0 + 0.1 * s} for s in (1, 2, 3)}
+    mine = {s: {"d32.loss_final": 4.0 + 0.1 * s + 0.5, "d32.only_here": 1.0} for s in (1, 2, 3)}
+    ref = {"d32.loss_final": {"sd": 0.1}, "d32.only_here": {"sd": 0.1}}
+    vc = gp.against_control(case, "HEAD", mine, ref, ["d32.loss_final", "d32.only_here"])
+    assert vc["control"] == gp.CONTROL and vc["metrics"] == 1 and vc["verdict"] == "moved"
+
+    def failing(self, stages):
+        self.error = "boom"
+        return {}, "seeds"
+
+    monkeypatch.setattr(Tree, "repro", failing)
+    vc = gp.against_control(case, "HEAD", mine, ref, ["d32.loss_final"])
+    assert "boom" in vc["error"] and "verdict" not in vc
