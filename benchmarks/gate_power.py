@@ -478,7 +478,8 @@ def caught_by(verdict: dict, golden_failed: bool) -> list[str]:
     if claims.get("checksum", {}).get("failed"):
         kinds.append("checksum")
     # conclusions the reference does not reproduce either fail on every run: not a catch
-    if claims.get("conclusion", {}).get("failed", 0) > len(verdict.get("not_reproduced", [])):
+    if claims.get("conclusion", {}).get("failed", 0) > len(verdict.get("not_reproduced", [])) \
+            or "holds on this run, but not on the reference's run" in problems:  # a finding that moved
         kinds.append("conclusion")
     keys = [m["key"] for m in verdict.get("failed_metrics", [])]
     if any(k.startswith(("train.", "seeds.")) for k in keys):

@@ -305,3 +305,10 @@ def test_the_control_runs_come_from_the_controls_own_store_and_only_shared_metri
     monkeypatch.setattr(Tree, "repro", failing)
     vc = gp.against_control(case, "HEAD", mine, ref, ["d32.loss_final"])
     assert "boom" in vc["error"] and "verdict" not in vc
+
+
+def test_a_conclusion_the_reference_does_not_reproduce_starting_to_hold_is_a_catch():
+    verdict = {"verdict": "FAIL", "problems": ["conclusion train.d32_no_effect holds on this run, but not on the "
+                                               "reference's run (abc), which reports it not reproduced: ..."]}
+    assert gp.caught_by(verdict, False) == ["conclusion"]
+    assert gp.caught_by({"verdict": "PASS", "problems": []}, False) == []
