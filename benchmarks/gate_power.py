@@ -340,10 +340,7 @@ def run_seeds(case: Case, rev: str, n: int, keep: bool) -> dict:
                     "seconds": round(time.perf_counter() - t0, 1)}
         ours = json.loads((t.tree / "metrics/dist/train.json").read_text())
         verdict = t.check(ROOT / "src")
-    from attnrepro.stats import flatten
-
-    mine = {s: flatten(ours["runs"][str(s)]) for s in seeds}
-    theirs = {s: flatten(ref["runs"][str(s)]) for s in seeds}
+    mine, theirs = per_seed(ours, seeds), per_seed(ref, seeds)
     keys = [k for k in sorted(set.intersection(*(set(m) for m in (*mine.values(), *theirs.values()))))
             if not any(fnmatch.fnmatchcase(f"train.{k}", g) for g in timings) and k in ref["stats"]]
     return {"case": case.name, "seeds": seeds, **seed_effects(mine, theirs, ref["stats"], keys),
@@ -384,14 +381,18 @@ def control_runs(case: Case, rev: str, seeds: list[int]) -> dict:
     c = CASES[CONTROL]
     if case.expect == "faithful" or (case.isa, case.workers) != (c.isa, c.workers):
         return {}
-    from attnrepro.stats import flatten
-
     with CaseTree(c, rev, False, {"seeds.seeds": seeds}, seed_store(c, rev)) as t:
         _, failed = t.repro(["seeds"])
         if failed:
             raise RuntimeError(f"the faithful control {CONTROL} failed at seeds {seeds}: {t.error}")
-        runs = json.loads((t.tree / "metrics/dist/train.json").read_text())["runs"]
-    return {s: flatten(runs[str(s)]) for s in seeds}
+        return per_seed(json.loads((t.tree / "metrics/dist/train.json").read_text()), seeds)
+
+
+def per_seed(dist: dict, seeds: list[int]) -> dict:
+    """A seed distribution file's runs at `seeds`: {seed: {metric: value}}."""
+    from attnrepro.stats import flatten
+
+    return {s: flatten(dist["runs"][str(s)]) for s in seeds}
 
 
 def seed_store(case: Case, rev: str) -> Path:
@@ -631,6 +632,11 @@ def put_seeds(seeds: dict, name: str, r: dict) -> None:
     seeds[name] = r
 
 
+def print_moved(rows: list[dict]) -> None:
+    for m in rows[:10]:
+        print(f"    {m['metric']}: {m['mean_diff']:+.4g} ({m['effect_sd']:+.2f} sd, Holm p {m['p_holm']:.3g})")
+
+
 def seeds_main(names: list[str], rev: str, n: int, keep: bool) -> int:
     for name in names:
         print(f"{name}: the train variants at {n} seeds ({CASES[name].why})", flush=True)
@@ -645,8 +651,7 @@ def seeds_main(names: list[str], rev: str, n: int, keep: bool) -> int:
                 print(f"  to show a case with no effect within ±{EQUIVALENCE_SD:g} sd half the time, one metric needs "
                       f"{need['median']} seeds (median), the hardest ({need['max_metric']}) {need['max']}; metrics "
                       f"needing more than 5, 10, 20 seeds: {', '.join(map(str, need['metrics_over'].values()))}", flush=True)
-            for m in r["moved"][:10]:
-                print(f"    {m['metric']}: {m['mean_diff']:+.4g} ({m['effect_sd']:+.2f} sd, Holm p {m['p_holm']:.3g})")
+            print_moved(r["moved"])
             vc = r.get("vs_control") or {}
             if vc.get("error"):
                 print(f"  against the faithful {vc['control']} rerun: not compared ({vc['error']})", flush=True)
@@ -655,8 +660,7 @@ def seeds_main(names: list[str], rev: str, n: int, keep: bool) -> int:
                       f"{vc['verdict']}, {len(vc['moved'])} moved, {vc['metrics'] - len(vc['not_within_noise'])} shown "
                       f"within ±{EQUIVALENCE_SD:g} seed sd (the widest bound {vc['widest_bound_sd']:.2f} sd); largest "
                       f"|effect| {vc['max_abs_effect_sd']:.2f} seed sd", flush=True)
-                for m in vc["moved"][:10]:
-                    print(f"    {m['metric']}: {m['mean_diff']:+.4g} ({m['effect_sd']:+.2f} sd, Holm p {m['p_holm']:.3g})")
+                print_moved(vc["moved"])
             c = r["check"]
             print(f"  attnrepro check on the {n}-seed rerun: {c['verdict']}; caught by: "
                   f"{', '.join(c['caught_by']) or 'nothing'}; failed metrics: {', '.join(c['failed_metrics']) or '—'}")
