@@ -514,15 +514,16 @@ def confusion(results: list[dict], seed_results: dict | None = None) -> str:
 
 
 def table(results: list[dict], seed_results: dict | None = None) -> str:
-    """One line per case; `seed_results` (the results file's --seeds comparisons) adds the check's verdict on the
-    case's 5-seed rerun and the paired effects' verdict against the reference (and / against the faithful
+    """One line per case; `seed_results` (the results file's --seeds comparisons) adds, after its number of
+    seeds, the check's verdict on the case's rerun at those seeds and the paired effects' verdict against the reference (and / against the faithful
     control, made under the same float order), where one ran."""
     seed_results = seed_results or {}
     lines = [f"{'case':<22} {'area':<12} {'expect':<9} {'gate':<5} {'golden':<6} {'min':>5}  {'seeds: gate, effect / vs control':<36}"
              "caught by (cheapest first)"]
     for r in results:
         s = seed_results.get(r["case"], {})
-        more = f"{s.get('check', {}).get('verdict', '?')}, {s['verdict']}" if "verdict" in s else "—"
+        more = (f"{len(s.get('seeds', []))}: {s.get('check', {}).get('verdict', '?')}, {s['verdict']}"
+                if "verdict" in s else "—")
         if s.get("vs_control"):
             more += f" / {s['vs_control'].get('verdict', 'error')}"
         lines.append(f"{r['case']:<22} {r['area']:<12} {r['expect']:<9} {r['verdict']:<5} {r['golden_test']:<6} "
@@ -624,11 +625,17 @@ def main(argv=None) -> int:
 
 def put_seeds(seeds: dict, name: str, r: dict) -> None:
     """Store a --seeds result; a resumed comparison (the same run store) adds its wall time to the
-    earlier ones' (`seconds_total`), so the cost of the runs it was served stays on record."""
-    old = seeds.get(name, {})
+    earlier ones' (`seconds_total`), so the cost of the runs it was served stays on record. A comparison at
+    other seeds (--seeds 10 after --seeds 5) keeps the earlier ones in `earlier`: their verdicts stay data."""
+    old = dict(seeds.get(name, {}))
     same = old.get("store") in (None, r.get("store"))  # a result from before stores were named: the same
     before = old.get("seconds_total", old.get("seconds", 0.0)) if same else 0.0
     r["seconds_total"] = round(before + r.get("seconds", 0.0), 1)
+    earlier = old.pop("earlier", [])
+    if old and old.get("seeds") != r.get("seeds"):
+        earlier.append(old)
+    if earlier:
+        r["earlier"] = earlier
     seeds[name] = r
 
 

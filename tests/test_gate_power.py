@@ -153,15 +153,16 @@ def test_seed_effects_call_a_mutant_harmless_only_when_every_interval_is_inside_
     assert not r["moved"]
 
 
-def test_the_table_shows_a_cases_five_seed_verdicts_where_they_ran():
+def test_the_table_shows_a_cases_verdicts_at_more_seeds_where_they_ran():
     r = {"case": "x", "area": "model", "expect": "harmless", "verdict": "PASS", "golden_test": "FAIL", "seconds": 60,
          "caught_by": ["golden test"]}
-    seeds = {"x": {"verdict": "inconclusive", "check": {"verdict": "PASS"}},
-             "z": {"verdict": "moved", "check": {"verdict": "PASS"}, "vs_control": {"verdict": "inconclusive"}}}
+    seeds = {"x": {"seeds": [1, 2, 3, 4, 5], "verdict": "inconclusive", "check": {"verdict": "PASS"}},
+             "z": {"seeds": list(range(10)), "verdict": "moved", "check": {"verdict": "PASS"},
+                   "vs_control": {"verdict": "inconclusive"}}}
     lines = gp.table([r, {**r, "case": "y"}, {**r, "case": "z"}], seeds).splitlines()
-    assert "PASS, inconclusive " in lines[1] and "golden test" in lines[1]
+    assert "5: PASS, inconclusive " in lines[1] and "golden test" in lines[1]
     assert "PASS, inconclusive" not in lines[2] and " — " in lines[2]
-    assert "PASS, moved / inconclusive" in lines[3]
+    assert "10: PASS, moved / inconclusive" in lines[3]
 
 
 def test_a_resumed_seed_comparison_adds_up_its_wall_time_within_one_store():
@@ -170,7 +171,17 @@ def test_a_resumed_seed_comparison_adds_up_its_wall_time_within_one_store():
     gp.put_seeds(seeds, "x", {"verdict": "moved", "seconds": 20.0, "store": "a"})  # resumed: served the runs
     assert seeds["x"]["seconds_total"] == 3620.0
     gp.put_seeds(seeds, "x", {"verdict": "moved", "seconds": 50.0, "store": "b"})  # another case definition
-    assert seeds["x"]["seconds_total"] == 50.0
+    assert seeds["x"]["seconds_total"] == 50.0 and "earlier" not in seeds["x"]
+
+
+def test_a_comparison_at_more_seeds_keeps_the_earlier_verdicts():
+    seeds = {}
+    gp.put_seeds(seeds, "x", {"seeds": [1, 2], "verdict": "inconclusive", "seconds": 100.0, "store": "a"})
+    gp.put_seeds(seeds, "x", {"seeds": [1, 2, 3], "verdict": "moved", "seconds": 60.0, "store": "a"})
+    gp.put_seeds(seeds, "x", {"seeds": [1, 2, 3, 4], "verdict": "moved", "seconds": 30.0, "store": "a"})
+    assert seeds["x"]["seconds_total"] == 190.0
+    assert [e["seeds"] for e in seeds["x"]["earlier"]] == [[1, 2], [1, 2, 3]]
+    assert all("earlier" not in e for e in seeds["x"]["earlier"])
 
 
 def test_harmless_is_an_intersection_union_test_whatever_the_number_of_metrics():
