@@ -518,7 +518,7 @@ def table(results: list[dict], seed_results: dict | None = None) -> str:
     seeds, the check's verdict on the case's rerun at those seeds and the paired effects' verdict against the reference (and / against the faithful
     control, made under the same float order), where one ran."""
     seed_results = seed_results or {}
-    lines = [f"{'case':<22} {'area':<12} {'expect':<9} {'gate':<5} {'golden':<6} {'min':>5}  {'seeds: gate, effect / vs control':<36}"
+    lines = [f"{'case':<22} {'area':<12} {'expect':<9} {'gate':<5} {'golden':<6} {'min':>5}  {'seeds: gate, effect / vs control':<38}"
              "caught by (cheapest first)"]
     for r in results:
         s = seed_results.get(r["case"], {})
@@ -527,7 +527,7 @@ def table(results: list[dict], seed_results: dict | None = None) -> str:
         if s.get("vs_control"):
             more += f" / {s['vs_control'].get('verdict', 'error')}"
         lines.append(f"{r['case']:<22} {r['area']:<12} {r['expect']:<9} {r['verdict']:<5} {r['golden_test']:<6} "
-                     f"{r['seconds'] / 60:>5.1f}  {more:<36}{', '.join(r['caught_by']) or '—'}")
+                     f"{r['seconds'] / 60:>5.1f}  {more:<38}{', '.join(r['caught_by']) or '—'}")
     return "\n".join(lines)
 
 
