@@ -515,8 +515,8 @@ def confusion(results: list[dict], seed_results: dict | None = None) -> str:
 
 def table(results: list[dict], seed_results: dict | None = None) -> str:
     """One line per case; `seed_results` (the results file's --seeds comparisons) adds, after its number of
-    seeds, the check's verdict on the case's rerun at those seeds and the paired effects' verdict against the reference (and / against the faithful
-    control, made under the same float order), where one ran."""
+    seeds, the check's verdict on the case's rerun at those seeds and the paired effects' verdict against the
+    reference (and / against the faithful control, made under the same float order), where one ran."""
     seed_results = seed_results or {}
     lines = [f"{'case':<22} {'area':<12} {'expect':<9} {'gate':<5} {'golden':<6} {'min':>5}  {'seeds: gate, effect / vs control':<38}"
              "caught by (cheapest first)"]
@@ -631,8 +631,8 @@ def put_seeds(seeds: dict, name: str, r: dict) -> None:
     same = old.get("store") in (None, r.get("store"))  # a result from before stores were named: the same
     before = old.get("seconds_total", old.get("seconds", 0.0)) if same else 0.0
     r["seconds_total"] = round(before + r.get("seconds", 0.0), 1)
-    earlier = old.pop("earlier", [])
-    if old and old.get("seeds") != r.get("seeds"):
+    earlier = old.pop("earlier", []) if same else []  # another case definition's verdicts are not this one's
+    if old and same and old.get("seeds") != r.get("seeds"):
         earlier.append(old)
     if earlier:
         r["earlier"] = earlier

@@ -182,6 +182,8 @@ def test_a_comparison_at_more_seeds_keeps_the_earlier_verdicts():
     assert seeds["x"]["seconds_total"] == 190.0
     assert [e["seeds"] for e in seeds["x"]["earlier"]] == [[1, 2], [1, 2, 3]]
     assert all("earlier" not in e for e in seeds["x"]["earlier"])
+    gp.put_seeds(seeds, "x", {"seeds": [1], "verdict": "moved", "seconds": 5.0, "store": "b"})  # another definition
+    assert "earlier" not in seeds["x"]
 
 
 def test_harmless_is_an_intersection_union_test_whatever_the_number_of_metrics():
