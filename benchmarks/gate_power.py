@@ -39,7 +39,7 @@ The second form trains the mutant's four train variants at the first 5 seeds of 
 and compares each gated train metric with the reference's runs at the same seeds (paired
 differences in reference seed sd, 90% t intervals (an intersection-union test), Holm's p): "moved" (an effect the
 gate missed), "harmless" (every interval within one seed sd: shown within noise, a finding)
-or "inconclusive" (five seeds cannot tell either way); a mutant the same way against the faithful avx2
+or "inconclusive" (N seeds cannot tell either way); a mutant the same way against the faithful avx2
 rerun at the same seeds (the same float order, so that only the code differs); and how many seeds a
 case with no effect at all would need to show each metric within one seed sd, from the spread of its
 paired differences (a faithful rerun's figures say what showing "harmless" costs). Figures, not
@@ -324,7 +324,7 @@ def run_seeds(case: Case, rev: str, n: int, keep: bool) -> dict:
     noise, which holds at level 0.05 when each metric's two one-sided tests do (its 90% interval inside the
     margin), with no correction for the number of metrics. Besides, the tree is judged by `attnrepro check
     --rev <reference>` with this checkout's checker (its seeds paired with the reference's, seeds_test):
-    what a five-seed rerun of the seeds stage meets. A mutant is also compared, the same way, with the
+    what an N-seed rerun of the seeds stage meets. A mutant is also compared, the same way, with the
     faithful control at the same seeds (vs_control): made under the same float order, it differs from the
     mutant by the code alone, where the reference differs by the float order too."""
     ref = json.loads(sh(["git", "show", f"{rev}:metrics/dist/train.json"], ROOT).stdout)
@@ -639,6 +639,13 @@ def put_seeds(seeds: dict, name: str, r: dict) -> None:
     seeds[name] = r
 
 
+def effects_line(e: dict) -> str:
+    """One comparison's summary (seed_effects' verdict and figures), against the reference or the control."""
+    return (f"{e['verdict']}: {e['metrics']} metrics, {len(e['moved'])} moved (Holm, alpha 0.05), "
+            f"{e['metrics'] - len(e['not_within_noise'])} shown within ±{EQUIVALENCE_SD:g} seed sd (90% intervals, "
+            f"the widest reaching {e['widest_bound_sd']:.2f} sd); largest |effect| {e['max_abs_effect_sd']:.2f} seed sd")
+
+
 def print_moved(rows: list[dict]) -> None:
     for m in rows[:10]:
         print(f"    {m['metric']}: {m['mean_diff']:+.4g} ({m['effect_sd']:+.2f} sd, Holm p {m['p_holm']:.3g})")
@@ -649,10 +656,7 @@ def seeds_main(names: list[str], rev: str, n: int, keep: bool) -> int:
         print(f"{name}: the train variants at {n} seeds ({CASES[name].why})", flush=True)
         r = run_seeds(CASES[name], rev, n, keep)
         if "moved" in r:
-            print(f"  {r['verdict']}: {r['metrics']} metrics, {len(r['moved'])} moved (Holm, alpha 0.05), "
-                  f"{r['metrics'] - len(r['not_within_noise'])} shown within ±{EQUIVALENCE_SD:g} seed sd (90% "
-                  f"intervals, the widest reaching {r['widest_bound_sd']:.2f} sd); largest |effect| "
-                  f"{r['max_abs_effect_sd']:.2f} seed sd; {r['seconds'] / 60:.1f} min", flush=True)
+            print(f"  {effects_line(r)}; {r['seconds'] / 60:.1f} min", flush=True)
             if r.get("seeds_needed"):
                 need = r["seeds_needed"]
                 print(f"  to show a case with no effect within ±{EQUIVALENCE_SD:g} sd half the time, one metric needs "
@@ -664,9 +668,7 @@ def seeds_main(names: list[str], rev: str, n: int, keep: bool) -> int:
                 print(f"  against the faithful {vc['control']} rerun: not compared ({vc['error']})", flush=True)
             elif vc:
                 print(f"  against the faithful {vc['control']} rerun at the same seeds (only the code differs): "
-                      f"{vc['verdict']}, {len(vc['moved'])} moved, {vc['metrics'] - len(vc['not_within_noise'])} shown "
-                      f"within ±{EQUIVALENCE_SD:g} seed sd (the widest bound {vc['widest_bound_sd']:.2f} sd); largest "
-                      f"|effect| {vc['max_abs_effect_sd']:.2f} seed sd", flush=True)
+                      f"{effects_line(vc)}", flush=True)
                 print_moved(vc["moved"])
             c = r["check"]
             print(f"  attnrepro check on the {n}-seed rerun: {c['verdict']}; caught by: "
