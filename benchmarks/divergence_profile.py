@@ -11,7 +11,7 @@ the log scale for the attention statistics, as the check judges them).
 The same ratio is computed for every summary metric of metrics/train.json (the numbers the check
 gates), the largest over the two orders, and written to docs/float_order.json: where it is at
 most FLOAT_ORDER_RATIO the check holds a rerun on another machine to FLOAT_ORDER_TOL seed sd of
-the reference run instead of the seed band (issue 18, "power from structure"; attnrepro.check).
+the reference run instead of the seed band (issue 18, "power from structure"; attnrepro.judge.check).
 
 Prints, per variant and metric, the median ratio over steps 0-99, 100-299, 300-999 and
 1000-1499, and the first step where the ratio exceeds 0.01, 0.1 and 1; writes the figure
@@ -40,10 +40,10 @@ import pandas as pd
 import yaml
 
 from attnrepro.config import from_dict
-from attnrepro.engine import EngineConfig
+from attnrepro.run.engine_settings import EngineConfig
 from attnrepro.experiments.protocol import TrainConfig, corpus_inputs
 from attnrepro.stats import FLOAT_ORDER_RATIO, flatten, log_scale
-from attnrepro.sweep import require_ok, run_sweep
+from attnrepro.run.engine import require_ok, run_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = ("d32_scaled", "d32_unscaled", "d256_scaled", "d256_unscaled")

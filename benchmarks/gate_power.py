@@ -70,7 +70,7 @@ from pathlib import Path
 
 import yaml
 
-from attnrepro.io import write_text  # atomic: a kill mid-write never leaves hours of results half-written
+from attnrepro.files import write_text  # atomic: a kill mid-write never leaves hours of results half-written
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "gate_power.json"
@@ -99,51 +99,51 @@ class Case:
 
 MUTANTS = [
     Case("scale_by_d", "attention", "harmful", "1/d instead of 1/sqrt(d): logits 5.7x (d 32) to 16x (d 256) too small",
-         "src/attnrepro/attention.py", "        scores = scores / math.sqrt(d)\n", "        scores = scores / d\n",
+         "src/attnrepro/model/attention.py", "        scores = scores / math.sqrt(d)\n", "        scores = scores / d\n",
          ATTENTION),
     Case("scale_by_d_model", "attention", "harmful",
          "sqrt(d_model) for sqrt(d_head): only the 4-head small model changes (1/sqrt(128) for 1/sqrt(32))",
-         "src/attnrepro/attention.py", "    d = q.shape[-1]\n", "    d = q.shape[-1] * q.shape[1]\n", ATTENTION),
+         "src/attnrepro/model/attention.py", "    d = q.shape[-1]\n", "    d = q.shape[-1] * q.shape[1]\n", ATTENTION),
     Case("mask_sees_next", "attention", "harmful", "off-by-one causal mask: each query sees the next key (a leak)",
-         "src/attnrepro/attention.py", "    return j <= i + offset\n", "    return j <= i + offset + 1\n", ATTENTION),
+         "src/attnrepro/model/attention.py", "    return j <= i + offset\n", "    return j <= i + offset + 1\n", ATTENTION),
     Case("softmax_no_max", "attention", "harmful",
          "softmax without subtracting the row max: unscaled d 256 logits reach the hundreds and overflow",
-         "src/attnrepro/attention.py", "        e = torch.exp(scores - scores.amax(dim=-1, keepdim=True))\n",
+         "src/attnrepro/model/attention.py", "        e = torch.exp(scores - scores.amax(dim=-1, keepdim=True))\n",
          "        e = torch.exp(scores)\n", ATTENTION),
     Case("layernorm_eps", "model", "harmless", "LayerNorm eps 1e-6 for 1e-5 in the first norm of each block",
-         "src/attnrepro/model.py", "        self.ln1 = nn.LayerNorm(d)\n", "        self.ln1 = nn.LayerNorm(d, eps=1e-6)\n"),
+         "src/attnrepro/model/transformer.py", "        self.ln1 = nn.LayerNorm(d)\n", "        self.ln1 = nn.LayerNorm(d, eps=1e-6)\n"),
     Case("gelu_tanh", "model", "harmless", "the tanh approximation of GELU (max difference ~1e-3)",
-         "src/attnrepro/model.py", "act = nn.GELU() if", "act = nn.GELU(approximate=\"tanh\") if"),
+         "src/attnrepro/model/transformer.py", "act = nn.GELU() if", "act = nn.GELU(approximate=\"tanh\") if"),
     Case("no_final_layernorm", "model", "harmful", "the final LayerNorm skipped before the output head",
-         "src/attnrepro/model.py", "logits = self.head(self.ln_f(x))", "logits = self.head(x)"),
+         "src/attnrepro/model/transformer.py", "logits = self.head(self.ln_f(x))", "logits = self.head(x)"),
     Case("resid_init_unscaled", "init", "harmful",
          "residual projections at init_std instead of init_std/sqrt(2 n_layer) (a factor 2 at 2 layers)",
-         "src/attnrepro/model.py", "std / math.sqrt(2 * self.cfg.n_layer) if", "std if"),
+         "src/attnrepro/model/transformer.py", "std / math.sqrt(2 * self.cfg.n_layer) if", "std if"),
     Case("adam_default_betas", "optimizer", "harmful", "AdamW's default betas (0.9, 0.999) for §1.18.3's (0.9, 0.95)",
-         "src/attnrepro/training.py", "betas=tuple(cfg.betas))", "betas=(0.9, 0.999))"),
+         "src/attnrepro/run/loop.py", "betas=tuple(cfg.betas))", "betas=(0.9, 0.999))"),
     Case("decay_2d_only", "optimizer", "harmless",
          "weight decay on 2-D weights only (the pre-issue-17 protocol; the old sensitivity sweep moved only ||W_qkv||_F)",
-         "src/attnrepro/training.py", "    if cfg.decay == \"2d\":\n", "    if cfg.decay in (\"2d\", \"all\"):\n"),
+         "src/attnrepro/run/loop.py", "    if cfg.decay == \"2d\":\n", "    if cfg.decay in (\"2d\", \"all\"):\n"),
     Case("no_grad_clip", "optimizer", "harmful", "gradient clipping dropped (§1.18.3's grad_clip 1.0)",
-         "src/attnrepro/training.py",
+         "src/attnrepro/run/loop.py",
          "max_norm = cfg.grad_clip if cfg.grad_clip is not None else math.inf",
          "max_norm = math.inf"),
     Case("warmup_off_by_one", "schedule", "harmless", "warm-up from lr 0 at step 0 (step/warmup for (step+1)/warmup)",
-         "src/attnrepro/training.py", "return cfg.lr * (step + 1) / cfg.warmup", "return cfg.lr * step / cfg.warmup"),
+         "src/attnrepro/run/loop.py", "return cfg.lr * (step + 1) / cfg.warmup", "return cfg.lr * step / cfg.warmup"),
     Case("cosine_to_zero", "schedule", "harmful", "cosine to 0 instead of §1.18.3's 0.1 lr floor",
-         "src/attnrepro/training.py", "    floor = cfg.min_lr_ratio\n", "    floor = 0.0\n"),
+         "src/attnrepro/run/loop.py", "    floor = cfg.min_lr_ratio\n", "    floor = 0.0\n"),
     Case("targets_two_ahead", "data", "harmful", "targets shifted by 2 instead of 1 (predict the token after next)",
-         "src/attnrepro/training.py", "y = self.tokens[starts[:, None] + offsets + 1]",
+         "src/attnrepro/run/loop.py", "y = self.tokens[starts[:, None] + offsets + 1]",
          "y = self.tokens[starts[:, None] + offsets + 2]"),
     Case("val_first", "data split", "harmful", "validation = the first tenth of the stream instead of the last",
-         "src/attnrepro/corpus.py",
+         "src/attnrepro/data/corpus.py",
          "return tok, {\"train\": ids[: len(ids) - n_val], \"val\": ids[len(ids) - n_val :]}, metrics",
          "return tok, {\"train\": ids[n_val:], \"val\": ids[:n_val]}, metrics", DATA),
     Case("newline_counted", "tokenizer", "harmful",
          "newline counted into the vocabulary (the pre-issue-17 rule): newline ranks second, so 1197 of the 1198 "
          "kept characters change id or drop out and the <unk> rate falls from 0.189 to 0.116 (first declared "
          "harmless, relabelled before any run once measured)",
-         "src/attnrepro/tokenizer.py", "counts = Counter(text.replace(\"\\n\", \"\"))", "counts = Counter(text)", DATA),
+         "src/attnrepro/data/tokenizer.py", "counts = Counter(text.replace(\"\\n\", \"\"))", "counts = Counter(text)", DATA),
 ]
 
 FAITHFUL = [
@@ -263,7 +263,7 @@ class CaseTree:
     def check(self, code: Path | None = None) -> dict:
         """`attnrepro check --rev <reference>` on the tree, with the case's own checker or `code`'s (a src/)."""
         env = {**self.env, "PYTHONPATH": str(code)} if code else self.env
-        chk = sh([sys.executable, "-m", "attnrepro.cli", "check", "--rev", self.rev, "--json"], self.tree, env,
+        chk = sh([sys.executable, "-m", "attnrepro.commands.main", "check", "--rev", self.rev, "--json"], self.tree, env,
                  check=False)
         try:
             return json.loads(chk.stdout)

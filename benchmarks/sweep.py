@@ -30,9 +30,9 @@ import yaml
 
 from attnrepro.experiments.protocol import TrainConfig, corpus_inputs
 from attnrepro.config import UserError, from_dict
-from attnrepro.engine import EngineConfig
-from attnrepro.store import MANIFEST
-from attnrepro.sweep import require_ok, run_sweep
+from attnrepro.run.engine_settings import EngineConfig
+from attnrepro.store.run_store import MANIFEST
+from attnrepro.run.engine import require_ok, run_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 

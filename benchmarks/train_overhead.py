@@ -1,6 +1,6 @@
 """Benchmark: cost of the training diagnostics, and of a no-op `dvc repro`.
 
-Times the small model's training step in the one training loop (`training.train_loop`)
+Times the small model's training step in the one training loop (`run.loop.train_loop`)
 with attention diagnostics every `--diag-every` steps against the same loop with none.
 The two are run in alternating chunks so background load hits both alike. Prints
 figures; asserts nothing (machines here are shared and noisy).
@@ -24,9 +24,11 @@ from pathlib import Path
 
 import torch
 
-from attnrepro.config import from_dict, read_params
-from attnrepro.model import ModelConfig, TinyGPT
-from attnrepro.training import BatchSampler, OptimConfig, train_loop
+from attnrepro.config import from_dict
+
+from attnrepro.files import read_params
+from attnrepro.model.transformer import ModelConfig, TinyGPT
+from attnrepro.run.loop import BatchSampler, OptimConfig, train_loop
 
 ROOT = Path(__file__).resolve().parents[1]
 

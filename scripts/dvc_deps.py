@@ -1,7 +1,7 @@
 """Keep each dvc.yaml stage's library deps equal to the modules its script imports.
 
 A stage depends on its script and on every src/attnrepro module the script imports,
-transitively (function-level imports too); the run engine (sweep.py, store.py, engine.py) is left
+transitively (function-level imports too); the run engine (run/engine.py, store/run_store.py, run/engine_settings.py) is left
 out: it never changes a result. This rewrites the `src/attnrepro/*.py` entries of each
 stage's deps in place (comments and other deps stay, and DATA: conclusions.py, which the report
 reads beside claims.yaml, never imports); `--check` changes nothing and exits 1 when a stage's
@@ -20,8 +20,8 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 PKG = REPO / "src" / "attnrepro"
-ENGINE = {"src/attnrepro/sweep.py", "src/attnrepro/store.py", "src/attnrepro/engine.py"}
-DATA = {"src/attnrepro/conclusions.py"}  # read as data beside claims.yaml (attnrepro.claims.load), never imported
+ENGINE = {"src/attnrepro/run/engine.py", "src/attnrepro/store/run_store.py", "src/attnrepro/run/engine_settings.py"}
+DATA = {"src/attnrepro/judge/conclusions.py"}  # read as data beside claims.yaml (attnrepro.judge.claims.load), never imported
 
 
 def _module_file(name: str) -> Path | None:
@@ -76,7 +76,13 @@ def rewrite(text: str, stages: list[str]) -> tuple[str, list[str]]:
     lines, changes = text.splitlines(keepends=True), []
     for stage in stages:
         start = next(i for i, ln in enumerate(lines) if ln.rstrip() == f"  {stage}:")
-        deps = next(i for i in range(start, len(lines)) if lines[i].strip() == "deps:")
+        end_of_stage = next((i for i in range(start + 1, len(lines)) if re.match(r"  \S", lines[i])), len(lines))
+        deps = next((i for i in range(start, end_of_stage) if lines[i].strip() == "deps:"), None)
+        if deps is None:  # a new stage: its script first, then the modules it imports
+            cmd = next(i for i in range(start, end_of_stage) if lines[i].strip().startswith("cmd:"))
+            indent = re.match(r"\s*", lines[cmd]).group(0)
+            lines[cmd + 1:cmd + 1] = [f"{indent}deps:\n", f"{indent}  - stages/{stage}.py\n"]
+            deps = cmd + 1
         indent = re.match(r"\s*", lines[deps + 1]).group(0)
         end = deps + 1
         while end < len(lines) and lines[end].startswith(indent + "- "):

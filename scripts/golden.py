@@ -4,9 +4,9 @@
   python scripts/golden.py CASE ...     only these cases
   python scripts/golden.py --measure    run every case with one and with two threads and print the
                                         largest relative difference (the float-order noise
-                                        attnrepro.golden.RTOL is set from), writing nothing
+                                        attnrepro.run.golden.RTOL is set from), writing nothing
 
-Regenerate only after bumping attnrepro.runs.NUMERICS for each task whose numbers moved:
+Regenerate only after bumping attnrepro.run.execute.NUMERICS for each task whose numbers moved:
 the store keys runs by those versions, and a stale version would serve old results.
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from attnrepro import golden
+from attnrepro.run import golden
 
 
 def main() -> int:

@@ -58,7 +58,7 @@ if os.environ["DEVICE"].startswith("cuda") and not torch.cuda.is_available():
     sys.exit("torch.cuda.is_available() is False: a CUDA build of torch and a visible GPU are needed")
 if torch.cuda.is_available():
     print("device", torch.cuda.get_device_name(0), "pynvml", importlib.util.find_spec("pynvml") is not None)
-import attnrepro.benchmark, attnrepro.kv_cache  # noqa: F401  (src/ importable)
+import attnrepro.measure.timing, attnrepro.model.kv  # noqa: F401  (src/ importable)
 PY
 then
     cat "$OUT/logs/preflight.log" >&2

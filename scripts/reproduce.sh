@@ -14,12 +14,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-DEFAULT=(corpus train init_sweep heads failures precision kv_cache latency reversal charlm)
-SWEEPS=(seeds critical qknorm sensitivity)
-stages=("${DEFAULT[@]}")
+SWEEPS="seeds critical qknorm sensitivity"
 case "${1:-}" in
-    "") ;;
-    --sweeps) stages+=("${SWEEPS[@]}") ;;
+    "") SKIP="$SWEEPS" ;;
+    --sweeps) SKIP="" ;;
     -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
     *) echo "error: unknown option ${1} (see bash scripts/reproduce.sh --help)" >&2; exit 2 ;;
 esac
@@ -28,6 +26,9 @@ start=$SECONDS
 bash scripts/setup_env.sh
 source .venv/bin/activate
 echo "==> setup: $((SECONDS - start)) s"
+# every stage of dvc.yaml but report and headline (they come last), each after the stages whose outputs it reads
+order=$(python scripts/stage_order.py --skip $SKIP report headline)
+mapfile -t stages <<< "$order"
 for stage in "${stages[@]}" report headline; do
     t0=$SECONDS
     dvc repro --force --single-item "$stage"

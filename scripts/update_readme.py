@@ -1,7 +1,7 @@
 """Regenerate the README's generated parts from the committed metrics, params.yaml, dvc.yaml and
 claims.yaml: the headline (measured numbers with their seed intervals, next to the chapter's), the
 results section and the counts in the prose (runs per stage, `dvc exp show` columns). The logic
-lives in attnrepro.readme, which `attnrepro keep` calls too.
+lives in attnrepro.report.readme, which `attnrepro keep` calls too.
 
     python scripts/update_readme.py          # rewrite the generated parts
     python scripts/update_readme.py --check  # exit 1 if the README is out of date
@@ -13,7 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from attnrepro.readme import ReadmeError, update
+from attnrepro.report.readme import ReadmeError, update
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -15,11 +15,12 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from attnrepro.charlm import CharLMConfig
 from attnrepro.experiments import charlm
+from attnrepro.experiments.charlm import CharLMConfig
 from attnrepro.figures import attention_grid, cjk_font, loss_curves
-from attnrepro.io import atomic_dir, write_csv, write_json, write_text
-from attnrepro.stage import Stage, stage
+from attnrepro.files import write_csv, write_json, write_text
+from attnrepro.run.stage import Stage, stage
+from attnrepro.staging import atomic_dir
 
 PLOTS = Path("plots/charlm")  # files registered one by one in dvc.yaml (samples.txt is not a plot)
 

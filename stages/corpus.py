@@ -8,10 +8,11 @@ import json
 
 import numpy as np
 
-from attnrepro import corpus
+from attnrepro.data import corpus
 from attnrepro.envinfo import environment
-from attnrepro.io import atomic_dir, dumps_json, write_json
-from attnrepro.stage import Stage, stage
+from attnrepro.files import dumps_json, write_json
+from attnrepro.staging import atomic_dir
+from attnrepro.run.stage import Stage, stage
 
 OUT_DIR = "data/corpus"
 

@@ -33,8 +33,8 @@ from __future__ import annotations
 from attnrepro.experiments import critical
 from attnrepro.experiments.protocol import TrainConfig
 from attnrepro.figures import critical_figure, gap_vs_logit_std_figure
-from attnrepro.io import write_csv, write_json
-from attnrepro.stage import Stage, stage
+from attnrepro.files import write_csv, write_json
+from attnrepro.run.stage import Stage, stage
 
 
 def main(st: Stage) -> None:

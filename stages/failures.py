@@ -34,8 +34,8 @@ from attnrepro.envinfo import stage_environment
 from attnrepro.experiments import failures
 from attnrepro.experiments.failures import FailuresConfig
 from attnrepro.figures import failures_figure
-from attnrepro.io import write_csv, write_json
-from attnrepro.stage import Stage, stage
+from attnrepro.files import write_csv, write_json
+from attnrepro.run.stage import Stage, stage
 
 
 def main(st: Stage) -> None:

@@ -1,4 +1,4 @@
-"""DVC stage `headline`: the views a person reads in DVC (attnrepro.headline).
+"""DVC stage `headline`: the views a person reads in DVC (attnrepro.report.headline_metrics).
 
 Writes metrics/headline.json, the pipeline's one declared DVC metric (what `dvc exp show` and
 `dvc metrics diff` show): this run's values of claims.yaml's `headline:` metrics, the seed
@@ -14,10 +14,11 @@ from pathlib import Path
 
 import yaml
 
-from attnrepro import headline
+from attnrepro.report import headline_metrics as headline
 from attnrepro.config import UserError
-from attnrepro.io import atomic_dir, read_json, write_json
-from attnrepro.stage import Stage, stage
+from attnrepro.files import read_json, write_json
+from attnrepro.staging import atomic_dir
+from attnrepro.run.stage import Stage, stage
 
 
 def options(ap) -> None:

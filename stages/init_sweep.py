@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from attnrepro.audit.load import AttentionConfig
+from attnrepro.model.attention_impl import AttentionConfig
 from attnrepro.envinfo import environment
 from attnrepro.experiments import init_sweep
 from attnrepro.experiments.init_sweep import InitSweepConfig
 from attnrepro.figures import init_sweep_figure
-from attnrepro.io import write_csv, write_json
-from attnrepro.stage import Stage, stage
+from attnrepro.files import write_csv, write_json
+from attnrepro.run.stage import Stage, stage
 
 
 def main(st: Stage) -> None:

@@ -20,8 +20,8 @@ from attnrepro.envinfo import environment
 from attnrepro.experiments import kv_cache
 from attnrepro.experiments.kv_cache import ROW_COLUMNS, KVCacheConfig
 from attnrepro.figures import kv_latency_figure
-from attnrepro.io import write_csv, write_json
-from attnrepro.stage import Stage, stage
+from attnrepro.files import write_csv, write_json
+from attnrepro.run.stage import Stage, stage
 
 
 def options(ap) -> None:

@@ -28,8 +28,8 @@ from pathlib import Path
 from attnrepro.experiments import latency
 from attnrepro.experiments.latency import COLUMNS, SERIES_COLUMNS, LatencyConfig
 from attnrepro.figures import latency_figure
-from attnrepro.io import write_csv, write_json
-from attnrepro.stage import Stage, stage
+from attnrepro.files import write_csv, write_json
+from attnrepro.run.stage import Stage, stage
 
 
 def options(ap) -> None:

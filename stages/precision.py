@@ -21,8 +21,8 @@ from __future__ import annotations
 from attnrepro.envinfo import environment
 from attnrepro.experiments import precision
 from attnrepro.experiments.precision import PrecisionConfig
-from attnrepro.io import write_csv, write_json
-from attnrepro.stage import Stage, stage
+from attnrepro.files import write_csv, write_json
+from attnrepro.run.stage import Stage, stage
 
 
 def main(st: Stage) -> None:

@@ -2,7 +2,7 @@
 have shown? (§1.7.8, §1.26.5)
 
 The chapter's large model (d_head 256) under the train stage's protocol, with q and k
-normalised per head before the dot product (attnrepro.attention.QKNorm), in the forms of
+normalised per head before the dot product (attnrepro.model.attention.QKNorm), in the forms of
 `qknorm.forms`: LayerNorm on q and k (ViT-22B; learned scale 1, bias 0 at init) and L2
 normalisation with a learned gain (Henry et al. 2020; gain initialised to log2(block^2 -
 block) = 11.98 at block 64, their heuristic), each on top of the 1/sqrt(d_k) and in place
@@ -20,8 +20,8 @@ from __future__ import annotations
 from attnrepro.experiments import qknorm
 from attnrepro.experiments.protocol import TrainConfig
 from attnrepro.figures import qknorm_figure
-from attnrepro.io import write_csv, write_json
-from attnrepro.stage import Stage, stage
+from attnrepro.files import write_csv, write_json
+from attnrepro.run.stage import Stage, stage
 
 
 def main(st: Stage) -> None:

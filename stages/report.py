@@ -18,12 +18,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from attnrepro import report
-from attnrepro.audit.load import AttentionConfig
+from attnrepro.report import assemble as report
+from attnrepro.model.attention_impl import AttentionConfig
 from attnrepro.experiments.protocol import TrainConfig
-from attnrepro.io import atomic_dir, write_json
-from attnrepro.report import ReportConfig
-from attnrepro.stage import Stage, stage
+from attnrepro.files import write_json
+from attnrepro.staging import atomic_dir
+from attnrepro.report.assemble import ReportConfig
+from attnrepro.run.stage import Stage, stage
 
 
 def options(ap) -> None:

@@ -20,10 +20,11 @@ import shutil
 from pathlib import Path
 
 from attnrepro.experiments import reversal
+from attnrepro.experiments.reversal import ReversalConfig
 from attnrepro.figures import attention_grid, loss_curves
-from attnrepro.io import atomic_dir, write_csv, write_json
-from attnrepro.reversal import ReversalConfig
-from attnrepro.stage import Stage, stage
+from attnrepro.files import write_csv, write_json
+from attnrepro.run.stage import Stage, stage
+from attnrepro.staging import atomic_dir
 
 PLOTS = Path("plots/reversal")
 

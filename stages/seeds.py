@@ -29,8 +29,8 @@ from attnrepro.experiments import heads
 from attnrepro.experiments.comparison import SeedsConfig, run_seeds
 from attnrepro.experiments.protocol import TrainConfig
 from attnrepro.figures import seed_bands_figure, seed_gaps_figure, seed_points_figure, seed_runs_figure
-from attnrepro.io import write_csv, write_json
-from attnrepro.stage import Stage, stage
+from attnrepro.files import write_csv, write_json
+from attnrepro.run.stage import Stage, stage
 
 
 def main(st: Stage) -> None:

@@ -27,8 +27,8 @@ from __future__ import annotations
 from attnrepro.experiments import sensitivity
 from attnrepro.experiments.failures import FailuresConfig
 from attnrepro.experiments.protocol import TrainConfig
-from attnrepro.io import write_csv, write_json
-from attnrepro.stage import Stage, stage
+from attnrepro.files import write_csv, write_json
+from attnrepro.run.stage import Stage, stage
 
 
 def main(st: Stage) -> None:

@@ -4,7 +4,7 @@ Every variant uses the same seed, the same initialization draw (per model shape)
 and the same batches in the same order; the only differences are the model
 shape and the `scaled` switch. The attention is params `attention.impl` (the
 builtin, or a callable with SDPA's signature: see `attnrepro audit`). The
-variants are one sweep on the run engine (attnrepro.sweep): they train in
+variants are one sweep on the run engine (attnrepro.run.engine): they train in
 parallel, and a variant whose settings did not change is taken from the run
 store instead of being trained again.
 
@@ -19,12 +19,13 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from attnrepro.audit.load import AttentionConfig
+from attnrepro.model.attention_impl import AttentionConfig
 from attnrepro.experiments.comparison import run_train
 from attnrepro.experiments.protocol import TrainConfig
-from attnrepro.io import atomic_dir, write_csv, write_json, write_text
-from attnrepro.stage import Stage, stage
-from attnrepro.store import MANIFEST
+from attnrepro.files import write_csv, write_json, write_text
+from attnrepro.staging import atomic_dir
+from attnrepro.run.stage import Stage, stage
+from attnrepro.store.run_store import MANIFEST
 
 RUNS = Path("data/train")
 PLOTS = Path("plots/train")

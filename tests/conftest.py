@@ -132,7 +132,7 @@ def tinygpt(**fields):
     (ModelConfig has no defaults: params.yaml states every model)."""
     import yaml
 
-    from attnrepro.model import ModelConfig
+    from attnrepro.model.transformer import ModelConfig
 
     small = yaml.safe_load((REPO / "params.yaml").read_text(encoding="utf-8"))["train"]["models"]["small"]
     return ModelConfig(**{"vocab_size": 1200, **small, **fields})
@@ -193,7 +193,7 @@ CHAPTER_OPTIM = dict(steps=1500, batch_size=32, optimizer="adamw", lr=3e-3, beta
 
 
 def optim(**overrides):
-    from attnrepro.training import OptimConfig
+    from attnrepro.run.loop import OptimConfig
 
     return OptimConfig(**{**CHAPTER_OPTIM, **overrides})
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attnrepro.attention import BUGS, attention, causal_mask, fused_attention
+from attnrepro.model.attention import BUGS, attention, causal_mask, fused_attention
 
 
 

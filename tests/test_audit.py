@@ -17,10 +17,11 @@ import torch.nn.functional as F
 
 from conftest import REPO, tinygpt
 
-from attnrepro.audit import checks, cost, diagnose, load
+from attnrepro.audit import checks, cost, diagnose
+from attnrepro.model import attention_impl as load
 from attnrepro.audit.cases import Case, tolerance
 from attnrepro.audit.checks import CheckResult, Finding, Impl
-from attnrepro.audit.reference import HYPOTHESES, reference
+from attnrepro.audit.float64_reference import HYPOTHESES, reference
 from attnrepro.config import UserError
 
 sys.path.insert(0, str(REPO))  # the examples package, as `attnrepro audit` run from the root sees it
@@ -30,7 +31,7 @@ CHUNKED = EX["chunked"].chunked_attention
 
 
 def audit(target: str, *extra: str) -> tuple[int, dict]:
-    from attnrepro.audit.cli import build_parser, run
+    from attnrepro.commands.audit import build_parser, run
 
     return run(build_parser().parse_args([target, "--no-cost", *extra]))
 
@@ -69,7 +70,7 @@ def test_smallest_input_of_a_future_leak_is_two_tokens():
 
 
 def test_json_record_and_the_subcommand(tmp_path, capsys, monkeypatch):
-    from attnrepro.cli import main
+    from attnrepro.commands.main import main
 
     monkeypatch.chdir(REPO)
     out = tmp_path / "audit.json"
@@ -224,13 +225,13 @@ def test_cost_measures_peak_memory_and_compares_with_sdpa():
 
 
 def test_project_interface_adapter_marks_what_it_cannot_express():
-    target = load.resolve("attnrepro.attention:attention", "project")
+    target = load.resolve("attnrepro.model.attention:attention", "project")
     res = checks.parity(Impl(target.fn))
     assert res.status == "pass" and res.details["cases"]
     unsupported = [f.symptom for f in res.findings if f.severity == "unsupported"]
     assert unsupported and all("mask" in u or "scale" in u or "causal" in u for u in unsupported)
     with pytest.raises(UserError, match="does not take scaled_dot_product_attention"):
-        load.resolve("attnrepro.attention:attention")  # without the adapter its signature is refused
+        load.resolve("attnrepro.model.attention:attention")  # without the adapter its signature is refused
 
 
 # ---------------------------------------------------------------- the diagnosis mapping
@@ -300,7 +301,7 @@ GOOD_SIG = "def attn(query, key, value, attn_mask=None, dropout_p=0.0, is_causal
     ("bi_nocolon", "", "bi_nocolon.attn", "expected package.module:function"),
 ])
 def test_bad_input_is_one_line_and_exit_2(name, body, target, needle, tmp_path, monkeypatch, capsys):
-    from attnrepro.cli import main
+    from attnrepro.commands.main import main
 
     _module(tmp_path, monkeypatch, name, body)
     t = time.perf_counter()
@@ -311,7 +312,7 @@ def test_bad_input_is_one_line_and_exit_2(name, body, target, needle, tmp_path, 
 
 
 def test_a_check_that_hangs_later_is_stopped_by_the_time_limit(tmp_path, monkeypatch, capsys):
-    from attnrepro.cli import main
+    from attnrepro.commands.main import main
 
     _module(tmp_path, monkeypatch, "bi_slow_later", "import time\nimport torch.nn.functional as F\n" + GOOD_SIG +
             "    if query.shape[-2] > 5:\n        time.sleep(3600)\n"
@@ -324,7 +325,7 @@ def test_a_check_that_hangs_later_is_stopped_by_the_time_limit(tmp_path, monkeyp
 # ---------------------------------------------------------------- attention.impl: the pipeline key
 
 def test_model_trains_through_a_users_callable():
-    from attnrepro.model import TinyGPT
+    from attnrepro.model.transformer import TinyGPT
 
     identity = load.resolve("examples.attention.chunked:chunked_attention").identity
     cfgs = [tinygpt(vocab_size=50, block_size=40, d_model=32, n_head=2, n_layer=2, impl=impl, scaled=scaled)

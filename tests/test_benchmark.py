@@ -9,7 +9,7 @@ import pytest
 import torch
 import yaml
 
-from attnrepro import benchmark as bm
+from attnrepro.measure import timing as bm
 from attnrepro.experiments import latency as lat
 
 ROOT = Path(__file__).resolve().parents[1]

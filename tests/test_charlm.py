@@ -12,12 +12,12 @@ import pytest
 import torch
 import yaml
 
-from attnrepro import charlm as C
 from attnrepro import figures
-from attnrepro.measure.probes import sequence_maps
 from attnrepro.config import ConfigError, from_dict
-from attnrepro.model import TinyGPT, load_checkpoint
-from attnrepro.runs import execute
+from attnrepro.experiments import charlm as C
+from attnrepro.measure.probes import sequence_maps
+from attnrepro.model.transformer import TinyGPT, load_checkpoint
+from attnrepro.run.execute import execute
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT_FILE = ROOT / "src/attnrepro/data/charlm_sentences.txt"

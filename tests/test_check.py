@@ -1,7 +1,7 @@
 """`attnrepro check`: exact on the reference's machine, statistical elsewhere, conclusions recomputed.
 
 Every test builds its own temporary git repository: a small claims file and its predicates
-(`predicates`, src/attnrepro/conclusions.py), a four-stage
+(`predicates`, src/attnrepro/judge/conclusions.py), a four-stage
 dvc.yaml, params, metrics, a seed distribution, machine records and dvc.lock committed as
 the reference; the workspace is then changed the way a rerun (or a tamperer) would. The
 live machine is `live` (a fixture: the Intel machine the reference was made on), and
@@ -19,13 +19,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from attnrepro.cli import main
+from attnrepro.commands.main import main
 from attnrepro.stats import Band, distribution
 from test_check_lock import relock
 
 REPO = Path(__file__).resolve().parents[1]
 # the registry of the project's conclusions.py (its text up to the first claim): what a test's predicates use
-REGISTRY = (REPO / "src/attnrepro/conclusions.py").read_text(encoding="utf-8").split("\n# ----", 1)[0]
+REGISTRY = (REPO / "src/attnrepro/judge/conclusions.py").read_text(encoding="utf-8").split("\n# ----", 1)[0]
 
 
 def predicates(*claims) -> str:
@@ -77,8 +77,8 @@ def write_repo(root: Path) -> Path:
     root.mkdir(parents=True)
     git(root, "init", "-q", "-b", "main")
     (root / "claims.yaml").write_text(yaml.safe_dump(CLAIMS), encoding="utf-8")
-    (root / "src/attnrepro").mkdir(parents=True)
-    (root / "src/attnrepro/conclusions.py").write_text(predicates(*CONCLUSIONS), encoding="utf-8")
+    (root / "src/attnrepro/judge").mkdir(parents=True)
+    (root / "src/attnrepro/judge/conclusions.py").write_text(predicates(*CONCLUSIONS), encoding="utf-8")
     (root / "params.yaml").write_text(yaml.safe_dump({"train": {"lr": 0.003, "seed": 0}, "init": {"seed": 0}}),
                                       encoding="utf-8")
     (root / "dvc.yaml").write_text(yaml.safe_dump({"stages": {
@@ -107,7 +107,7 @@ def write_repo(root: Path) -> Path:
 def live(monkeypatch) -> dict:
     """The machine the check runs on (envinfo.environment's answer): the reference's, until a test moves it."""
     machine = dict(INTEL)
-    monkeypatch.setattr("attnrepro.check.live_environment", lambda device: machine)
+    monkeypatch.setattr("attnrepro.judge.check.live_environment", lambda device: machine)
     return machine
 
 
@@ -370,7 +370,7 @@ def test_the_seeds_of_a_metric_on_its_float_order_tolerance_are_tested_on_the_lo
 
 
 def test_the_paired_test_is_chosen_where_it_detects_less_than_welch():
-    from attnrepro.check import paired_shift, welch_shift
+    from attnrepro.judge.check import paired_shift, welch_shift
 
     from scipy.stats import t
 
@@ -460,7 +460,7 @@ def test_float_order_tolerance_of_a_log_scale_metric_is_a_factor(repo, live, cap
 def test_the_paired_test_is_a_minimum_effect_test():
     from scipy import stats as sp
 
-    from attnrepro.check import paired_shift_p
+    from attnrepro.judge.check import paired_shift_p
     from attnrepro.stats import paired_t_p
 
     a, b = [1.0, 2.0, 3.0, 4.0, 5.0], [1.3, 2.1, 3.6, 4.2, 5.9]
@@ -476,7 +476,7 @@ def test_the_paired_test_is_a_minimum_effect_test():
 
 
 def test_detectable_shifts_follow_the_prediction_interval_welch_and_the_float_order_tolerance():
-    from attnrepro.check import detectable_shifts
+    from attnrepro.judge.check import detectable_shifts
 
     dists = {"train": distribution(SEEDS)}  # n = 5
     rows = {r["metric"]: r for r in detectable_shifts(dists, ["train.scaled.loss_final"],
@@ -502,7 +502,7 @@ def test_a_sweep_mean_that_a_conclusion_reads_is_gated_by_welch(repo, live, caps
                                                                         "max": 0.55}})
     claims = CONCLUSIONS + [("sweep", "conclusion", "cell_positive", "the cell's gap is positive",
                                      'm["sweep.cell.min"] > 0')]
-    (repo / "src/attnrepro/conclusions.py").write_text(predicates(*claims), encoding="utf-8")
+    (repo / "src/attnrepro/judge/conclusions.py").write_text(predicates(*claims), encoding="utf-8")
     relock(repo)
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "-m", "a sweep cell and its conclusion")
@@ -519,7 +519,7 @@ def test_a_sweep_mean_that_a_conclusion_reads_is_gated_by_welch(repo, live, caps
 
 
 def test_a_seed_distribution_is_judged_in_the_mode_of_the_stage_that_writes_it(repo):
-    from attnrepro.check import dist_producers
+    from attnrepro.judge.check import dist_producers
 
     assert dist_producers(repo) == {"train": "train"}
     d = yaml.safe_load((repo / "dvc.yaml").read_text(encoding="utf-8"))

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from attnrepro.cli import build_parser
+from attnrepro.commands.main import build_parser
 from attnrepro.stats import distribution
 from test_check import CONCLUSIONS, SEEDS, check, dump, edit, git, live, predicates, write_repo  # noqa: F401
 from test_check_lock import relock
@@ -38,7 +38,7 @@ def pull_request(tmp_path) -> tuple[Path, str]:
         v["unscaled"]["loss_final"] = v["scaled"]["loss_final"] + 0.1
     edit(root, "train", lambda d: d["unscaled"].__setitem__("loss_final", moved[0]["unscaled"]["loss_final"]))
     dump(root / "metrics/dist/train.json", distribution(moved))
-    (root / "src/attnrepro/conclusions.py").write_text(predicates(*[c for c in CONCLUSIONS if c[2] != "unscaled_worse"]),
+    (root / "src/attnrepro/judge/conclusions.py").write_text(predicates(*[c for c in CONCLUSIONS if c[2] != "unscaled_worse"]),
                                                       encoding="utf-8")
     relock(root)
     git(root, "commit", "-qam", "attention without the scale; the reference and claims follow")
@@ -55,11 +55,11 @@ def test_a_consistent_pull_request_passes_against_itself_and_fails_against_its_b
     assert first_lines(out) == [
         f"check: FAIL — this run does not reproduce the reference ({b}, the merge base of HEAD and main): "
         "3 problem(s), listed below",
-        f"  src/attnrepro/conclusions.py differs from {b}'s; the verdict uses {b}'s:",
+        f"  src/attnrepro/judge/conclusions.py differs from {b}'s; the verdict uses {b}'s:",
         "    removed   train.unscaled_worse",
         f"  seed distributions differ from {b}'s (bands and conclusions use {b}'s): metrics/dist/train.json",
         f"  HEAD's commits change the reference since {b}: metrics/dist/train.json, metrics/train.json, "
-        "src/attnrepro/conclusions.py"], out
+        "src/attnrepro/judge/conclusions.py"], out
     assert "conclusion train.unscaled_worse fails" in out
     assert "metric train.unscaled.loss_final = 3.8 drifted from 5.1 (exact)" in out
     assert "metrics/dist/train.json (the seed distribution) differs from" in out

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from attnrepro.reference import lock_findings, lock_problems, out_md5
+from attnrepro.judge.revision import lock_findings, lock_problems, out_md5
 
 
 def _get(d, key: str):

@@ -35,7 +35,7 @@ def set_claims(root: Path, change) -> None:
 
 
 def set_predicates(root: Path, *claims) -> None:
-    (root / "src/attnrepro/conclusions.py").write_text(predicates(*claims), encoding="utf-8")
+    (root / "src/attnrepro/judge/conclusions.py").write_text(predicates(*claims), encoding="utf-8")
 
 
 def loosen(claims: dict) -> None:
@@ -61,7 +61,7 @@ def test_a_claims_edit_in_the_working_tree_is_named_and_not_used(repo, capsys):
         "check: FAIL — this run does not reproduce the reference (HEAD): 2 problem(s), listed below",
         "  claims.yaml differs from HEAD's; the verdict uses HEAD's:",
         '    loosened  train.params.scaled.params (exact -> ±5%), timings "*", drift "init.*" (±1% -> ±50%)',
-        "  src/attnrepro/conclusions.py differs from HEAD's; the verdict uses HEAD's:",
+        "  src/attnrepro/judge/conclusions.py differs from HEAD's; the verdict uses HEAD's:",
         "    removed   train.unscaled_worse",
         "    added     train.new_one"], out
     assert "conclusion train.unscaled_worse fails" in out  # HEAD's conclusion, on this run
@@ -73,9 +73,9 @@ def test_a_broken_claims_file_in_the_working_tree_is_named(repo, capsys):
     rc, out = check(repo, capsys)
     assert rc == 0 and first_lines(out)[1].startswith("  claims.yaml in the working tree does not load (")
     git(repo, "checkout", "claims.yaml")
-    (repo / "src/attnrepro/conclusions.py").write_text("def broken(:\n", encoding="utf-8")
+    (repo / "src/attnrepro/judge/conclusions.py").write_text("def broken(:\n", encoding="utf-8")
     rc, out = check(repo, capsys)
-    assert rc == 0 and first_lines(out)[1].startswith("  src/attnrepro/conclusions.py in the working tree does not "
+    assert rc == 0 and first_lines(out)[1].startswith("  src/attnrepro/judge/conclusions.py in the working tree does not "
                                                       "load (")
 
 
@@ -85,23 +85,34 @@ def test_a_predicate_edited_in_the_working_tree_is_named_and_the_revisions_is_us
                                           'm["train.unscaled.entropy"] < 1.0'))  # a collapse no longer needed
     rc, out = check(repo, capsys)
     assert rc == 1 and first_lines(out)[1:] == [
-        "  src/attnrepro/conclusions.py differs from HEAD's; the verdict uses HEAD's:",
+        "  src/attnrepro/judge/conclusions.py differs from HEAD's; the verdict uses HEAD's:",
         '    changed   train.collapse (m["train.unscaled.entropy"] < 0.01 -> m["train.unscaled.entropy"] < 1.0)'], out
     assert ('- conclusion train.collapse fails: the unscaled attention collapses — is false (it read '
             'train.unscaled.entropy = 0.5)') in out  # HEAD's predicate, on this run
 
 
 def test_a_revision_without_predicates_is_one_line(repo, capsys):
-    git(repo, "rm", "-q", "src/attnrepro/conclusions.py")
+    git(repo, "rm", "-q", "src/attnrepro/judge/conclusions.py")
     git(repo, "commit", "-qm", "no predicates")
     rc, out = check(repo, capsys)
-    assert rc == 2 and out == ("error: HEAD has no src/attnrepro/conclusions.py (the predicates of its conclusions): "
+    assert rc == 2 and out == ("error: HEAD has no src/attnrepro/judge/conclusions.py (the predicates of its conclusions): "
                                "it cannot be the reference of this version of the check\n")
 
 
+def test_a_revision_from_before_the_layers_keeps_its_predicates_at_the_old_path(repo, capsys):
+    """A reference committed before the package had layer folders holds src/attnrepro/conclusions.py."""
+    (repo / "src/attnrepro/conclusions.py").write_text(
+        (repo / "src/attnrepro/judge/conclusions.py").read_text(encoding="utf-8"), encoding="utf-8")
+    git(repo, "rm", "-q", "src/attnrepro/judge/conclusions.py")
+    git(repo, "add", "src/attnrepro/conclusions.py")
+    git(repo, "commit", "-qm", "the predicates where they were")
+    rc, out = check(repo, capsys)
+    assert rc == 0 and out.splitlines()[0].startswith("check: PASS"), out
+
+
 def test_each_kind_of_claims_change_is_named(tmp_path):
-    from attnrepro.claims import load
-    from attnrepro.reference import claims_changes
+    from attnrepro.judge.claims import load
+    from attnrepro.judge.revision import claims_changes
 
     def expectations(change=lambda c: None, conclusions=CONCLUSIONS):
         claims = json.loads(json.dumps(CLAIMS))
@@ -123,13 +134,13 @@ def test_each_kind_of_claims_change_is_named(tmp_path):
     assert claims_changes(expectations(), expectations(edit_claims, edited)) == {
         "claims.yaml": {"loosened": ['gpu_only "train.*"', 'drift "train.*" (new -> ±10%)'],
                         "changed": ["drift rules reordered", "headline"]},
-        "src/attnrepro/conclusions.py": {"removed": ["train.collapse"],
+        "src/attnrepro/judge/conclusions.py": {"removed": ["train.collapse"],
                                          "changed": ["train.unscaled_worse (conclusion -> checksum)"]}}
 
 
 def test_a_predicate_is_compared_by_its_code_not_its_layout_comments_or_text(tmp_path):
-    from attnrepro.claims import load
-    from attnrepro.reference import claims_changes
+    from attnrepro.judge.claims import load
+    from attnrepro.judge.revision import claims_changes
 
     p = tmp_path / "claims.yaml"
     p.write_text(yaml.safe_dump(CLAIMS), encoding="utf-8")
@@ -139,13 +150,13 @@ def test_a_predicate_is_compared_by_its_code_not_its_layout_comments_or_text(tmp
     assert claims_changes(load(p, predicates(*CONCLUSIONS)), load(p, predicates(*same))) == {}
     other = [worse, (*collapse[:4], 'm["train.unscaled.entropy"] < 0.02', "cuda")]
     assert claims_changes(load(p, predicates(*CONCLUSIONS)), load(p, predicates(*other))) == {
-        "src/attnrepro/conclusions.py": {"loosened": ["train.collapse (requires cuda)"]}}
+        "src/attnrepro/judge/conclusions.py": {"loosened": ["train.collapse (requires cuda)"]}}
     shared = predicates(*CONCLUSIONS).replace("\nCLAIMS = []", "\nLIMIT = 0.01\nCLAIMS = []")  # shared code: counts
     assert claims_changes(load(p, predicates(*CONCLUSIONS)), load(p, shared)) == {
-        "src/attnrepro/conclusions.py": {"changed": ["train.collapse", "train.unscaled_worse"]}}
+        "src/attnrepro/judge/conclusions.py": {"changed": ["train.collapse", "train.unscaled_worse"]}}
     other = [worse, (*collapse[:4], 'm["train.unscaled.entropy"] <= 0.01')]
     assert claims_changes(load(p, predicates(*CONCLUSIONS)), load(p, predicates(*other))) == {
-        "src/attnrepro/conclusions.py": {"changed": ['train.collapse (m["train.unscaled.entropy"] < 0.01 -> '
+        "src/attnrepro/judge/conclusions.py": {"changed": ['train.collapse (m["train.unscaled.entropy"] < 0.01 -> '
                                                      'm["train.unscaled.entropy"] <= 0.01)']}}
 
 
@@ -328,7 +339,7 @@ def committed(reference) -> Path:
 
 def drifted(root: Path) -> str:
     """What the check prints for the moved loss: '= <moved> drifted from <the reference's> (exact)'."""
-    from attnrepro.claims import fmt_number
+    from attnrepro.formatting import fmt_number
 
     old = json.loads(git(root, "show", "HEAD:metrics/train.json"))["d256_scaled"]["loss_final"]
     new = json.loads((root / "metrics/train.json").read_text(encoding="utf-8"))["d256_scaled"]["loss_final"]
@@ -372,9 +383,9 @@ def test_a_moved_headline_does_not_pass_by_loosening_the_claims(committed, capsy
     lines = first_lines(out)
     assert rc == 1 and lines[1] == "  claims.yaml differs from HEAD's; the verdict uses HEAD's:"
     assert lines[2] == '    loosened  timings "*"' and lines[3].startswith("    changed   timings")
-    assert lines[4] == "  src/attnrepro/conclusions.py differs from HEAD's; the verdict uses HEAD's:"
-    from attnrepro.conclusions import CLAIMS  # the predicates HEAD registers: every one removed here
-    from attnrepro.reference import listed
+    assert lines[4] == "  src/attnrepro/judge/conclusions.py differs from HEAD's; the verdict uses HEAD's:"
+    from attnrepro.judge.conclusions import CLAIMS  # the predicates HEAD registers: every one removed here
+    from attnrepro.judge.revision import listed
     assert lines[5] == "    removed   " + listed(sorted(f"{c['experiment']}.{c['id']}" for c in CLAIMS))
     assert drifted(committed) in out
 
@@ -383,7 +394,7 @@ def test_json_and_md_forms_carry_the_same_verdict(tmp_path, capsys):
     """`attnrepro check --json` for scripts, `--md` for CI comments: the same verdict as the text."""
     import json as _json
 
-    from attnrepro.check import Outcome, as_json, render, render_md
+    from attnrepro.judge.check import Outcome, as_json, render, render_md
 
     o = Outcome(rows=[], results=[], modes={"train": "exact"}, why={}, headline=[], label="abc1234",
                 problems=["metric train.x = 2 drifted from 1 (exact)"], not_reproduced=["train.j"])
@@ -399,7 +410,7 @@ def test_holm_names_every_metric_it_can_with_bonferronis_verdict():
     """Holm's step-down: the same PASS/FAIL as Bonferroni, but once one metric is outside it names the
     next ones at ALPHA / (m - 1), ALPHA / (m - 2), ... (here two moved metrics of 3, the second one
     inside Bonferroni's band)."""
-    from attnrepro.check import Row, holm
+    from attnrepro.judge.check import Row, holm
     from attnrepro.stats import ALPHA, Band, t_quantile
 
     band = Band(n=10, mean=0.0, sd=1.0)

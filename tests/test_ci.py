@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import shlex
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
 import yaml
 
-from attnrepro.cli import PLUGINS, build_parser
+from attnrepro.commands.main import COMMANDS, build_parser
 
 REPO = Path(__file__).resolve().parents[1]
 WF = REPO / ".github" / "workflows"
@@ -61,7 +63,7 @@ def check_command(words: list[str]) -> None:
         assert words[1] in DVC_COMMANDS, words
     elif prog == "attnrepro":
         subs = build_parser()._subparsers._group_actions[0].choices
-        assert words[1] in subs or words[1] in PLUGINS, words
+        assert words[1] in subs or words[1] in COMMANDS, words
         build_parser().parse_args([w for w in words[1:] if w not in ("|",)])
     elif prog == "cml":
         assert words[1:3] == ["comment", "update"], words
@@ -99,21 +101,38 @@ def test_reproduce_workflow_forces_every_stage_checks_and_comments():
 
 def test_console_script_declared():
     py = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
-    assert py["project"]["scripts"]["attnrepro"] == "attnrepro.cli:main"
+    assert py["project"]["scripts"]["attnrepro"] == "attnrepro.commands.main:main"
     assert (REPO / ".ci" / "run").is_file()
     assert (REPO / "docs" / "ci.md").is_file()
 
 
-def test_reproduce_script_covers_every_stage_once():
-    """scripts/reproduce.sh forces the default stages (and the sweeps with --sweeps), then report."""
+def stage_order(*skip: str) -> list[str]:
+    out = subprocess.run([sys.executable, "scripts/stage_order.py", "--skip", *skip], cwd=REPO, capture_output=True,
+                         text=True, check=True).stdout
+    return out.split()
+
+
+def test_reproduce_script_covers_every_stage_once_in_an_order_that_reads_fresh_outputs():
+    """scripts/reproduce.sh forces every stage of dvc.yaml but the sweeps (all with --sweeps), each after
+    the stages it reads, then report and headline: a new stage needs no list of its own."""
     import re
 
     text = (REPO / "scripts/reproduce.sh").read_text(encoding="utf-8")
-    lists = {name: re.search(rf"^{name}=\(([^)]*)\)", text, re.M).group(1).split() for name in ("DEFAULT", "SWEEPS")}
-    stages = set(yaml.safe_load((REPO / "dvc.yaml").read_text(encoding="utf-8"))["stages"])
-    named = lists["DEFAULT"] + lists["SWEEPS"] + ["report", "headline"]
-    assert sorted(named) == sorted(stages) and len(set(named)) == len(named)
-    assert "dvc repro --force --single-item" in text
+    sweeps = re.search(r'^SWEEPS="([^"]*)"', text, re.M).group(1).split()
+    stages = list(yaml.safe_load((REPO / "dvc.yaml").read_text(encoding="utf-8"))["stages"])
+    default = stage_order(*sweeps, "report", "headline")
+    assert sorted(default + sweeps + ["report", "headline"]) == sorted(stages)
+    everything = stage_order()
+    for first, then in (("corpus", "train"), ("train", "heads"), ("train", "init_sweep"), ("seeds", "report"),
+                        ("report", "headline")):
+        assert everything.index(first) < everything.index(then), (first, then)
+    assert "dvc repro --force --single-item" in text and "stage_order.py --skip $SKIP report headline)" in text
+
+
+def test_stage_order_refuses_an_unknown_stage():
+    r = subprocess.run([sys.executable, "scripts/stage_order.py", "--skip", "nope"], cwd=REPO, capture_output=True,
+                       text=True)
+    assert r.returncode == 2 and r.stderr.strip() == "error: --skip names no stage of dvc.yaml: nope"
 
 
 def test_ci_entry_point_changes_no_global_state():

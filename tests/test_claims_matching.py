@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from attnrepro import claims as C
+from attnrepro.judge import claims as C
+from attnrepro.report import claims_tables
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -212,15 +213,13 @@ def test_the_chapters_mode_is_read_off_its_published_diagnostic_not_the_figure_j
 
 
 def test_a_coarsely_printed_figure_has_a_percentile_range(tmp_path):
-    from attnrepro import report
-
     dists = {"train": {"stats": {"v": {"n": 10, "mean": 0.0001, "sd": 0.00003}},
                        "runs": {str(s): {"v": 0.00006 + 0.00001 * s} for s in range(10)}}}
     r = C.evaluate_claim(one_cell(tmp_path, "0.0001", tol="info"), {"train.v": 0.0001}, dists, {})
     assert r.percentile_range == (pytest.approx(0.0), pytest.approx(95.0, abs=5))  # it stands for 0.00005-0.00015
-    assert "(0–9" in report._percentile(r) and "over its rounding interval" in report._percentile(r)
+    assert "(0–9" in claims_tables._percentile(r) and "over its rounding interval" in claims_tables._percentile(r)
     fine = C.evaluate_claim(one_cell(tmp_path, "0.000105", tol="info"), {"train.v": 0.0001}, dists, {})  # no seed inside
-    assert "over its rounding interval" not in report._percentile(fine)
+    assert "over its rounding interval" not in claims_tables._percentile(fine)
 
 
 @pytest.mark.parametrize("text,shown", [("4.00", "4.00"), ("1.0000", "1.0000"), ("0.00008", "0.00008"),
@@ -230,17 +229,15 @@ def test_the_report_shows_a_published_figure_as_printed(tmp_path, text, shown):
 
 
 def test_a_band_with_modes_shows_each_modes_interval_not_their_hull(tmp_path):
-    from attnrepro import report
-
     dists = _modes_dists()
     r = C.evaluate_claim(one_cell(tmp_path, "4.3", tol="info"), {"train.v": 4.0},
                          {"train": {"stats": {"v": dists["train"]["stats"]["v.loss_final"]}}}, {})
-    shown = report._band(r)
+    shown = claims_tables._band(r)
     assert " or " in shown and r.status == "fail"  # 4.3 lies between the modes (4.0 and 4.6): outside both
 
 
 def test_least_cost_pairs_skips_unpublished_numbers_and_shuns_non_numbers():
-    from attnrepro.matching import least_cost_pairs
+    from attnrepro.measure.head_matching import least_cost_pairs
     # a None in the reference is not compared (no arithmetic on it): the pairing is column 0's alone, 0-1 and 1-0,
     # though column 1 of the other vectors differs
     assert least_cost_pairs([[1.0, None], [0.0, None]], [[0.0, 5.0], [1.0, -5.0]], [1.0, 1.0]) == [(0, 1), (1, 0)]
@@ -252,7 +249,7 @@ def test_least_cost_pairs_skips_unpublished_numbers_and_shuns_non_numbers():
 
 
 def test_a_head_whose_statistic_is_not_a_number_leaves_the_others_matched():
-    from attnrepro.matching import matched_to
+    from attnrepro.measure.head_matching import matched_to
 
     def row(head, e, p):
         return {"layer": 0, "head": head, "entropy": e, "prev": p}

@@ -4,7 +4,7 @@ import subprocess
 import sys
 from importlib.metadata import version
 
-from attnrepro import cli
+from attnrepro.commands import main as cli
 
 
 def test_version_names_the_package_and_torch(capsys):
@@ -17,6 +17,6 @@ def test_version_names_the_package_and_torch(capsys):
 
 
 def test_version_does_not_import_torch():
-    code = "import sys; from attnrepro import cli; cli.build_parser(); print('torch' in sys.modules)"
+    code = "import sys; from attnrepro.commands import main as cli; cli.build_parser(); print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True).stdout.strip() == "False"

@@ -9,11 +9,11 @@ import typing
 import pytest
 import yaml
 
-from attnrepro import config
+from attnrepro import config, files
 from attnrepro.config import ConfigError, from_dict
-from attnrepro.corpus import CorpusConfig
-from attnrepro.model import ModelConfig
-from attnrepro.training import OptimConfig
+from attnrepro.data.corpus import CorpusConfig
+from attnrepro.model.transformer import ModelConfig
+from attnrepro.run.loop import OptimConfig
 
 from attnrepro.experiments.comparison import SeedsConfig
 from attnrepro.experiments.protocol import model_config
@@ -36,7 +36,7 @@ def test_real_params_train_section():
     assert isinstance(cfg.lr, float) and cfg.betas == [0.9, 0.95]
     for name in cfg.variants:
         assert model_config(cfg.models, cfg.variants[name], f"train.variants.{name}").d_head in (32, 256)
-    from attnrepro.runs import DiagSchedule
+    from attnrepro.run.execute import DiagSchedule
 
     spec = cfg.spec("d32_scaled", cfg.seed, "cpu")
     sched = DiagSchedule(spec.diag_every, frozenset(spec.diag_steps), spec.steps)
@@ -48,7 +48,7 @@ def test_real_params_train_section():
 def test_a_huge_step_count_is_refused_and_the_schedule_stays_a_rule(tmp_path):
     """train.steps 1e9 once ate 6 GB before any output: a diagnostics schedule materialised into the spec."""
     from attnrepro.config import ConfigError
-    from attnrepro.runspec import RunSpec
+    from attnrepro.run.spec import RunSpec
 
     train = load_stage_module("train")
     data = yaml.safe_load((REPO / "params.yaml").read_text(encoding="utf-8"))["train"]
@@ -76,7 +76,7 @@ def test_seeds_are_bounded(seed, ok):
 
 def _registered_sections():
     """(stage script, section, class expression) for every dvc.yaml stage's Stage.section calls
-    (`st.section(Cls, "name")`, attnrepro.stage)."""
+    (`st.section(Cls, "name")`, attnrepro.run.stage)."""
     stages = yaml.safe_load((REPO / "dvc.yaml").read_text(encoding="utf-8")).get("stages", {})
     scripts = sorted({(REPO / "stages" / f"{n}.py") for n in stages} & set((REPO / "stages").glob("*.py")))
     found = []
@@ -149,21 +149,21 @@ def test_a_model_names_every_field():
 
 def test_missing_params_file(tmp_path):
     with pytest.raises(ConfigError, match="not found"):
-        config.read_params(tmp_path / "nope.yaml")
+        files.read_params(tmp_path / "nope.yaml")
 
 
 def test_broken_yaml_names_the_line(tmp_path):
     """params and the claims file share one reader: a one-line error with the line number."""
-    from attnrepro.claims import ClaimError, load as load_claims
+    from attnrepro.judge.claims import ClaimError, load as load_claims
 
     bad = tmp_path / "bad.yaml"
     bad.write_text("a: 1\nb:\n  reason: two: colons\n", encoding="utf-8")
-    for load, err in ((config.read_params, ConfigError), (load_claims, ClaimError)):
+    for load, err in ((files.read_params, ConfigError), (load_claims, ClaimError)):
         with pytest.raises(err, match=r"bad\.yaml: not valid YAML at line 3 \(ScannerError\)$"):
             load(bad)
     bad.write_text("- a list\n", encoding="utf-8")
     with pytest.raises(ConfigError, match="expected a mapping at the top level"):
-        config.read_params(bad)
+        files.read_params(bad)
 
 
 # --- stage scripts: exit 2, one line, nothing written ---------------------------------

@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 import yaml
 
-from attnrepro import corpus
+from attnrepro.data import corpus
 from attnrepro.config import ConfigError
-from attnrepro.corpus import CorpusConfig, CorpusError, Tokenizer
+from attnrepro.data.corpus import CorpusConfig, CorpusError, Tokenizer
 
 from conftest import REPO, call_stage, output_files, run_script
 

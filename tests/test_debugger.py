@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from attnrepro.measure.debugger import STEPS, AttentionDebugger, AttentionWarning
-from attnrepro.model import TinyGPT
+from attnrepro.model.transformer import TinyGPT
 from conftest import tinygpt
 
 

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from attnrepro.attention import causal_mask
+from attnrepro.model.attention import causal_mask
 from attnrepro.measure.weights import (
     jacobian_fro,
     jacobian_fro_explicit,

@@ -25,7 +25,7 @@ import yaml
 
 from conftest import REPO, copy_repo, run_script
 
-from attnrepro import headline
+from attnrepro.report import headline_metrics as headline
 from attnrepro.config import UserError
 from attnrepro.stats import flatten
 

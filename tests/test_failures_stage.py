@@ -10,7 +10,7 @@ import pytest
 import yaml
 from conftest import REPO, call_stage
 
-from attnrepro.attention import BUGS
+from attnrepro.model.attention import BUGS
 from attnrepro.experiments.failures import SYMPTOMS
 
 VOCAB = 40

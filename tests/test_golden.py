@@ -1,11 +1,11 @@
-"""The golden outputs (attnrepro.golden): every task's numbers are those of its numerics version."""
+"""The golden outputs (attnrepro.run.golden): every task's numbers are those of its numerics version."""
 
 import json
 
 import pytest
 
-from attnrepro import golden
-from attnrepro.runs import NUMERICS
+from attnrepro.run import golden
+from attnrepro.run.execute import NUMERICS
 
 CASES = golden.cases()
 

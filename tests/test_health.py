@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from attnrepro.attention import BUGS, attention
+from attnrepro.model.attention import BUGS, attention
 from attnrepro.measure.health import (
     CHECKS,
     INTENDED,

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from attnrepro import cli
-from attnrepro.keep import git_outputs
+from attnrepro.commands import main as cli
+from attnrepro.commands.keep_restore import git_outputs
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -59,8 +59,8 @@ def project(tmp_path, monkeypatch):
     _sh(root, sys.executable, "-m", "dvc", "repro", "-q")
     _sh(root, "git", "add", "-A")
     _sh(root, "git", "commit", "-qm", "reference")
-    # README generation is attnrepro.readme's (tested by tests/test_readme.py); here it stamps a line
-    import attnrepro.readme
+    # README generation is attnrepro.report.readme's (tested by tests/test_readme.py); here it stamps a line
+    import attnrepro.report.readme
 
     def fake_update(r, check=False):
         readme = Path(r) / "README.md"
@@ -71,7 +71,7 @@ def project(tmp_path, monkeypatch):
             readme.write_text(new)
         return same
 
-    monkeypatch.setattr(attnrepro.readme, "update", fake_update)
+    monkeypatch.setattr(attnrepro.report.readme, "update", fake_update)
     monkeypatch.chdir(root)
     return root
 
@@ -115,7 +115,7 @@ def test_keep_refuses_outputs_that_differ_from_the_lock(project, capsys):
 
 
 def test_keep_refuses_while_a_killed_stage_left_its_staging_journal(project, capsys):
-    from attnrepro.io import STAGING
+    from attnrepro.staging import STAGING
 
     _new_run(project, 2)
     (project / STAGING / "slot-1").mkdir(parents=True)
@@ -173,7 +173,7 @@ def test_restore_when_nothing_changed(project, capsys):
 
 
 def test_readme_counts_are_generated():
-    from attnrepro.readme import COUNT, ReadmeError, Sources, counts, render_counts
+    from attnrepro.report.readme import COUNT, ReadmeError, Sources, counts, render_counts
 
     values = counts(Sources(REPO))
     assert values["runs_sweeps"] == sum(values[f"runs_{s}"] for s in ("seeds", "critical", "qknorm", "sensitivity"))
@@ -186,7 +186,7 @@ def test_readme_counts_are_generated():
 
 
 def test_sweep_minutes_come_from_the_env_records(tmp_path):
-    from attnrepro.readme import COUNT, ReadmeError, run_minutes
+    from attnrepro.report.readme import COUNT, ReadmeError, run_minutes
 
     (tmp_path / "metrics" / "env").mkdir(parents=True)
     (tmp_path / "metrics" / "env" / "seeds.json").write_text('{"runs": 2, "run_wall_seconds": 5430.0}')

@@ -9,10 +9,9 @@ import pytest
 import torch
 import yaml
 
-from attnrepro import kv_cache as kvc
+from attnrepro.model import kv as kvc
 from attnrepro.experiments import kv_cache as kvx
-from attnrepro import memory as mem
-from attnrepro.model import TinyGPT, generate
+from attnrepro.model.transformer import TinyGPT, generate
 from conftest import tinygpt
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -76,7 +75,7 @@ def test_cache_bytes_equal_formula(batch, max_len, dtype):
     model = tiny(block=64).to(dtype)
     caches = kvc.make_caches(model, batch, max_len)
     elem = torch.tensor([], dtype=dtype).element_size()
-    expect = mem.kv_cache_bytes(2, 2, 16, max_len, elem, batch)
+    expect = kvc.kv_cache_bytes(2, 2, 16, max_len, elem, batch)
     assert kvc.caches_nbytes(caches) == expect == kvc.formula_nbytes(model, batch, max_len, elem)
 
 

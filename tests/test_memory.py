@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from attnrepro import memory as mem
+from attnrepro.commands import kv_calculator as kv_cli
+from attnrepro.model import kv as mem
 from attnrepro.config import ConfigError, UserError
 
 
@@ -53,18 +54,18 @@ def test_shape_validation():
 
 
 def test_cli_preset_json(capsys):
-    assert mem.main(["--preset", "llama2-70b-mha", "--seq", "4096", "--json"]) == 0
+    assert kv_cli.main(["--preset", "llama2-70b-mha", "--seq", "4096", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["kv_bytes_per_token"] == 2_621_440 and out["kv_bytes"] == 2_621_440 * 4096
 
 
 def test_cli_override_and_missing(capsys):
-    mem.main(["--preset", "llama2-70b-mha", "--kv-heads", "1", "--json"])
+    kv_cli.main(["--preset", "llama2-70b-mha", "--kv-heads", "1", "--json"])
     assert json.loads(capsys.readouterr().out)["kv_bytes_per_token"] == 40_960
     with pytest.raises(ConfigError, match="--d-head"):
-        mem.main(["--layers", "80", "--kv-heads", "8"])
+        kv_cli.main(["--layers", "80", "--kv-heads", "8"])
     with pytest.raises(UserError, match="--seq"):
-        mem.main(["--preset", "tinygpt-small", "--seq", "0"])
+        kv_cli.main(["--preset", "tinygpt-small", "--seq", "0"])
 
 
 @pytest.mark.parametrize("argv,needle", [
@@ -76,7 +77,7 @@ def test_cli_override_and_missing(capsys):
 ])
 def test_cli_bad_numbers_one_line(argv, needle, capsys):
     """Every bad argument of `attnrepro kv` is one line and exit 2, the huge ones included (no OverflowError)."""
-    from attnrepro.cli import main
+    from attnrepro.commands.main import main
 
     assert main(["kv", *argv]) == 2
     err = capsys.readouterr().err
@@ -84,15 +85,15 @@ def test_cli_bad_numbers_one_line(argv, needle, capsys):
 
 
 def test_cli_largest_sizes_still_compute():
-    assert mem.count("1e15") == 10**15 and mem.count("4_096") == 4096 and mem.count("4.096e3") == 4096
+    assert kv_cli.count("1e15") == 10**15 and kv_cli.count("4_096") == 4096 and kv_cli.count("4.096e3") == 4096
     s = mem.summary(mem.preset("llama2-70b-mha"), 10**15, 10**15)
     assert s["attn_matrix_gb"] > 0 and s["kv_bytes"] == 2_621_440 * 10**30
 
 
 def test_cli_subprocess_table_and_error():
-    r = subprocess.run([sys.executable, "-m", "attnrepro.memory", "--layers", "80", "--kv-heads", "8",
+    r = subprocess.run([sys.executable, "-m", "attnrepro.commands.kv_calculator", "--layers", "80", "--kv-heads", "8",
                         "--d-head", "128", "--dtype", "fp16", "--seq", "4096", "--batch", "1"],
                        capture_output=True, text=True)
     assert r.returncode == 0 and "1,342,177,280 B" in r.stdout and "327,680 B" in r.stdout
-    r = subprocess.run([sys.executable, "-m", "attnrepro.memory", "--preset", "nope"], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "attnrepro.commands.kv_calculator", "--preset", "nope"], capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.startswith("error: --preset") and r.stderr.count("\n") == 1

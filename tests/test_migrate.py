@@ -4,11 +4,11 @@ import json
 
 import pytest
 
-from attnrepro.io import dumps_json
-from attnrepro.migrate import VERSION_OF_CODE, migrate
-from attnrepro.runs import execute_to_bytes, key_document, run_key
-from attnrepro.store import RunStore
-from attnrepro.sweep import run_sweep
+from attnrepro.files import dumps_json
+from attnrepro.run.store_migrate import VERSION_OF_CODE, migrate
+from attnrepro.run.execute import execute_to_bytes, key_document, run_key
+from attnrepro.store.run_store import RunStore
+from attnrepro.run.engine import run_sweep
 from test_sweep import engine, tiny_inputs, tiny_spec
 
 pytestmark = pytest.mark.slow
@@ -54,7 +54,7 @@ def test_the_command_prints_one_line_and_exits_0(tmp_path):
     import sys
 
     (tmp_path / "store").mkdir()
-    p = subprocess.run([sys.executable, "-m", "attnrepro.cli", "store", "migrate", "--store", str(tmp_path / "store")],
+    p = subprocess.run([sys.executable, "-m", "attnrepro.commands.main", "store", "migrate", "--store", str(tmp_path / "store")],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip().splitlines()[-1] == ("store migrate: 0 re-keyed, 0 already current, 0 of another "

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from attnrepro.config import ConfigError
-from attnrepro.model import TinyGPT, generate
+from attnrepro.model.transformer import TinyGPT, generate
 from conftest import tinygpt
 
 
@@ -213,7 +213,7 @@ def test_d_qk_multi_head_and_qk_norm_and_checkpoint(tmp_path):
     assert logits.shape == (2, 10, 50) and torch.isfinite(loss)
     import dataclasses
 
-    from attnrepro.model import load_checkpoint
+    from attnrepro.model.transformer import load_checkpoint
 
     torch.save({"model_config": dataclasses.asdict(m.cfg), "state_dict": m.state_dict()}, tmp_path / "m.pt")
     assert torch.equal(load_checkpoint(tmp_path / "m.pt")(tokens())[0], m(tokens())[0])
@@ -228,7 +228,7 @@ def test_d_qk_invalid_rejected():
 
 
 def test_kv_cache_with_a_narrower_key():
-    from attnrepro.kv_cache import generate_cached, make_caches
+    from attnrepro.model.kv import generate_cached, make_caches
 
     torch.manual_seed(0)
     m = TinyGPT(tinygpt(**{**TINY, "block_size": 16, "d_qk": 4})).eval()

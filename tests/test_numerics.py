@@ -95,7 +95,7 @@ def test_hand_written_backward_matches_autograd(causal):
 def test_backward_check_can_fail():
     q, k, v = (t.requires_grad_(True) for t in nm.qkv(0, (1, 2, 5, 8), 1.0, torch.float64))
     d_out = torch.ones(1, 2, 5, 8, dtype=torch.float64)
-    from attnrepro.attention import attention
+    from attnrepro.model.attention import attention
 
     attention(q, k, v, scaled=True).out.backward(d_out)
     dq, _, _ = nm.attention_backward(q.detach(), k.detach(), v.detach(), d_out, scaled=False)

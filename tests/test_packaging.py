@@ -93,12 +93,30 @@ def test_the_deps_check_sees_a_missing_dep():
     finally:
         sys.path.pop(0)
     text = (REPO / "dvc.yaml").read_text(encoding="utf-8")
-    broken = text.replace("      - src/attnrepro/model.py\n", "", 1)
+    broken = text.replace("      - src/attnrepro/model/transformer.py\n", "", 1)
     fixed, changes = dvc_deps.rewrite(broken, ["train", "failures", "seeds"])
-    assert changes and "src/attnrepro/model.py" in changes[0] and fixed.count("src/attnrepro/model.py") == \
-        text.count("src/attnrepro/model.py")
+    assert changes and "src/attnrepro/model/transformer.py" in changes[0] and fixed.count("src/attnrepro/model/transformer.py") == \
+        text.count("src/attnrepro/model/transformer.py")
     for stage in STAGES:
         assert f"stages/{stage}.py" in yaml.safe_load(text)["stages"][stage].get("deps", [])
+
+
+def test_a_new_stage_without_deps_gets_its_own_and_no_other_stage_changes():
+    """dvc_deps once wrote a stage without `deps:` into the next stage's deps."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        import dvc_deps
+    finally:
+        sys.path.pop(0)
+    text = (REPO / "dvc.yaml").read_text(encoding="utf-8")
+    stages = yaml.safe_load(text)["stages"]
+    deps_at = text.index("    deps:\n", text.index("  heads:\n"))
+    broken = text[:deps_at] + text[text.index("    params:", deps_at):]  # `heads` as a new stage: no deps yet
+    fixed, _ = dvc_deps.rewrite(broken, ["heads"])
+    got = yaml.safe_load(fixed)["stages"]
+    assert got["heads"]["deps"][0] == "stages/heads.py" and "src/attnrepro/experiments/heads.py" in got["heads"]["deps"]
+    assert {k: v.get("deps") for k, v in got.items() if k != "heads"} == \
+        {k: v.get("deps") for k, v in stages.items() if k != "heads"}
 
 
 STAGES = sorted(yaml.safe_load((REPO / "dvc.yaml").read_text(encoding="utf-8"))["stages"])
@@ -204,7 +222,7 @@ def test_license_is_an_spdx_expression():
 
 
 def test_the_run_engine_is_a_dependency():
-    """attnrepro.sweep runs sweeps on Dask: dask and distributed are declared, not just installed."""
+    """attnrepro.run.engine runs sweeps on Dask: dask and distributed are declared, not just installed."""
     deps = {norm(r): r for r in pyproject()["project"]["dependencies"]}
     assert "dask" in deps and "distributed" in deps["dask"].replace(" ", "")
     assert any(norm(r) == "dask" and "distributed" in r for r in conda_pip())

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from attnrepro.model import TinyGPT
+from attnrepro.model.transformer import TinyGPT
 
 from conftest import copy_repo, make_fake_corpus, tiny_train_section, tinygpt
 

@@ -59,8 +59,8 @@ def _variants(section: str) -> list[str]:
 
 def fixture_rows(path: str) -> list[dict]:
     """Small rows for plot file `path`, with the columns its stage writes."""
-    if path.startswith("plots/views/"):  # the page's copies of the step-wise tables (attnrepro.headline)
-        from attnrepro import headline
+    if path.startswith("plots/views/"):  # the page's copies of the step-wise tables (attnrepro.report.headline_metrics)
+        from attnrepro.report import headline_metrics as headline
 
         view, line = headline.view_of(path)
         (src,) = {s for name, s, _ in view.lines if name == line}
@@ -95,7 +95,7 @@ def fixture_rows(path: str) -> list[dict]:
     if path == "plots/reversal/losses.csv":
         hist = {v: [{"step": s, "train_loss": 2 - s / 200, "val_loss": 2 - s / 210,
                      "batch_loss": None if s == 0 else 1.0} for s in STEPS] for v in _variants("reversal")}
-        from attnrepro.reversal import wide_losses
+        from attnrepro.experiments.reversal import wide_losses
 
         return wide_losses(hist)
     if path == "plots/charlm/losses.csv":

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from attnrepro.measure.weights import logit_std, normalized_entropy
-from attnrepro.benchmark import fit_exponent
-from attnrepro.model import TinyGPT, mean_loss
+from attnrepro.measure.timing import fit_exponent
+from attnrepro.model.transformer import TinyGPT, mean_loss
 from attnrepro.experiments.heads import fixed_sequences
 from attnrepro.experiments.init_sweep import init_model, predictions, random_batches, sweep_fit
 from attnrepro.measure.probes import (
@@ -16,8 +16,8 @@ from attnrepro.measure.probes import (
     head_stats,
     measure_init,
 )
-from attnrepro.corpus_lm import renormalized_entropy, weight_symptoms
-from attnrepro.training import BatchSampler, train_loop
+from attnrepro.run.task_lm import renormalized_entropy, weight_symptoms
+from attnrepro.run.loop import BatchSampler, train_loop
 
 from conftest import optim, tinygpt
 
@@ -144,7 +144,7 @@ def test_untrained_signatures_of_each_bug():
 
 def test_symptom_entropy_is_renormalized_and_comparable_across_bugs():
     """`entropy` = normalized entropy of p / row sum over the keys the row can weight."""
-    from attnrepro.attention import attention
+    from attnrepro.model.attention import attention
 
     val = _batches()
     sym = {b: weight_symptoms(_tiny_model(bug=b), val)
@@ -203,7 +203,7 @@ def test_mask_zero_peeks_at_the_answer_on_unpredictable_tokens():
     (b"", "is not a readable checkpoint"),
 ])
 def test_heads_bad_checkpoint_is_one_line(repo_copy, tmp_path, content, needle):
-    """A missing or corrupt heads.checkpoint: one line naming the key and the file (attnrepro.model.
+    """A missing or corrupt heads.checkpoint: one line naming the key and the file (attnrepro.model.transformer.
     load_checkpoint), not torch's traceback advising weights_only=False; nothing written."""
     import yaml
 
@@ -223,7 +223,7 @@ def test_heads_bad_checkpoint_is_one_line(repo_copy, tmp_path, content, needle):
 
 def test_a_seeds_heads_are_named_after_the_reference_head_they_play():
     from attnrepro.experiments.heads import STATS, portrait_metrics
-    from attnrepro.matching import matched_to
+    from attnrepro.measure.head_matching import matched_to
 
     def row(layer, head, *v):
         return {"layer": layer, "head": head, **dict(zip(STATS, v))}
@@ -243,7 +243,7 @@ def test_a_seeds_heads_are_named_after_the_reference_head_they_play():
 
 
 def test_the_check_judges_a_runs_heads_under_the_names_of_the_reference_heads_they_play():
-    from attnrepro.matching import heads_renamed
+    from attnrepro.measure.head_matching import heads_renamed
 
     def head(e, d, p, dist, sd, abl):
         return dict(zip(("entropy", "diag", "prev", "distance", "distance_std", "ablation_delta"), (e, d, p, dist, sd, abl)))
@@ -256,8 +256,8 @@ def test_the_check_judges_a_runs_heads_under_the_names_of_the_reference_heads_th
 
 
 def test_heads_are_renamed_only_where_they_are_judged_statistically():
-    from attnrepro.check import heads_as_judged, seed_values
-    from attnrepro.matching import HEAD_STATS as STATS
+    from attnrepro.judge.check import heads_as_judged, seed_values
+    from attnrepro.measure.head_matching import HEAD_STATS as STATS
 
     def heads(a, b):  # two heads' five role statistics, nested as a seed's run or flat as metrics
         return {"l0h0": dict(zip(STATS, a)), "l0h1": dict(zip(STATS, b))}

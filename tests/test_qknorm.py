@@ -9,10 +9,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attnrepro.attention import QKNorm, attention, fused_attention
+from attnrepro.model.attention import QKNorm, attention, fused_attention
 from attnrepro.config import ConfigError, from_dict
 from attnrepro.measure.weights import position_stats
-from attnrepro.model import ModelConfig, TinyGPT
+from attnrepro.model.transformer import ModelConfig, TinyGPT
 from conftest import tinygpt
 
 TINY = dict(vocab_size=50, block_size=16, d_model=64, n_head=2, n_layer=2)

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from attnrepro.claims import claims_json, counts, evaluate_all, load, load_dists, load_envs, load_metrics_dir
-from attnrepro.cli import main
+from attnrepro.judge.claims import claims_json, counts, evaluate_all, load, load_dists, load_envs, load_metrics_dir
+from attnrepro.commands.main import main
 from attnrepro.stats import from_summary
 from test_check_lock import relock
 
@@ -58,7 +58,7 @@ def reference(tmp_path, monkeypatch) -> Path:
     predicates, dvc.yaml and a dvc.lock recording them); the check runs on the machine the reference was made on."""
     root = tmp_path / "ref"
     root.mkdir()
-    for f in ("claims.yaml", "params.yaml", "dvc.yaml", "src/attnrepro/conclusions.py"):
+    for f in ("claims.yaml", "params.yaml", "dvc.yaml", "src/attnrepro/judge/conclusions.py"):
         (root / f).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO / f, root / f)
     shutil.copytree(REPO / "metrics", root / "metrics")
@@ -66,7 +66,7 @@ def reference(tmp_path, monkeypatch) -> Path:
     for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "reference"]):
         subprocess.run(["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@t", *args], check=True)
     made_on = json.loads((root / "metrics/env/train.json").read_text(encoding="utf-8"))
-    monkeypatch.setattr("attnrepro.check.live_environment", lambda device: made_on)
+    monkeypatch.setattr("attnrepro.judge.check.live_environment", lambda device: made_on)
     return root
 
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from attnrepro import cli
-from attnrepro.remote import default_remote, pull, push
-from attnrepro.store import RunStore
+from attnrepro.commands import main as cli
+from attnrepro.store.remote import default_remote, pull, push
+from attnrepro.store.run_store import RunStore
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -130,14 +130,14 @@ def test_dvc_push_pull_and_the_store_share_one_remote_folder(tmp_path):
     keys = _fill(RunStore(one / "runs"), 2)
     env = {**os.environ, "ATTNREPRO_STORE_REMOTE": ""}
     env.pop("ATTNREPRO_STORE_REMOTE")
-    subprocess.run([sys.executable, "-m", "attnrepro.cli", "store", "push", "--store", "runs"], cwd=one, env=env,
+    subprocess.run([sys.executable, "-m", "attnrepro.commands.main", "store", "push", "--store", "runs"], cwd=one, env=env,
                    check=True, capture_output=True)
     assert sorted(RunStore(remote / "runs").keys()) == sorted(keys)
 
     run(tmp_path, "git", "clone", "-q", str(one), str(two))
     run(two, sys.executable, "-m", "dvc", "pull")
     assert (two / "data" / "model.pt").read_bytes() == (one / "data" / "model.pt").read_bytes()
-    subprocess.run([sys.executable, "-m", "attnrepro.cli", "store", "pull", "--store", "runs"], cwd=two, env=env,
+    subprocess.run([sys.executable, "-m", "attnrepro.commands.main", "store", "pull", "--store", "runs"], cwd=two, env=env,
                    check=True, capture_output=True)
     assert _tree(two / "runs") == _tree(one / "runs")
 

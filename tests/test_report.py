@@ -23,8 +23,8 @@ def make_workspace(root: Path) -> Path:
                                                       "attention": params["attention"]},
                                                      allow_unicode=True), encoding="utf-8")
     shutil.copy(REPO / "claims.yaml", root / "claims.yaml")
-    (root / "src/attnrepro").mkdir(parents=True)  # the predicates, beside claims.yaml
-    shutil.copy(REPO / "src/attnrepro/conclusions.py", root / "src/attnrepro/conclusions.py")
+    (root / "src/attnrepro/judge").mkdir(parents=True)  # the predicates, beside claims.yaml
+    shutil.copy(REPO / "src/attnrepro/judge/conclusions.py", root / "src/attnrepro/judge/conclusions.py")
     (root / "metrics" / "env").mkdir(parents=True)
     train = {v: {"params": 425984 if "d32" in v else 1376256, "loss_start": 7.1,
                  "loss_final": 4.0 + 0.1 * i, "entropy_step222": 0.5 - 0.1 * i} for i, v in enumerate(VARIANTS)}
@@ -149,7 +149,7 @@ def test_dvc_plots_show_renders_the_top_level_plots(tmp_path):
     shutil.copy(REPO / "params.yaml", root / "params.yaml")
     subprocess.run([dvc, "init", "--no-scm", "-q"], cwd=root, check=True, timeout=60)
     shutil.copytree(REPO / ".dvc" / "plots", root / ".dvc" / "plots", dirs_exist_ok=True)  # the project's templates
-    from attnrepro import headline  # the page's tables (stage headline) from this workspace's files
+    from attnrepro.report import headline_metrics as headline  # the page's tables (stage headline) from this workspace's files
 
     headline.write_tables(root / headline.VIEWS_DIR,
                           headline.views(lambda p: headline.read_rows(root / p), skip_missing=True))

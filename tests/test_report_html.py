@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from attnrepro.report_html import markdown_to_html
+from attnrepro.report.html import markdown_to_html
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_report import make_workspace, run_stage  # noqa: E402

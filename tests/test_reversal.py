@@ -13,10 +13,11 @@ import torch
 import yaml
 
 from attnrepro.config import ConfigError, from_dict
-from attnrepro.io import dumps_json
-from attnrepro.model import TinyGPT, load_checkpoint
-from attnrepro.runs import execute
-from attnrepro import reversal as R
+from attnrepro.experiments import reversal as R
+from attnrepro.files import dumps_json
+from attnrepro.model.transformer import TinyGPT, load_checkpoint
+from attnrepro.run import task_reversal as RT
+from attnrepro.run.execute import execute
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,9 +31,9 @@ def cfg(**kw) -> R.ReversalConfig:
 
 
 def test_sequence_and_labels():
-    seq = R.encode(torch.tensor([[3, 1, 4, 2, 0, 5]]))
+    seq = RT.encode(torch.tensor([[3, 1, 4, 2, 0, 5]]))
     assert seq.tolist() == [[10, 3, 1, 4, 2, 0, 5, 11, 5, 0, 2, 4, 1, 3, 12]]
-    x, y = R.inputs_labels(seq)
+    x, y = RT.inputs_labels(seq)
     assert x.tolist() == [[10, 3, 1, 4, 2, 0, 5, 11, 5, 0, 2, 4, 1, 3]]
     assert y.tolist() == [[-100] * 7 + [5, 0, 2, 4, 1, 3, 12]]
     # labels are the inputs shifted by one wherever they are supervised
@@ -48,9 +49,9 @@ def test_splits_disjoint_and_fixed():
     assert len(set(keys)) == len(keys)
     for s in a["test"]:
         assert s[8:14].tolist() == s[1:7].flip(0).tolist()
-    idx = R.batch_indices(300, 600, 64, seed=1)
+    idx = RT.batch_indices(300, 600, 64, seed=1)
     assert idx.shape == (600, 64) and int(idx.max()) < 300
-    assert torch.equal(idx, R.batch_indices(300, 600, 64, seed=1))
+    assert torch.equal(idx, RT.batch_indices(300, 600, 64, seed=1))
 
 
 @pytest.mark.parametrize("variant", ["heads4", "heads1", "no_mask"])
@@ -126,7 +127,7 @@ def test_generation_never_sees_the_answer():
 
 
 def test_accuracy_definitions():
-    seqs = R.encode(torch.tensor([[1, 2, 3, 4, 5, 6], [7, 8, 9, 0, 1, 2]]))
+    seqs = RT.encode(torch.tensor([[1, 2, 3, 4, 5, 6], [7, 8, 9, 0, 1, 2]]))
     truth = seqs[:, 8:]
     pred = truth.clone()
     pred[0, 5] = 0  # one wrong digit

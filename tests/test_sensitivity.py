@@ -287,8 +287,6 @@ def test_the_preregistration_names_cells_and_choices_the_sweep_runs():
 def test_a_run_that_diverged_leaves_its_cells_not_a_number_without_crashing_the_stage_or_the_report():
     from types import SimpleNamespace
 
-    from attnrepro import report
-
     nan = float("nan")
     c = cfg()
     vals = {("d32_scaled", "loss_final", "baseline"): [4.3, nan, 4.29, 4.31, 4.28],  # a baseline run diverged
@@ -302,7 +300,7 @@ def test_a_run_that_diverged_leaves_its_cells_not_a_number_without_crashing_the_
     published = {("d32_scaled", "loss_final"): (5.0, 0.005), ("failures_correct", "loss_final"): (5.0, 0.005)}
     joint = {j["protocol"]: j for j in S.joint_table(m, published)}
     assert joint["baseline"]["score"] == math.inf and joint["b"]["score"] == math.inf
-    md = report.sensitivity_markdown(m, SimpleNamespace(claims=[]), prereg_path=Path("/nonexistent"))
+    md = S.report_markdown(m, SimpleNamespace(claims=[]), prereg_path=Path("/nonexistent"))
     assert "| d32_scaled.loss_final | not a number |" in md
     assert "| failures_correct.loss_final | 4 | — | b | not a number | not a number (a run diverged) | — |" in md
     assert "No pre-registration at /nonexistent" in md  # said, not silently left out
@@ -335,11 +333,9 @@ def test_accounts_for_says_missing_where_it_cannot_judge():
 def test_the_report_prints_the_share_of_the_gap_a_choice_closes_as_a_plain_percentage(tmp_path, monkeypatch):
     from types import SimpleNamespace
 
-    from attnrepro import report
-
     prereg = tmp_path / "prereg.yaml"
     prereg.write_text("[]\n")
     verdict = {"cell": "c.m", "choice": "a", "verdict": "held", "why": "", "reason": "r", "closes": 0.9996}
     monkeypatch.setattr(S, "prereg_verdicts", lambda *a: [verdict, dict(verdict, closes=-3.9)])
-    md = report.sensitivity_markdown(sweep_metrics(), SimpleNamespace(claims=[]), prereg_path=prereg)
+    md = S.report_markdown(sweep_metrics(), SimpleNamespace(claims=[]), prereg_path=prereg)
     assert "| c.m | a | held | 100% | r |" in md and "| -390% |" in md and "e+02" not in md

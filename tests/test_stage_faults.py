@@ -1,9 +1,9 @@
 """Lose nothing: a stage killed (SIGKILL) while it writes its outputs leaves either all the old
-outputs or, once its committed journal is rolled forward (io.recover, which every stage runs
+outputs or, once its committed journal is rolled forward (staging.recover, which every stage runs
 first), all the new ones; never a half-written file. A folder the outputs cannot go to (read-only,
 or a file in the way) is one line, exit 2, and nothing moved; an unreadable input is one line too.
 
-The stage here is purpose-built on attnrepro.stage.run_stage: three metrics files, a plots folder
+The stage here is purpose-built on attnrepro.run.stage.run_stage: three metrics files, a plots folder
 and a text file, written slowly enough to be killed in the middle."""
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ STAGE = r'''
 import os, signal, sys, time
 from pathlib import Path
 
-from attnrepro.stage import run_stage
-from attnrepro.io import atomic_dir, write_json, write_text
+from attnrepro.run.stage import run_stage
+from attnrepro.files import write_json, write_text
+from attnrepro.staging import atomic_dir
 
 tag, delay = sys.argv[1], float(sys.argv[2])
 kill_at = int(os.environ.get("KILL_AT_MOVE", "0"))  # a signal at the k-th os.replace of the commit
@@ -48,7 +49,7 @@ if kill_at:
 def main():
     if os.environ.get("FULL_DISK"):  # as a write to a full disk fails: an OSError naming no file
         import errno
-        from attnrepro.io import atomic_path
+        from attnrepro.staging import atomic_path
         with atomic_path("metrics/part0.json"):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
     if os.environ.get("READ_MISSING"):
@@ -160,12 +161,12 @@ def test_killed_while_moving_outputs_in_is_rolled_forward(stage_root, kill_at):
     journals = list((stage_root / ".attnrepro-staging").glob("*/JOURNAL"))
     assert len(journals) == 1
 
-    from attnrepro import io
+    from attnrepro import staging
 
     cwd = os.getcwd()
     os.chdir(stage_root)
     try:
-        io.recover()  # what every stage does first
+        staging.recover()  # what every stage does first
     finally:
         os.chdir(cwd)
     assert set(tags(stage_root).values()) == {"new"}
@@ -238,7 +239,7 @@ def test_unreadable_input_is_one_line_and_a_bug_keeps_its_traceback(stage_root):
 
 
 def test_os_error_line_classifies_paths(tmp_path, monkeypatch):
-    from attnrepro.io import os_error_line
+    from attnrepro.staging import os_error_line
 
     monkeypatch.chdir(tmp_path)
     final = (tmp_path / "metrics" / "x.json").resolve()
@@ -298,7 +299,7 @@ def test_a_journal_whose_files_changed_stops_and_names_the_way_out(stage_root, r
     assert "metrics/part0.json is no longer what the stage moved in" in line
     assert "attnrepro staging --finish" in line and "attnrepro staging --discard" in line
     assert set(tags(stage_root).values()) == {"old"}  # nothing rolled forward over the restore
-    cli = subprocess.run([sys.executable, "-m", "attnrepro.cli", "staging", resolution], cwd=stage_root,
+    cli = subprocess.run([sys.executable, "-m", "attnrepro.commands.main", "staging", resolution], cwd=stage_root,
                          env=dict(os.environ, PYTHONPATH=str(REPO / "src")), capture_output=True, text=True)
     assert cli.returncode == 0 and "1 interrupted commit" in cli.stdout, cli.stderr
     state = tags(stage_root)
@@ -350,7 +351,7 @@ def test_finish_keeps_a_file_changed_before_it_moved_in(stage_root):
     killed = run(stage_root, "new", env={"KILL_AT_MOVE": "2"})  # part0.json moved in, the rest not
     assert killed.returncode == -signal.SIGKILL
     (stage_root / "metrics/part1.json").write_text(json.dumps({"tag": "user"}))  # not moved in yet: edited
-    cli = subprocess.run([sys.executable, "-m", "attnrepro.cli", "staging", "--finish"], cwd=stage_root,
+    cli = subprocess.run([sys.executable, "-m", "attnrepro.commands.main", "staging", "--finish"], cwd=stage_root,
                          env=dict(os.environ, PYTHONPATH=str(REPO / "src")), capture_output=True, text=True)
     assert cli.returncode == 0 and "(1 file changed since kept as they are)" in cli.stdout, cli.stderr
     state = tags(stage_root)

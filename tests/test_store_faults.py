@@ -25,10 +25,10 @@ from pathlib import Path
 
 import pytest
 
-from attnrepro.cli import main as cli_main
+from attnrepro.commands.main import main as cli_main
 from attnrepro.config import UserError
-from attnrepro.store import MANIFEST, RunStore
-from attnrepro.sweep import connect, run_sweep
+from attnrepro.store.run_store import MANIFEST, RunStore
+from attnrepro.run.engine import connect, run_sweep
 from test_sweep import engine, result_bytes, tiny_inputs, tiny_spec, wait_for
 
 pytestmark = pytest.mark.slow
@@ -223,10 +223,10 @@ STAGE = textwrap.dedent("""
     import sys
     sys.path.insert(0, {tests!r})
     from test_sweep import tiny_inputs, tiny_spec
-    from attnrepro.stage import run_stage
-    from attnrepro.io import write_json
-    from attnrepro.engine import EngineConfig
-    from attnrepro.sweep import run_sweep
+    from attnrepro.run.stage import run_stage
+    from attnrepro.files import write_json
+    from attnrepro.run.engine_settings import EngineConfig
+    from attnrepro.run.engine import run_sweep
 
     def main():
         specs = [tiny_spec(seed=s, steps={steps}) for s in range(2)]

@@ -25,13 +25,13 @@ import numpy as np
 import pytest
 
 from attnrepro.config import UserError
-from attnrepro.corpus_lm import LMData, LMMeasure, Sample
-from attnrepro.runs import execute_to_bytes, run_key
-from attnrepro.runspec import RunSpec
-from attnrepro.store import RunStore
-from attnrepro.engine import EngineConfig
-from attnrepro.sweep import RunsFailed, require_ok, run_sweep
-from attnrepro.training import OptimConfig
+from attnrepro.run.task_lm import LMData, LMMeasure, Sample
+from attnrepro.run.execute import execute_to_bytes, run_key
+from attnrepro.run.spec import RunSpec
+from attnrepro.store.run_store import RunStore
+from attnrepro.run.engine_settings import EngineConfig
+from attnrepro.run.engine import RunsFailed, require_ok, run_sweep
+from attnrepro.run.loop import OptimConfig
 from conftest import tinygpt
 
 pytestmark = pytest.mark.slow
@@ -86,7 +86,7 @@ def test_run_function_writes_one_result_folder(tmp_path):
 
 
 def test_key_covers_config_data_and_numerics_but_not_the_label(monkeypatch):
-    from attnrepro import runs
+    from attnrepro.run import execute as runs
 
     spec, inputs = tiny_spec(), tiny_inputs()
     key = run_key(spec, inputs)
@@ -107,8 +107,8 @@ def test_a_d_qk_equal_to_d_head_is_the_same_run_and_older_keys_hold():
     null d_qk stays out of the key material, so every run keyed before the field existed keeps its key (no
     stored run re-keyed or retrained); a q/k width of its own is a different run, and recorded material
     without d_qk reads back as the same spec."""
-    from attnrepro.model import ModelConfig
-    from attnrepro.runs import spec_from_material
+    from attnrepro.model.transformer import ModelConfig
+    from attnrepro.run.execute import spec_from_material
 
     inputs = tiny_inputs()
     spec = tiny_spec()
@@ -199,8 +199,8 @@ SCRIPT = textwrap.dedent("""
     import sys
     sys.path.insert(0, {tests!r})
     from test_sweep import tiny_inputs, tiny_spec
-    from attnrepro.engine import EngineConfig
-    from attnrepro.sweep import run_sweep
+    from attnrepro.run.engine_settings import EngineConfig
+    from attnrepro.run.engine import run_sweep
     if __name__ == "__main__":  # worker processes are spawned: they import this file
         specs = [tiny_spec(seed=s, steps={steps}) for s in range({n})]
         run_sweep("t", specs, tiny_inputs(), EngineConfig(workers={workers}, scheduler="", store={store!r}))

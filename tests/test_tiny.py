@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from attnrepro import cli
+from attnrepro.commands import main as cli
 from attnrepro.config import UserError
-from attnrepro.tiny import TINY, _set, dvc_command, tiny_params
+from attnrepro.commands.tiny import TINY, _set, dvc_command, tiny_params
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -6,9 +6,9 @@ import math
 import pytest
 import torch
 
-from attnrepro.model import TinyGPT, mean_loss
-from attnrepro.corpus_lm import chapter_summary, loss_summary
-from attnrepro.training import (
+from attnrepro.model.transformer import TinyGPT, mean_loss
+from attnrepro.run.task_lm import chapter_summary, loss_summary
+from attnrepro.run.loop import (
     BatchSampler,
     Diverged,
     IndexedBatches,

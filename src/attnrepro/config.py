@@ -10,10 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import typing
-from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args, get_origin
-
-import yaml
 
 T = TypeVar("T")
 
@@ -169,25 +166,3 @@ def require_positive(obj, names, prefix: str) -> None:
     """require() each of the integer fields `names` of `obj` to be > 0."""
     for name in names:
         require(getattr(obj, name) > 0, f"{prefix}.{name}", getattr(obj, name), "a positive integer")
-
-
-def read_yaml_mapping(path: str | Path, missing: str, error: type[UserError] = ConfigError) -> dict:
-    """Read a YAML file whose top level is a mapping (empty file: {}); a one-line `error` otherwise."""
-    path = Path(path)
-    if not path.exists():
-        raise error(f"{path}: {missing}")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except UnicodeDecodeError as e:
-        raise error(f"{path}: not UTF-8 text (byte {e.start})") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise error(f"{path}: not valid YAML{where} ({e.__class__.__name__})") from None
-    if not isinstance(data, dict):
-        raise error(f"{path}: expected a mapping at the top level")
-    return data
-
-
-def read_params(path: str | Path = "params.yaml") -> dict:
-    return read_yaml_mapping(path, "params file not found")

@@ -12,9 +12,12 @@ import os
 import platform
 import re
 import subprocess
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Optional, Sequence
 
+import numpy
+import psutil
 import torch
 
 
@@ -82,7 +85,7 @@ def gpu_info(device: str = "cuda") -> dict:
     """Name, driver, memory and PCI address of the GPU torch uses for `device`, via NVML; empty
     when there is no NVIDIA GPU, no NVML, or the device cannot be matched."""
     try:
-        import pynvml
+        import pynvml  # the optional gpu extra (nvidia-ml-py), imported where it is used: tests replace it
 
         pynvml.nvmlInit()
     except Exception:
@@ -137,8 +140,6 @@ def git_state(path: Optional[Path] = None) -> dict:
 
 
 def _version(dist: str) -> Optional[str]:
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version(dist)
     except PackageNotFoundError:
@@ -151,9 +152,7 @@ def _str(x) -> str:
 
 def environment(device: str = "cpu") -> dict:
     """A deterministic description of this machine (no timestamps)."""
-    import psutil
 
-    import numpy
 
     env = {
         "python": platform.python_version(),
@@ -219,7 +218,5 @@ def setup_determinism(threads: int, device: str = "cpu") -> None:
     torch.set_num_threads(threads)
     torch.use_deterministic_algorithms(True, warn_only=True)
     if device.startswith("cuda"):
-        import os
-
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.backends.cudnn.benchmark = False

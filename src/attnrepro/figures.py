@@ -13,13 +13,14 @@ from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
 import matplotlib
-
-matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker  # noqa: E402
 from matplotlib.font_manager import FontProperties, fontManager  # noqa: E402
 
-from .io import atomic_path  # noqa: E402
+from attnrepro.staging import atomic_path  # noqa: E402
+
+matplotlib.use("Agg")
+
 
 DPI = 120
 PNG_METADATA = {"Software": None}  # no matplotlib version in the file: the same figure, the same bytes

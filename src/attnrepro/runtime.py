@@ -8,7 +8,7 @@ import time
 import torch
 from tqdm import tqdm
 
-from .config import ConfigError
+from attnrepro.config import ConfigError
 
 
 def resolve_device(name: str, key: str = "device") -> str:

@@ -21,7 +21,11 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Iterable, Optional, Sequence
 
-ALPHA = 0.05  # two-sided; the check spends it family-wise (Holm's step-down, attnrepro.check.families)
+import numpy as np
+from scipy.stats import binomtest, percentileofscore
+from scipy.stats import t as student_t
+
+ALPHA = 0.05  # two-sided; the check spends it family-wise (Holm's step-down, attnrepro.judge.check.families)
 
 # metrics judged on the log scale: attention statistics and scales that move by factors and,
 # collapsed, live near zero (a rule on the key, so every stage and the check agree)
@@ -41,8 +45,6 @@ def log_scale(key: str) -> bool:
 
 def t_cdf(t: float, df: float) -> float:
     """Student's t CDF (scipy.stats, imported on first use: it is slow to import)."""
-    from scipy.stats import t as student_t
-
     return float(student_t.cdf(t, df))
 
 
@@ -50,7 +52,6 @@ def t_quantile(p: float, df: float) -> float:
     """The p-quantile of Student's t with df degrees of freedom (scipy.stats)."""
     if not 0 < p < 1 or df <= 0:
         raise ValueError(f"t_quantile: p must be in (0, 1) and df > 0, got p={p}, df={df}")
-    from scipy.stats import t as student_t
 
     return float(student_t.ppf(p, df))
 
@@ -176,8 +177,6 @@ def paired_t_p(a: Sequence[float], b: Sequence[float]) -> float:
 def bootstrap_ratio(num: Sequence[float], den: Sequence[float], alpha: float = ALPHA, reps: int = 10000,
                     seed: int = 0) -> tuple[float, float]:
     """Percentile bootstrap interval of mean(num) / mean(den), resampling paired seeds."""
-    import numpy as np
-
     rng = np.random.default_rng(seed)
     a, b = np.asarray(num, dtype=float), np.asarray(den, dtype=float)
     idx = rng.integers(0, len(a), size=(reps, len(a)))
@@ -263,8 +262,6 @@ GAP_REPS = 20000  # draws of the Monte Carlo null distribution of the gap ratio
 def gap_ratio(values: Sequence[float]) -> tuple[float, int]:
     """The largest gap between neighbouring sorted values, over the pooled sd of the two sides it
     leaves (n - 2 degrees of freedom); and how many values lie below it."""
-    import numpy as np
-
     x = np.sort(np.asarray(values, dtype=float))
     gaps = np.diff(x)
     i = int(np.argmax(gaps))
@@ -277,8 +274,6 @@ def gap_ratio(values: Sequence[float]) -> tuple[float, int]:
 
 @functools.lru_cache(maxsize=None)
 def _gap_null(n: int) -> "np.ndarray":
-    import numpy as np
-
     x = np.sort(np.random.default_rng(0).standard_normal((GAP_REPS, n)), axis=1)
     gaps = np.diff(x, axis=1)
     i = gaps.argmax(1)
@@ -291,8 +286,6 @@ def _gap_null(n: int) -> "np.ndarray":
 def gap_p(ratio: float, n: int) -> float:
     """P(gap ratio >= ratio) for n independent draws of one normal distribution (the ratio does not
     depend on its mean or sd): Monte Carlo with GAP_REPS draws, seeded, so the same for everyone."""
-    import numpy as np
-
     null = _gap_null(n)
     return float((1 + len(null) - np.searchsorted(null, ratio, side="left")) / (len(null) + 1))
 
@@ -308,8 +301,6 @@ class Modes:
 
     def frequencies(self) -> list[dict]:
         """Each mode's seeds, count and share of the seeds with its exact 95% (Clopper-Pearson) interval."""
-        from scipy.stats import binomtest
-
         n = sum(len(g) for g in self.groups)
         out = []
         for g in self.groups:
@@ -340,8 +331,6 @@ def find_modes(values: dict, alpha: float = ALPHA, log: bool = False, statistic:
 def percentile_of(values: Sequence[float], x: float) -> float:
     """Where x sits among values, in percent: the share below it, ties counting half
     (scipy.stats.percentileofscore, kind "mean"); 0 or 100 when outside their range."""
-    from scipy.stats import percentileofscore
-
     return float(percentileofscore(list(values), x, kind="mean"))
 
 
@@ -388,4 +377,19 @@ def holm_adjusted(pvalues: Sequence[float]) -> list[float]:
     for rank, i in enumerate(order):
         running = max(running, min(1.0, (len(pvalues) - rank) * pvalues[i]))
         out[i] = running
+    return out
+
+
+def holm_step_down(pvalues: Sequence[float], alpha: float, m: int | None = None) -> list[tuple[float, bool]]:
+    """Holm's step-down, in the order given: each p's threshold and whether it is rejected. Sorted by
+    p, the i-th of m is rejected while p < alpha / (m - i); from the first that is not, every later
+    one is held to that same threshold and not rejected. m: the family's size (default len(pvalues))."""
+    m = len(pvalues) if m is None else m
+    out: list[tuple[float, bool]] = [(0.0, False)] * len(pvalues)
+    stopped = None
+    for i, j in enumerate(sorted(range(len(pvalues)), key=lambda j: pvalues[j])):
+        threshold = alpha / (m - i) if stopped is None else stopped
+        if stopped is None and pvalues[j] >= threshold:
+            stopped = threshold
+        out[j] = (threshold, stopped is None)
     return out

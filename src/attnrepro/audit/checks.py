@@ -15,8 +15,8 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from .cases import DTYPES, Case, grid, logit_max, tolerance
-from .reference import HYPOTHESES, reference
+from attnrepro.audit.cases import DTYPES, Case, grid, logit_max, tolerance
+from attnrepro.audit.float64_reference import HYPOTHESES, reference
 
 
 class Unsupported(Exception):

@@ -9,6 +9,7 @@ and read as 0). Informational: machines are shared and noisy, nothing here is ga
 
 from __future__ import annotations
 
+import ctypes
 import math
 import re
 from pathlib import Path
@@ -18,8 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils import benchmark
 
-from ..benchmark import fit_exponent, make_qkv
-from .checks import CheckResult, Finding, Impl, guarded
+from attnrepro.audit.checks import CheckResult, Finding, Impl, guarded
+from attnrepro.measure.timing import fit_exponent, make_qkv
 
 LENGTHS = (256, 512, 1024)
 
@@ -33,8 +34,6 @@ def _fix_mmap_threshold() -> None:
     """glibc raises its mmap threshold after large blocks are freed; later ones then come from the heap
     and stay resident, and VmHWM stops seeing them. Pinning the threshold (128 KiB) keeps it honest."""
     try:
-        import ctypes
-
         ctypes.CDLL("libc.so.6").mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD
     except (OSError, AttributeError):
         pass

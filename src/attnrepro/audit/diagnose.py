@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .checks import CheckResult, Finding
-from .reference import HYPOTHESES
+from attnrepro.audit.checks import CheckResult, Finding
+from attnrepro.audit.float64_reference import HYPOTHESES
 
 CAUSES: dict[str, str] = {
     **{h: text for h, text in HYPOTHESES.items() if h != "correct"},

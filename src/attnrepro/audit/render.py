@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import math
 
-from .cases import C_TOL
-from .checks import CheckResult
-from .diagnose import Diagnosis, cause_text
+from attnrepro.audit.cases import C_TOL
+from attnrepro.audit.checks import CheckResult
+from attnrepro.audit.diagnose import Diagnosis, cause_text
 
 TOLERANCE_NOTE = (f"tolerance: max|x - ref| <= {C_TOL:g} * R * (1 + max|logit|) * (u + u_fp32 * sqrt(E + S)); "
                   "u = eps/2 of the dtype, R = max|v| (output) or max|ref| (gradients)")
@@ -73,7 +73,7 @@ def markdown(target: str, identity: str, diag: Diagnosis, results: list[CheckRes
     """The report's section on a user's attention (params attention.impl): verdict, evidence, checks."""
     lines = ["## Attention implementation (params `attention.impl`)", "",
              f"The train, init_sweep and heads stages ran with `{target}` (source sha256 "
-             f"`{identity.rpartition('@')[2] or 'n/a'}`) instead of `attnrepro.attention`; the entropy and "
+             f"`{identity.rpartition('@')[2] or 'n/a'}`) instead of `attnrepro.model.attention`; the entropy and "
              "Jacobian diagnostics are of its own weights (read off with the identity matrix as the values), the "
              "logits are q.k times the scale. `attnrepro check` judges its metrics against the builtin's seed "
              f"distributions. Its audit (`attnrepro audit {target}`, without the timings):", "",

@@ -3,18 +3,25 @@ stage: run_train), and over seeds (the seeds stage: run_seeds)."""
 
 from __future__ import annotations
 
+import math
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
+from scipy.stats import bootstrap
 
-from ..audit.load import AttentionConfig
-from ..config import UserError, require
-from ..engine import EngineConfig
-from ..envinfo import stage_environment
-from ..stats import ALPHA, Modes, bootstrap_ratio, describe, distribution, find_modes, gap_groups, log_scale
-from ..sweep import require_ok, run_sweep
-from .protocol import TrainConfig, corpus_inputs, d_head_of, series
+from attnrepro import figures
+from attnrepro.config import UserError, require
+from attnrepro.envinfo import stage_environment
+from attnrepro.experiments.protocol import TrainConfig, corpus_inputs, d_head_of, series
+from attnrepro.formatting import fmt_number
+from attnrepro.model.attention_impl import AttentionConfig
+from attnrepro.run.engine import require_ok, run_sweep
+from attnrepro.run.engine_settings import EngineConfig
+from attnrepro.stats import (ALPHA, Modes, bootstrap_ratio, describe, distribution, find_modes, gap_groups, log_scale,
+                             percentile_of)
 
 
 @dataclass
@@ -119,9 +126,6 @@ def headline(gaps: pd.DataFrame, small: int, large: int, split: frozenset = froz
             d = describe(gaps[col])
             out[col] = {k: d[k] for k in ("mean", "sd", "min", "max", "ci95_lo", "ci95_hi")}
             if d_head in split:
-                import numpy as np
-                from scipy.stats import bootstrap
-
                 ci = bootstrap((gaps[col].to_numpy(),), np.mean, confidence_level=1 - ALPHA, n_resamples=10000,
                                method="percentile", random_state=0).confidence_interval
                 out[col].update(ci95_lo=float(ci.low), ci95_hi=float(ci.high), ci95_bootstrap=1)
@@ -267,3 +271,152 @@ def per_seed_curves(histories: dict[tuple[str, int], list[dict]]) -> list[dict]:
 
 
 CURVE_STRIDE = 5  # every 5th step: thin lines need no more, and the CSV stays small
+
+# ---------------------------------------------------------------- its part of the report
+
+STYLE = {True: ("tab:blue", "scaled (÷√d)"), False: ("tab:red", "unscaled")}
+
+
+def moving_average(xs: list[float], window: int) -> list[float]:
+    out, acc, q = [], 0.0, []
+    for x in xs:
+        q.append(x)
+        acc += x
+        if len(q) > window:
+            acc -= q.pop(0)
+        out.append(acc / len(q))
+    return out
+
+
+def _report_figures():
+    """attnrepro.figures (its saver: one dpi, no metadata), at the report's font size (set when a
+    figure is drawn)."""
+    figures.plt.rcParams.update({"font.size": 9})
+    return figures
+
+
+def loss_figure(series: dict[str, dict], pairs, smooth: int) -> bytes | None:
+    """Fig 1.2: training loss, one panel per d_head, scaled vs unscaled."""
+    pairs = [(d, p) for d, p in pairs if any(v in series for v in p.values())]
+    if not pairs:
+        return None
+    fg = _report_figures()
+    plt = fg.plt
+    fig, axes = plt.subplots(1, len(pairs), figsize=(5 * len(pairs), 3.6), sharey=True, squeeze=False)
+    for ax, (d_head, pair) in zip(axes[0], pairs):
+        for scaled in (False, True):
+            name = pair.get(scaled)
+            if name not in series:
+                continue
+            s = series[name]
+            color, label = STYLE[scaled]
+            ax.plot(s["step"], s["loss"], color=color, alpha=0.2, lw=0.6)
+            ax.plot(s["step"], moving_average(s["loss"], smooth), color=color, lw=1.5,
+                    label=f"{label} ({name})")
+        ax.set_title(f"d_head = {d_head}")
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    axes[0][0].set_ylabel(f"training loss (moving average of {smooth} steps)")
+    fig.suptitle("Training loss with and without 1/√d_k (chapter Fig 1.2)")
+    return fg.save(fig)
+
+
+def diagnostics_figure(series: dict[str, dict], pairs) -> bytes | None:
+    """Fig 1.4: layer-0 attention entropy and ||J||_F over training, all variants."""
+    names = [(d, scaled, p[scaled]) for d, p in pairs for scaled in (False, True) if p.get(scaled) in series]
+    if not names:
+        return None
+    fg = _report_figures()
+    plt = fg.plt
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    for col, (key, title) in enumerate([("entropy_l0", "normalized attention entropy (layer 0)"),
+                                        ("jacobian_fro_l0", "softmax Jacobian ||J||_F (layer 0)")]):
+        ax = axes[col]
+        for d_head, scaled, name in names:
+            s = series[name]
+            pts = [(x, y) for x, y in zip(s["step"], s.get(key, [])) if not math.isnan(y) and y > 0]
+            if not pts:
+                continue
+            color, label = STYLE[scaled]
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], color=color,
+                    ls="-" if d_head == pairs[-1][0] else "--", lw=1.3, label=f"d_head {d_head} {label}")
+        ax.set_yscale("log")
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7)
+    fig.suptitle("Attention saturation over training (chapter Fig 1.4)")
+    return fg.save(fig)
+
+
+def headline_markdown(seeds: dict, dist: dict, exp) -> str:
+    """This repository's measured gaps with their seed intervals, next to the chapter's: where the
+    chapter's figure sits among our seeds (its percentile), and each variant's modes."""
+    if not seeds:
+        return ""
+    pub = {c.id.rsplit(".", 1)[-1]: c.published for c in exp.claims
+           if c.id.startswith(("train.gaps.", "train.gap_ratio."))}
+    runs = dist.get("runs", {})
+    n = seeds.get("n_seeds")
+    lines = [f"Measured over {n} paired seeds (mean, 95% confidence interval of the mean), the chapter's figure in "
+             "brackets with its percentile among our seeds:\n"]
+    for key, label in (("gap_d32_loss_final", "loss gap at d_head 32"), ("gap_d256_loss_final", "loss gap at d_head 256"),
+                       ("gap_d32_val_loss_final", "validation-loss gap at d_head 32"),
+                       ("gap_d256_val_loss_final", "validation-loss gap at d_head 256")):
+        s = seeds.get(key)
+        if not s:
+            continue
+        ours = [r["comparison"][key] for r in runs.values() if key in r.get("comparison", {})]
+        where = ""
+        if key in pub and ours:
+            where = f" ({fmt_number(pub[key])}: percentile {percentile_of(ours, pub[key]):.0f} of our {len(ours)} seeds)"
+        zero = "; **the interval includes 0**" if s["ci95_lo"] <= 0 <= s["ci95_hi"] else ""
+        lines.append(f"- {label}: **{fmt_number(round(s['mean'], 3))}** [{fmt_number(round(s['ci95_lo'], 3))}, "
+                     f"{fmt_number(round(s['ci95_hi'], 3))}]{zero}{where}")
+    r = seeds.get("gap_ratio_of_means_loss_final")
+    if r:
+        p = pub.get("gap_ratio_of_means_loss_final")
+        lines.append(f"- ratio of the mean gaps: **{r['value']:.2f}×** [{r['ci95_lo']:.2f}, {r['ci95_hi']:.2f}] "
+                     f"(bootstrap over seeds; the chapter: {'—' if p is None else fmt_number(p)}×)")
+        per_seed = [x["comparison"]["gap_ratio_loss_final"] for x in runs.values()
+                    if math.isfinite(x.get("comparison", {}).get("gap_ratio_loss_final", math.nan))]
+        if per_seed and p is not None:  # the chapter's ratio is of one run's gaps: a per-seed ratio
+            lines.append(f"- each seed's own ratio: median {statistics.median(per_seed):.2f}×, from "
+                         f"{min(per_seed):.2f}× to {max(per_seed):.2f}× (the chapter's {fmt_number(p)}×, one run's "
+                         f"ratio: percentile {percentile_of(per_seed, p):.0f} of our {len(per_seed)} seeds)")
+    modes = seeds.get("modes", {})
+    if modes:
+        lines += ["", "Modes: each variant's seeds tested for two modes on the layer-0 entropy at step 222 (the largest "
+                  "gap between sorted values against one normal sample, family-wise alpha 0.05 over the variants; "
+                  "`stats.find_modes`):\n", "| variant | modes | p | share of seeds per mode [exact 95%] | "
+                  "final loss per mode |", "| --- | --- | --- | --- | --- |"]
+        for v, m in modes.items():
+            ms = [m[k] for k in sorted(m) if k.startswith("mode")]
+            share = "; ".join(f"{x['n']}: {100 * x['frac']:.0f}% [{100 * x['frac_ci95_lo']:.0f}, "
+                              f"{100 * x['frac_ci95_hi']:.0f}]" for x in ms)
+            loss = "; ".join(f"{x['loss_final_mean']:.3f}" for x in ms)
+            lines.append(f"| {v} | {m['n_modes']} | {m['p']:.2g} | {share} | {loss} |")
+    return "\n".join(lines) + "\n"
+
+
+def answer(metrics, all_metrics, dists) -> str:
+    s = all_metrics.get("seeds", {})
+    out = []
+    g32, g256, ratio = s.get("gap_d32_loss_final"), s.get("gap_d256_loss_final"), s.get("gap_ratio_of_means_loss_final")
+    if g32 and g256:
+        zero = "includes" if g32["ci95_lo"] <= 0 <= g32["ci95_hi"] else "excludes"
+        out.append(f"Over {s.get('n_seeds')} paired seeds removing 1/√d_k costs d_head 256 {g256['mean']:.3f} nat "
+                   f"[{g256['ci95_lo']:.3f}, {g256['ci95_hi']:.3f}] of final training loss and d_head 32 "
+                   f"{g32['mean']:.3f} [{g32['ci95_lo']:.3f}, {g32['ci95_hi']:.3f}] (its interval {zero} 0)"
+                   + (f"; the large model's gap is {ratio['value']:.2f}× the small one's [{ratio['ci95_lo']:.2f}, "
+                      f"{ratio['ci95_hi']:.2f}]." if ratio else "."))
+    u = metrics.get("d256_unscaled", {}) if metrics else {}
+    sc = metrics.get("d256_scaled", {}) if metrics else {}
+    if "entropy_step222" in u and "entropy_final" in u:
+        out.append(f"In this run the unscaled d_head-256 attention has collapsed by step 222 (layer-0 entropy "
+                   f"{u['entropy_step222']:.2g}, {u['entropy_final']:.2g} at the end"
+                   + (f", against {sc['entropy_final']:.2f} with the scaling" if "entropy_final" in sc else "") + ")"
+                   + (f" and its logits grew to a std of {u['logit_std_final']:.4g}" if "logit_std_final" in u else "")
+                   + ": the attention saturates and stops learning, as the chapter says.")
+    return " ".join(out)

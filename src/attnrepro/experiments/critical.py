@@ -21,13 +21,14 @@ from typing import Optional
 
 import pandas as pd
 
-from ..config import from_dict, require
-from ..envinfo import stage_environment
-from ..model import ModelConfig
-from ..stats import ALPHA, describe, find_modes, gap_groups, log_scale, onset_interval, paired_t_p
-from ..engine import EngineConfig
-from ..sweep import require_ok, run_sweep
-from .protocol import TrainConfig, corpus_inputs
+from attnrepro.config import from_dict, require
+from attnrepro.envinfo import stage_environment
+from attnrepro.experiments.protocol import TrainConfig, corpus_inputs
+from attnrepro.formatting import fmt_number, zero_note
+from attnrepro.model.transformer import ModelConfig
+from attnrepro.run.engine import require_ok, run_sweep
+from attnrepro.run.engine_settings import EngineConfig
+from attnrepro.stats import ALPHA, describe, find_modes, gap_groups, log_scale, onset_interval, paired_t_p
 
 METRICS = ("loss_final", "val_loss_final", "entropy_final", "logit_std_step0", "trained_logit_std_l0")
 
@@ -261,3 +262,132 @@ def run(train: TrainConfig, cfg: CriticalConfig, device: str, engine: EngineConf
     return CriticalResult(metrics=metrics, curve=curve, rows=rows, qk_curve=qk_curve, qk_rows=qk_rows,
                           references=references, onset=where, qk_onset=qk_where,
                           env=stage_environment(device, runs))
+
+# ---------------------------------------------------------------- its part of the report
+
+def _modes_note(e: dict) -> str:
+    """'2 modes (seeds ...)' per arm where an arm's seeds fall into two modes at a grid point, else ''."""
+    out = [f"{a}: {v['n_modes']} modes (seeds {' vs '.join(', '.join(map(str, g)) for g in v['seeds'])})"
+           for a, v in sorted((e.get("modes") or {}).items()) if v.get("n_modes", 1) > 1]
+    return "; ".join(out)
+
+
+def one_variable_markdown(q: dict) -> list[str]:
+    """The one-variable curve: design, cost, table and onset (metrics critical.d_qk)."""
+    rows = sorted((int(k[3:]), v) for k, v in q.items() if k.startswith("dqk") and k[3:].isdigit())
+    first = rows[0][0]
+    grid = ", ".join(str(d) for d, _ in rows)
+    new = 2 * q["seeds"] * sum(d != q["d_head"] for d, _ in rows)  # d_qk = d_head: the seeds stage's own runs
+    o = q["onset"]
+    where = (f"**d_qk in ({o['after_d_qk']:.0f}, {o['by_d_qk']:.0f}]**" if o.get("reached")
+             else "**not within the grid** (no d_qk's gap rises beyond that seed noise)")
+    base = ("the d_qk-{0} gap itself is above zero (its 95% lower bound > 0): the rule reads a rise from a gap "
+            "already there".format(first) if o.get("baseline_gap_above_zero")
+            else f"the d_qk-{first} gap is not distinguishable from zero")
+    out = [f"**One variable** (the curve the onset is read on; design, cost, and the first grid's result that "
+           "extended it down argued in `docs/CRITICAL.md`): the "
+           f"chapter's {q['model']} model (d_model {q['d_model']}, {q['n_head']} head, value width {q['d_head']}) with "
+           f"only its per-head query/key width d_qk moving over {grid}, so the scaled arm divides by √d_qk and the "
+           "value path, head count and every other weight stay the same; "
+           f"{q['seeds']} paired seeds per point, scaled and unscaled ({2 * len(rows) * q['seeds']} runs; {new} to "
+           f"train where the store holds the seeds stage's d_head-{q['d_head']} runs; what they took is the section's "
+           f"cost above). Onset (the first d_qk whose mean gap's 95% lower bound exceeds the d_qk-{first} gap's upper "
+           f"bound, never finer than the grid): {where}; {base}. Modes: each arm's seeds at each d_qk tested on "
+           "their step-222 entropy (stats.find_modes, Bonferroni over the grid), as in the seeds stage.\n",
+           "| d_qk | gap (unscaled − scaled) [95% CI] | min, max | unscaled logit std at init | unscaled entropy "
+           f"| scaled entropy | p, gap vs d_qk {first} (paired t) | modes |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for d, v in rows:
+        g, ue, se, ul = (v["gap_loss_final"], v["unscaled_entropy_final"], v["scaled_entropy_final"],
+                         v["unscaled_logit_std_step0"])
+        p = v.get(f"gap_vs_dqk{first}_paired_p")
+        out.append(f"| {d} | {g['mean']:.3f} [{g['ci95_lo']:.3f}, {g['ci95_hi']:.3f}]{zero_note(g['ci95_lo'], g['ci95_hi'])} "
+                   f"| {g['min']:.3f}, "
+                   f"{g['max']:.3f} | {ul['mean']:.3f} | {fmt_number(round(ue['mean'], 5))} | {se['mean']:.3f} | "
+                   f"{'' if p is None else f'{p:.2g}'} | {_modes_note(v) or 'one'} |")
+    return out
+
+
+def report_markdown(metrics: dict) -> str:
+    """Exercises 1-2: the one-variable curve (where present), then the mixed-width curve, labelled."""
+    if not metrics:
+        return ""
+    out = []
+    if metrics.get("d_qk"):
+        out += one_variable_markdown(metrics["d_qk"]) + [""]
+    rows = sorted((int(k[1:]), v) for k, v in metrics.items() if k.startswith("d") and k[1:].isdigit())
+    first = rows[0][0]
+    out += [f"**Mixed width** (not one variable): the chapter's protocol at every d_head of its suggested grid, "
+            f"{metrics['seeds']} seeds each (mean [min, max]), with d_model the smallest multiple of d_head ≥ 128 and "
+            "n_head = d_model / d_head, so d_model and n_head move with d_head (`stages/critical.py`).\n",
+            "| d_head | d_model | gap (unscaled − scaled) | unscaled entropy | scaled entropy | unscaled logit std, trained "
+            f"| p, gap vs d_head {first} (paired t) |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    for d, v in rows:
+        g, ue, se, ul = v["gap_loss_final"], v["unscaled_entropy_final"], v["scaled_entropy_final"], \
+            v["unscaled_trained_logit_std_l0"]
+        p = v.get(f"gap_vs_d{first}_paired_p")
+        out.append(f"| {d} | {v['d_model']} | {g['mean']:.3f} [{g['min']:.3f}, {g['max']:.3f}] | "
+                   f"{fmt_number(round(ue['mean'], 5))} | {se['mean']:.3f} | {ul['mean']:.4g} | "
+                   f"{'' if p is None else f'{p:.2g}'} |")
+    o = metrics["onset"]
+    widths = sorted({v["d_model"] for _, v in rows})
+    rule = (f"the first d_head whose mean gap's 95% lower bound exceeds the d_head-{first} gap's upper bound, "
+            "reported at the grid's resolution")
+    out.append(f"\nOnset of the mixed-width curve ({rule}): "
+               + (f"d_head in ({o['after_d_head']:.0f}, {o['by_d_head']:.0f}]." if o.get("reached")
+                  else "not within the grid.")
+               + f" This curve mixes variables: d_model ({', '.join(map(str, widths))}) and n_head move with d_head, "
+               "so it is not a one-variable answer (plots/critical/gap_vs_logit_std.png: the gap against the logit "
+               "scale at init, for both designs, with the chapter's two models as separate reference points).")
+    e1 = metrics.get("exercise1")
+    if e1:
+        r = e1["logit_std_ratio_step0"]
+        out.append(f"Exercise 1 (d_head {2 * first}: half the heads at the same d_model): the unscaled logit std at "
+                   f"step 0 is {r['mean']:.3f}× that of d_head {first} (√2 = 1.414); the gap is "
+                   f"{e1['gap_loss_final']['mean']:.3f} [{e1['gap_loss_final']['min']:.3f}, {e1['gap_loss_final']['max']:.3f}].")
+    return "\n".join(out) + "\n\n"
+
+
+def answer(metrics, all_metrics, dists) -> str:
+    if not metrics or "onset" not in metrics:
+        return ""
+    q = metrics.get("d_qk")
+    if q and "onset" in q:  # the one-variable curve answers the exercise; the mixed-width one is context
+        pts = sorted((int(k[3:]), v) for k, v in q.items() if k.startswith("dqk") and k[3:].isdigit())
+        o = q["onset"]
+        text = (f"With only the q/k width moving ({q['model']} model, {q['seeds']} seeds) the mean gap goes from "
+                f"{pts[0][1]['gap_loss_final']['mean']:.3f} at d_qk {pts[0][0]} to "
+                f"{pts[-1][1]['gap_loss_final']['mean']:.3f} at d_qk {pts[-1][0]}; ")
+        text += (f"its onset lies in d_qk ({o['after_d_qk']:.0f}, {o['by_d_qk']:.0f}] (the first grid point whose "
+                 f"gap's 95% lower bound exceeds the d_qk-{pts[0][0]} gap's upper bound; no finer than the grid)"
+                 if o.get("reached") else "no grid point's gap rises beyond the first point's seed noise")
+        return text + ". The mixed-width curve (d_model and n_head moving with d_head) is shown beside it."
+    rows = sorted((int(k[1:]), v) for k, v in metrics.items() if k.startswith("d") and k[1:].isdigit())
+    o = metrics["onset"]
+    first, last = rows[0], rows[-1]
+    text = (f"Over {metrics.get('seeds')} seeds the mean gap goes from {first[1]['gap_loss_final']['mean']:.3f} at d_head "
+            f"{first[0]} to {last[1]['gap_loss_final']['mean']:.3f} at d_head {last[0]}")
+    if o.get("reached"):
+        text += (f"; its onset lies in d_head ({o['after_d_head']:.0f}, {o['by_d_head']:.0f}] (the first grid point "
+                 "whose gap's 95% lower bound exceeds the first point's upper bound; no finer than the grid)")
+    else:
+        text += "; no grid point's gap rises beyond the first point's seed noise"
+    drops = [(a[0], b[0]) for a, b in zip(rows, rows[1:])
+             if b[1]["gap_loss_final"]["mean"] < a[1]["gap_loss_final"]["mean"]]
+    if drops:
+        text += (". The mean gap falls again from d_head " + ", ".join(f"{a} to {b}" for a, b in drops)
+                 + " (the grid changes d_model and n_head with d_head): read the onset no finer than the grid")
+    else:
+        text += ". The mean gap rises monotonically over the grid"
+    return text + "."
+
+
+def answer_exercise3(metrics, all_metrics, dists) -> str:
+    c = (all_metrics.get("heads") or {}).get("conditional")
+    if not c:
+        return ""
+    above = c["distance_std"] > c["uniform_distance_std"]
+    return (f"The most conditional head is l{c['layer']}h{c['head']} (centroid spread {c['distance_std']:.2f} over "
+            f"positions), {'above' if above else 'below'} the {c['uniform_distance_std']:.2f} that uniform causal "
+            f"attention shows from the growth of i alone: "
+            + ("a conditional head exists." if above else "by this measure no head of this model is conditional."))

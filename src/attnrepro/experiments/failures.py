@@ -4,18 +4,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..attention import BUGS
-from ..config import from_dict, require, require_positive
-from ..corpus_lm import LMData, LMMeasure
-from ..measure.health import INTENDED, Probe, check_matrix
-from ..measure.probes import diag_weight_all_rows
-from ..model import ModelConfig, load_checkpoint
-from ..runspec import RunSpec
-from ..stats import distribution
-from ..engine import EngineConfig
-from ..sweep import require_ok, run_sweep
-from ..training import OptimConfig, fixed_batches, load_tokens
-from .protocol import CORPUS, corpus_inputs, optim_config, vocab_size
+from attnrepro.config import from_dict, require, require_positive
+from attnrepro.experiments.protocol import CORPUS, corpus_inputs, optim_config, vocab_size
+from attnrepro.measure.health import INTENDED, Probe, check_matrix
+from attnrepro.measure.probes import diag_weight_all_rows
+from attnrepro.model.attention import BUGS
+from attnrepro.model.transformer import ModelConfig, load_checkpoint
+from attnrepro.run.engine import require_ok, run_sweep
+from attnrepro.run.engine_settings import EngineConfig
+from attnrepro.run.loop import OptimConfig, fixed_batches, load_tokens
+from attnrepro.run.spec import RunSpec
+from attnrepro.run.task_lm import LMData, LMMeasure
+from attnrepro.stats import distribution
 
 SYMPTOMS = ("loss_final", "grad_norm_final", "entropy", "diag_weight")  # what a failures run records
 
@@ -128,3 +128,24 @@ def run(cfg: FailuresConfig, device: str, engine: EngineConfig) -> FailuresResul
     dist = distribution({seed: {bug: symptoms[(bug, seed)] for bug in cfg.variants} for seed in seeds})
     return FailuresResult(metrics=metrics, dist=dist, histories=histories, seed_rows=seed_rows,
                           check_rows=check_rows, fired=fired, records=records)
+
+# ---------------------------------------------------------------- its part of the report
+
+def answer(metrics, all_metrics, dists) -> str:
+    if not metrics:
+        return ""
+    variants = sorted(metrics)
+    fired = {v: sorted(k[6:] for k, x in metrics[v].items() if k.startswith("check_") and not k.endswith("_value") and x)
+             for v in variants}
+    caught = [v for v in variants if v != "correct" and metrics[v].get("caught_by_intended")]
+    bugs = [v for v in variants if v != "correct"]
+    out = [f"{len(caught)} of {len(bugs)} injected bugs are caught by the health check meant for them"]
+    out.append("; ".join(f"{v}: {', '.join(fired[v]) or 'no check fires'}" for v in variants))
+    c = metrics.get("correct", {})
+    same = [v for v in bugs if metrics[v].get("loss_final") == c.get("loss_final")]
+    if same:
+        out.append(f"{', '.join(same)} {'trains' if len(same) == 1 else 'train'} exactly like the correct model "
+                   f"(final loss {c.get('loss_final'):.4g}): only the health checks tell "
+                   f"{'it' if len(same) == 1 else 'them'} apart ("
+                   + "; ".join(f"{v}: {', '.join(fired[v]) or 'none'}" for v in same) + ")")
+    return ". ".join(out) + "."

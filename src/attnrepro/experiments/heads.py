@@ -7,22 +7,22 @@ and the most "conditional" head against the uniform causal baseline.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from ..audit.load import AttentionConfig
-from ..config import UserError, require, require_positive
-from ..measure.probes import ablate_heads, attention_maps, head_stats
-from ..matching import HEAD_STATS, matched_to
-from ..measure.weights import position_stats
-from ..model import load_checkpoint
-from ..runtime import progress
-from ..stats import distribution
-from ..training import load_tokens
+from attnrepro.config import UserError, require, require_positive
+from attnrepro.files import read_json
+from attnrepro.measure.head_matching import HEAD_STATS, matched_to
+from attnrepro.measure.probes import ablate_heads, attention_maps, head_stats
+from attnrepro.measure.weights import position_stats
+from attnrepro.model.attention_impl import AttentionConfig
+from attnrepro.model.transformer import load_checkpoint
+from attnrepro.run.loop import load_tokens
+from attnrepro.runtime import progress
+from attnrepro.stats import distribution
 
 CORPUS = Path("data/corpus")
 STATS = HEAD_STATS
@@ -102,7 +102,7 @@ def run(cfg: HeadsConfig, attention: AttentionConfig) -> HeadsResult:
     model = load_checkpoint(cfg.checkpoint, "heads.checkpoint")
     attention.check_checkpoint(model.cfg.impl, "heads.checkpoint")
     check_lengths(cfg, model.cfg.block_size)
-    itos = json.loads((CORPUS / "vocab.json").read_text(encoding="utf-8"))
+    itos = read_json(CORPUS / "vocab.json")
     seqs = fixed_sequences(load_tokens(CORPUS / "val.npy"), cfg.n_seqs, cfg.seq_len, cfg.seq_seed)
     rows, base, maps = measure(model, cfg, seqs, progress_bar=True)
     return HeadsResult(metrics=heads_metrics(rows, base, model.cfg.n_layer, cfg), rows=rows, maps=maps, seqs=seqs,
@@ -167,3 +167,50 @@ def seed_portraits(cfg: HeadsConfig, checkpoints: dict[int, Path], reference: in
     ref = measured[reference][0]
     return distribution({s: heads_metrics(matched_to(ref, rows, STATS), base, n_layer, cfg)
                          for s, (rows, base, n_layer) in measured.items()})
+
+# ---------------------------------------------------------------- its part of the report
+
+def centroid_markdown(metrics: dict) -> str:
+    """Exercise 3: where each head's attention centroid sits, and how much it moves between positions."""
+    c = metrics.get("conditional")
+    if not c:
+        return ""
+    heads = sorted(k for k in metrics if k.startswith("l") and "h" in k and isinstance(metrics[k], dict))
+    out = ["dist_i = Σ_j (i − j) p_ij per query row; its mean and its standard deviation over the positions "
+           f"(`stages/heads.py`). Uniform causal attention spreads by {c['uniform_distance_std']:.2f} from the "
+           "growth of i alone; a head whose centroid spreads more is \"conditional\" (near for some queries, far "
+           "for others).\n", "| head | centroid distance | its sd over positions | previous-token weight |",
+           "| --- | --- | --- | --- |"]
+    out += [f"| {h} | {metrics[h]['distance']:.2f} | {metrics[h]['distance_std']:.2f} | {metrics[h]['prev']:.3f} |" for h in heads]
+    out.append(f"\nMost conditional: **l{c['layer']}h{c['head']}** (sd {c['distance_std']:.2f}, "
+               f"{'above' if c['distance_std'] > c['uniform_distance_std'] else 'not above'} the uniform baseline).")
+    return "\n".join(out) + "\n\n"
+
+
+def answer(metrics, all_metrics, dists) -> str:
+    heads = {k: v for k, v in (metrics or {}).items() if k.startswith("l") and "h" in k and isinstance(v, dict)
+             and "prev" in v}
+    if not heads:
+        return ""
+    prev = max(heads, key=lambda h: (heads[h]["prev"], h))
+    abl = max(heads, key=lambda h: (heads[h].get("ablation_delta", 0), h))
+    d = metrics.get("layer1_minus_layer0_distance")
+    return (f"The heads differ (entropies spread by {metrics.get('entropy_spread', 0):.3f}); {prev} is the clearest "
+            f"previous-token head (weight {heads[prev]['prev']:.3f}); ablating {abl} costs the most "
+            f"({heads[abl]['ablation_delta']:.3f} nat)"
+            + ("" if d is None else f"; layer 1 looks {'farther' if d > 0 else 'no farther'} than layer 0 "
+               f"(mean distance {d:+.3f} tokens)") + "." + _heads_over_seeds(dists.get("heads") or {}))
+
+
+def _heads_over_seeds(dist: dict) -> str:
+    """How the same variant's heads come out at the other seeds (metrics/dist/heads.json)."""
+    runs = list((dist.get("runs") or {}).values())
+    if not runs:
+        return ""
+    n = len(runs)
+    prev = sum(r["max_prev"] > 0.3 for r in runs)
+    farther = sum(r["layer1_minus_layer0_distance"] > 0 for r in runs)
+    return (f" Over {n} seeds of the same model (each seed's heads matched to this run's by their statistics): a "
+            f"head with previous-token weight above 0.3 in {prev}, layer 1 farther than layer 0 in {farther}, "
+            f"the largest previous-token weight {min(r['max_prev'] for r in runs):.3f} to "
+            f"{max(r['max_prev'] for r in runs):.3f}: which roles a trained model's heads take varies with the seed.")

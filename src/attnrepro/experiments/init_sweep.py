@@ -12,11 +12,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ..benchmark import fit_exponent
-from ..config import require, require_positive
-from ..measure.probes import measure_init
-from ..model import ModelConfig, TinyGPT
-from ..runtime import progress
+from attnrepro.config import require, require_positive
+from attnrepro.measure.probes import measure_init
+from attnrepro.measure.timing import fit_exponent
+from attnrepro.model.transformer import ModelConfig, TinyGPT
+from attnrepro.runtime import progress
 
 
 @dataclass
@@ -116,3 +116,19 @@ def run(cfg: InitSweepConfig, impl: str) -> InitSweepResult:
     metrics = {f"d{r['d_head']}": {k: v for k, v in r.items() if k != "d_head"} for r in rows}
     metrics["fit"] = sweep_fit(rows)
     return InitSweepResult(rows=rows, metrics=metrics)
+
+# ---------------------------------------------------------------- its part of the report
+
+def answer(metrics, all_metrics, dists) -> str:
+    fit = metrics.get("fit") if metrics else None
+    if not fit:
+        return ""
+    ds = sorted((int(k[1:]), v) for k, v in metrics.items() if k.startswith("d") and k[1:].isdigit())
+    lo, hi = ds[0], ds[-1]
+    return (f"At initialisation the logit std grows from {lo[1]['logit_std']:.3g} (d_head {lo[0]}) to "
+            f"{hi[1]['logit_std']:.3g} (d_head {hi[0]}), a log-log slope of {fit['slope_measured']:.2f}: the "
+            f"variance-propagation prediction (slope {fit['slope_varprop']:g}, off by at most "
+            f"{100 * (10 ** fit['max_abs_log10_ratio_varprop'] - 1):.0f}%) "
+            f"{'fits better than' if fit.get('varprop_fits_better') else 'does not fit better than'} the footnote's √d "
+            f"(slope {fit['slope_footnote']:g}); the unscaled softmax entropy falls to {hi[1]['entropy']:.3g} at "
+            f"d_head {hi[0]}.")

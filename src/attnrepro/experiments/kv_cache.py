@@ -1,9 +1,9 @@
 """KV-cache memory (eq. 1.20-1.21, §1.8.8) and a real cache for TinyGPT: the `kv_cache` experiment.
 
 Formula figures for the memory presets and the attention-matrix cases; then, on an
-untrained TinyGPT (attnrepro.kv_cache's preallocated cache), the allocated bytes against
+untrained TinyGPT (attnrepro.model.kv's preallocated cache), the allocated bytes against
 the formula, token identity of generation with and without the cache, and the per-token
-latency against context length (timed with attnrepro.benchmark.measure).
+latency against context length (timed with attnrepro.measure.timing.measure).
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import memory
-from ..benchmark import Timer, measure
-from ..config import ConfigError, from_dict, require, require_positive
-from ..kv_cache import caches_nbytes, formula_nbytes, generate_cached, make_caches
-from ..model import ModelConfig, TinyGPT, generate
-from ..runtime import progress
+from attnrepro.config import ConfigError, from_dict, require, require_positive
+from attnrepro.measure.timing import Timer, measure
+from attnrepro.model import kv
+from attnrepro.model.kv import caches_nbytes, formula_nbytes, generate_cached, make_caches
+from attnrepro.model.transformer import ModelConfig, TinyGPT, generate
+from attnrepro.runtime import progress
 
 
 @dataclass
@@ -55,14 +55,14 @@ class KVCacheConfig:
     def validate(self, prefix: str = "kv_cache") -> None:
         require_positive(self, ("threads",), prefix)
         for p in self.presets:
-            require(p in memory.PRESETS, f"{prefix}.presets", p, "one of " + ", ".join(memory.PRESETS))
+            require(p in kv.PRESETS, f"{prefix}.presets", p, "one of " + ", ".join(kv.PRESETS))
         require(len(self.seq_lens) > 0 and all(n > 0 for n in self.seq_lens), f"{prefix}.seq_lens", self.seq_lens,
                 "a non-empty list of positive integers")
         for name, c in self.attn_matrix.items():
             require(c.seq > 0 and c.heads > 0 and c.layers > 0, f"{prefix}.attn_matrix.{name}", c,
                     "positive seq, heads, layers")
-            require(c.dtype in memory.DTYPE_BYTES, f"{prefix}.attn_matrix.{name}.dtype", c.dtype,
-                    "one of " + ", ".join(memory.DTYPE_BYTES))
+            require(c.dtype in kv.DTYPE_BYTES, f"{prefix}.attn_matrix.{name}.dtype", c.dtype,
+                    "one of " + ", ".join(kv.DTYPE_BYTES))
         require_positive(self, ("vocab_size", "cache_batch", "identity_prompt", "identity_tokens", "reps",
                                 "gen_prompt", "gen_tokens"), prefix)
         require(self.warmup >= 0, f"{prefix}.warmup", self.warmup, "a non-negative integer")
@@ -137,7 +137,7 @@ def preset_section(cfg: KVCacheConfig) -> dict:
     """Eq. 1.20-1.21 for each memory preset: per token and at each of seq_lens, with the n x n matrix."""
     out = {}
     for name in cfg.presets:
-        shape = memory.preset(name)
+        shape = kv.preset(name)
         row = {"n_layer": shape.n_layer, "n_head": shape.n_head, "n_kv_head": shape.n_kv_head,
                "d_head": shape.d_head, "bytes_per_elem": shape.bytes_per_elem,
                "kv_bytes_per_token": shape.kv_bytes_per_token(), "kv_mb_per_token": shape.kv_bytes_per_token() / 1e6}
@@ -153,7 +153,7 @@ def matrix_section(cfg: KVCacheConfig) -> dict:
     """Eq. 1.45 / §1.11.5: the bytes of the attention matrices of each attn_matrix case."""
     out = {}
     for name, c in cfg.attn_matrix.items():
-        b = memory.attention_matrix_bytes(c.seq, c.heads, c.layers, memory.dtype_bytes(c.dtype))
+        b = kv.attention_matrix_bytes(c.seq, c.heads, c.layers, kv.dtype_bytes(c.dtype))
         out[f"{name}_bytes"] = b
         out[f"{name}_gb"] = b / 1e9
     return out
@@ -266,3 +266,23 @@ def run(cfg: KVCacheConfig, device: str) -> KVCacheResult:
     if device == "cpu":
         title += f" ({torch.get_num_threads()} threads)"
     return KVCacheResult(metrics, rows, title)
+
+# ---------------------------------------------------------------- its part of the report
+
+def answer(metrics, all_metrics, dists) -> str:
+    if not metrics:
+        return ""
+    out = []
+    c, gen = metrics.get("cache", {}), metrics.get("generation", {})
+    if c:
+        out.append(f"A real cache for the large TinyGPT allocates {c['nbytes_measured']:,} bytes, "
+                   f"{'exactly' if c.get('match') else 'not'} what the formula gives ({c['nbytes_formula']:,})")
+    if gen:
+        out.append(f"generation with and without it gives {'identical' if gen.get('greedy_identical') else 'different'} "
+                   f"greedy tokens ({gen.get('greedy_mismatches')} mismatches)")
+    shapes = [(k.rsplit("_", 1)[-1].upper(), v) for k, v in sorted(metrics.items()) if k.startswith("llama2_70b_")]
+    if shapes:
+        out.append("at the Llama-2-70B shape the cache takes " + ", ".join(
+            f"{v['kv_bytes_per_token'] / 1e6:.3g} MB per token ({v['kv_gb_n4096']:.3g} GB at 4096) with {name}"
+            for name, v in shapes))
+    return ("; ".join(out) + ".") if out else ""

@@ -3,7 +3,7 @@
 Causal attention forward at batch 1, `heads` heads of `d_head`, over sequence
 lengths n: the fused kernel (F.scaled_dot_product_attention) and the naive
 attention.attention that materializes n x n scores/weights, each point timed with
-attnrepro.benchmark.measure (cold first call, warm-up, timed repetitions).
+attnrepro.measure.timing.measure (cold first call, warm-up, timed repetitions).
 
 FLOP convention: a full attention forward costs 4 n^2 d h FLOPs (QK^T and PV,
 2 FLOPs per multiply-add); the causal half is counted, 2 n^2 d h, which is the
@@ -13,16 +13,17 @@ work a causal kernel actually does. Achieved TFLOP/s = that / mean time.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
-from ..attention import attention, fused_attention
-from ..benchmark import fit_exponent, make_qkv, measure
-from ..config import require, require_positive
-from ..envinfo import environment, gpu_info
-from ..runtime import progress
+from attnrepro.config import require, require_positive
+from attnrepro.envinfo import environment, gpu_info
+from attnrepro.measure.timing import fit_exponent, make_qkv, measure
+from attnrepro.model.attention import attention, fused_attention
+from attnrepro.runtime import progress
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -235,3 +236,25 @@ def run(cfg: LatencyConfig, device: str) -> LatencyResult:
     where = env.get("gpu_name", device) if device.startswith("cuda") else f"CPU, {torch.get_num_threads()} threads"
     title = f"causal attention forward, batch 1, {cfg.heads} heads x d_head {cfg.d_head} ({where})"
     return LatencyResult(rows, metrics, env, title)
+
+# ---------------------------------------------------------------- its part of the report
+
+def answer(metrics, all_metrics, dists) -> str:
+    if not metrics:
+        return ""
+    setup = metrics.get("setup", {})
+    impls = {k: v for k, v in sorted(metrics.items()) if isinstance(v, dict) and "exponent" in v}
+    if not impls:
+        return ""
+    where = "on CUDA" if setup.get("cuda") else "on the CPU (no CUDA on this machine: the published GPU timings are not measured)"
+    text = (f"Measured {where}: time grows as n^" + ", ".join(f"{v['exponent']:.2f} for {k}" for k, v in impls.items())
+            + " over the measured lengths")
+    ns = sorted(set.intersection(*[{int(k[1:].split("_")[0]) for k in v if re.fullmatch(r"n\d+_mean_ms", k)}
+                                   for v in impls.values()]))
+    if ns:
+        n = ns[-1]
+        t = {k: v[f"n{n}_mean_ms"] for k, v in impls.items()}
+        slow, fast = max(t, key=lambda k: (t[k], k)), min(t, key=lambda k: (t[k], k))
+        text += (f"; at n = {n} one forward takes {t[fast]:.3g} ms with {fast} and {t[slow]:.3g} ms with {slow} "
+                 f"({t[slow] / t[fast]:.1f}×)")
+    return text + "."

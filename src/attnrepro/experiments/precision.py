@@ -15,9 +15,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..attention import attention, causal_mask
-from ..config import require, require_positive
-from ..runtime import progress
+from attnrepro.config import require, require_positive
+from attnrepro.model.attention import attention, causal_mask
+from attnrepro.runtime import progress
 
 DTYPES: dict[str, torch.dtype] = {
     "fp64": torch.float64,
@@ -392,3 +392,29 @@ def run(cfg: PrecisionConfig) -> PrecisionResult:
                          **{f"bwd_causal_{k}_max_abs_err": v for k, v in bwd.items()},
                          **{f"bwd_full_{k}_max_abs_err": v for k, v in bwd_nc.items()}}
     return PrecisionResult(metrics=metrics, rows=rows)
+
+# ---------------------------------------------------------------- its part of the report
+
+def answer(metrics, all_metrics, dists) -> str:
+    if not metrics:
+        return ""
+    out = []
+    o = metrics.get("overflow", {})
+    if o:
+        out.append(f"exp of float32 logits overflows in {o['unscaled_inf']} of {o['size']} entries at std "
+                   f"{o['unscaled_std']:g} and {o['scaled_inf']} at std {o['scaled_std']:g}")
+    sm = metrics.get("softmax", {})
+    if sm:
+        nan = [d for d in ("fp32", "fp16", "bf16") if sm.get(f"{d}_naive_nan")]
+        out.append(f"the naive softmax gives nan in {', '.join(nan) or 'no format'} where the stable one does not")
+    par = metrics.get("parity", {})
+    if par:
+        out.append(f"the manual attention and its backward agree with SDPA and autograd in float64 to "
+                   f"{max(par.values()):.2g}")
+    ft = metrics.get("forward_trained", {})
+    if ft:
+        bad = sorted(k for k, v in ft.items() if v and "stable" in k)
+        out.append(f"with trained-scale q and k the stable forward stays finite in "
+                   f"{'every' if not bad else 'all but ' + str(len(bad))} format/d_head case")
+    text = "; ".join(out) + "."
+    return (text[0].upper() + text[1:]) if out else ""

@@ -15,11 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from ..config import ConfigError, from_dict, require, require_positive
-from ..corpus_lm import LMData, LMMeasure, Sample
-from ..model import ModelConfig
-from ..runspec import RunSpec
-from ..training import OptimConfig
+from attnrepro.config import ConfigError, from_dict, require, require_positive
+from attnrepro.files import read_json
+from attnrepro.model.transformer import ModelConfig
+from attnrepro.run.loop import OptimConfig
+from attnrepro.run.spec import RunSpec
+from attnrepro.run.task_lm import LMData, LMMeasure, Sample
 
 CORPUS = Path("data/corpus")
 CORPUS_FILES = ("train.npy", "val.npy", "vocab.json")
@@ -34,9 +35,7 @@ def corpus_inputs(folder: Path = CORPUS) -> dict[str, bytes]:
 
 
 def vocab_size(folder: Path = CORPUS) -> int:
-    import json
-
-    return len(json.loads((Path(folder) / "vocab.json").read_text(encoding="utf-8")))
+    return len(read_json(Path(folder) / "vocab.json"))
 
 
 def optim_fields(cfg) -> dict:

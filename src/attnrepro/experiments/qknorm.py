@@ -6,12 +6,12 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from ..config import require
-from ..envinfo import stage_environment
-from ..stats import describe, log_scale
-from ..engine import EngineConfig
-from ..sweep import require_ok, run_sweep
-from .protocol import TrainConfig, corpus_inputs, model_config
+from attnrepro.config import require
+from attnrepro.envinfo import stage_environment
+from attnrepro.experiments.protocol import TrainConfig, corpus_inputs, model_config
+from attnrepro.run.engine import require_ok, run_sweep
+from attnrepro.run.engine_settings import EngineConfig
+from attnrepro.stats import describe, log_scale
 
 METRICS = ("loss_final", "val_loss_final", "entropy_final", "jacobian_fro_final", "logit_std_step0",
            "trained_logit_std_l0")  # and the layer-0 entropy at every train.diag_steps
@@ -78,3 +78,36 @@ def run(train: TrainConfig, cfg: QKNormConfig, device: str, engine: EngineConfig
             for step, row in curves.iterrows()]
     return QKNormResult(metrics=metrics, rows=rows, curves=wide, forms=list(variants),
                         env=stage_environment(device, records))
+
+# ---------------------------------------------------------------- its part of the report
+
+def report_markdown(metrics: dict) -> str:
+    if not metrics:
+        return ""
+    steps = sorted({k for v in metrics.values() for k in v if k.startswith("entropy_step")}, key=lambda k: int(k[12:]))
+    out = ["Mean [min, max] over seeds; the plain scaled and unscaled models are the references (`stages/qknorm.py`).\n",
+           "| form | seeds | loss final | val loss | logit std at init | " + " | ".join(f"entropy, step {k[12:]}" for k in steps)
+           + " | entropy, end | ‖J‖_F, end |", "| --- " * (7 + len(steps)) + "|"]
+
+    def cell(s, digits=3):
+        return f"{s['mean']:.{digits}g} [{s['min']:.{digits}g}, {s['max']:.{digits}g}]"
+
+    for name, v in metrics.items():
+        out.append(f"| {name} | {v['seeds']} | {cell(v['loss_final'], 4)} | {cell(v['val_loss_final'], 4)} | "
+                   f"{cell(v['logit_std_step0'])} | " + " | ".join(cell(v[k]) for k in steps)
+                   + f" | {cell(v['entropy_final'])} | {cell(v['jacobian_fro_final'])} |")
+    return "\n".join(out) + "\n\n"
+
+
+def answer(metrics, all_metrics, dists) -> str:
+    if not metrics:
+        return ""
+    ok = {k: v for k, v in metrics.items() if "entropy_final" in v and "loss_final" in v}
+    if not ok:
+        return ""
+    saved = sorted(k for k, v in ok.items() if v["entropy_final"]["min"] > 0.1)
+    collapsed = sorted(k for k, v in ok.items() if v["entropy_final"]["max"] < 0.1)
+    best = min(ok, key=lambda k: (ok[k]["loss_final"]["mean"], k))
+    return (f"Final attention stays spread (entropy above 0.1 on every seed) for {', '.join(saved) or 'none'}; it "
+            f"ends saturated (below 0.1 on every seed) for {', '.join(collapsed) or 'none'}. The lowest mean final "
+            f"loss is {best}'s ({ok[best]['loss_final']['mean']:.3f}).")

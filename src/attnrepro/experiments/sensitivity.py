@@ -18,15 +18,20 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping, Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
-from ..config import ConfigError, require
-from ..stats import ALPHA, Band, holm_adjusted, log_scale, t_quantile
+import numpy as np
+from scipy.stats import t
 
-if TYPE_CHECKING:  # the run path's imports stay inside run(): claims.py imports this module
-    from ..engine import EngineConfig
-    from .failures import FailuresConfig
-    from .protocol import TrainConfig
+from attnrepro.config import ConfigError, require
+from attnrepro.envinfo import stage_environment
+from attnrepro.experiments.failures import SYMPTOMS, FailuresConfig
+from attnrepro.experiments.protocol import TrainConfig, corpus_inputs, model_config, optim_config
+from attnrepro.files import read_yaml_mapping
+from attnrepro.formatting import number_text, table_cell, zero_note
+from attnrepro.run.engine import require_ok, run_sweep
+from attnrepro.run.engine_settings import EngineConfig
+from attnrepro.stats import ALPHA, Band, holm_adjusted, log_scale, t_quantile
 
 SENSITIVITY_FAILURES = "failures_"  # a sensitivity variant failures_<bug> names a model of the failures table
 BASELINE = "baseline"  # the protocol as written: the name of the unchanged protocol in the outputs
@@ -118,7 +123,7 @@ _TRAIN_METRIC = re.compile(r"(loss_final|loss_last_step|loss_start|val_loss_fina
 
 
 def train_metric(name: str, diag_steps: Sequence[int], n_layer: int) -> bool:
-    """Is `name` a metric that a train-protocol run's summary records (corpus_lm.chapter_summary)? Checked
+    """Is `name` a metric that a train-protocol run's summary records (run.task_lm.chapter_summary)? Checked
     before any run starts, without reading another stage's outputs."""
     m = _TRAIN_METRIC.fullmatch(name)
     if m is None:
@@ -137,8 +142,6 @@ def planned_runs(params: Mapping) -> int:
 
 def first_split(inputs: dict[str, bytes]) -> dict[str, bytes]:
     """The same token stream, with its first len(val) tokens as validation instead of its last."""
-    import numpy as np
-
     train, val = (np.load(io.BytesIO(inputs[k])) for k in ("train.npy", "val.npy"))
     ids = np.concatenate([train, val])
     out = dict(inputs)
@@ -151,7 +154,7 @@ def first_split(inputs: dict[str, bytes]) -> dict[str, bytes]:
 
 # ---------------------------------------------------------------- statistics
 
-def _f(x: float, log: bool) -> float:
+def _on_analysis_scale(x: float, log: bool) -> float:
     return math.log(x) if log else float(x)
 
 
@@ -173,11 +176,9 @@ def paired_effect(ours: Sequence[float], base: Sequence[float], log: bool, alpha
     """The mean paired difference of `ours` from `base` (seed i of each shares its init draw and batches),
     on the analysis scale: diff, its standard error se = sd(differences) / sqrt(n), the 1 - alpha t
     interval (ci_lo, ci_hi, n - 1 degrees of freedom) and the two-sided paired t-test's p."""
-    from scipy.stats import t
-
     require(len(ours) == len(base) and len(ours) >= 2, "sensitivity pairs", (len(ours), len(base)),
             "two equally long lists of at least 2 paired values")
-    d = [_f(o, log) - _f(b, log) for o, b in zip(ours, base)]
+    d = [_on_analysis_scale(o, log) - _on_analysis_scale(b, log) for o, b in zip(ours, base)]
     n = len(d)
     mean = sum(d) / n
     sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1))
@@ -278,12 +279,12 @@ def accounts_for(base: Mapping, row: Mapping, published: float, half: float = 0.
         return "missing"
     if row["p_holm"] >= alpha:
         return "not significant"
-    target = _f(published, log)
+    target = _on_analysis_scale(published, log)
     up = target > base["center"]
     if (row["center"] > base["center"]) != up or row["center"] == base["center"]:
         return "away"
     w = t_quantile(1 - alpha / 2, int(row["n"]) - 1) * row["sd"] * math.sqrt(1 + 1 / row["n"])
-    edge = _f(published + half, log) + w if up else _f(published - half, log) - w
+    edge = _on_analysis_scale(published + half, log) + w if up else _on_analysis_scale(published - half, log) - w
     if ((row["center"] > edge) if up else (row["center"] < edge)) or \
             abs(row["center"] - target) >= abs(base["center"] - target):
         return "overshoots"
@@ -296,7 +297,7 @@ def closes(base: Mapping, row: Mapping, published: float) -> Optional[float]:
     log = bool(base.get("log"))
     if "center" not in base or "center" not in row or (log and published <= 0):
         return None
-    gap = _f(published, log) - base["center"]
+    gap = _on_analysis_scale(published, log) - base["center"]
     return (row["center"] - base["center"]) / gap if gap else None
 
 
@@ -331,15 +332,15 @@ def joint_table(m: Mapping, published: Mapping[tuple[str, str], tuple[float, flo
                 score, fixed = math.inf, math.inf
                 continue
             inside += _meets(r.get("pi_lo", -math.inf), r.get("pi_hi", math.inf), pub, half)
-            dz = _f(pub, log) - r["center"]
-            score += _z2(dz, r.get("sd", 0.0))
-            fixed += _z2(dz, rows[BASELINE].get("sd", 0.0))
+            dz = _on_analysis_scale(pub, log) - r["center"]
+            score += _squared_z(dz, r.get("sd", 0.0))
+            fixed += _squared_z(dz, rows[BASELINE].get("sd", 0.0))
         out.append({"protocol": p, "cells": n, "changed": changed, "inside": inside, "score": score,
                     "score_base_sd": fixed})
     return out
 
 
-def _z2(dz: float, sd: float) -> float:
+def _squared_z(dz: float, sd: float) -> float:
     return (dz / sd) ** 2 if sd else (0.0 if dz == 0 else math.inf)
 
 
@@ -347,9 +348,7 @@ def _z2(dz: float, sd: float) -> float:
 
 def load_prereg(path: Path = PREREGISTRATION) -> list[dict]:
     """The pre-registered explanations: [{cell: <variant>.<metric>, choice, reason}, ...]."""
-    import yaml
-
-    doc = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    doc = read_yaml_mapping(path, "the pre-registration file is missing")
     entries = doc.get("entries") or []
     for i, e in enumerate(entries):
         require(isinstance(e, dict) and {"cell", "choice", "reason"} <= set(e) and e["cell"].count(".") == 1,
@@ -416,11 +415,6 @@ def run(train: "TrainConfig", failures: "FailuresConfig", cfg: SensitivityConfig
     The baseline is the `train` / `failures` protocol as params state it, so its runs are the seeds and
     failures stages' own at shared seeds (same spec, one run in the store). Params are checked before
     any run starts."""
-    from ..envinfo import stage_environment
-    from ..sweep import require_ok, run_sweep
-    from .failures import SYMPTOMS
-    from .protocol import corpus_inputs, model_config, optim_config
-
     for v, names in cfg.metrics.items():
         file, name = sensitivity_target(v)
         require(name in (failures.variants if file == "failures" else train.variants), "sensitivity.metrics", v,
@@ -472,3 +466,116 @@ def run(train: "TrainConfig", failures: "FailuresConfig", cfg: SensitivityConfig
                 values[(v, m, p)] = [float(s[m]) for s in summaries]
     metrics, rows = analyse(values, cfg)
     return SensitivityResult(metrics=metrics, rows=rows, env=stage_environment(device, list(records.values())))
+
+# ---------------------------------------------------------------- its part of the report
+
+def published_figures(claims) -> dict[tuple[str, str], tuple[float, float]]:
+    """(sensitivity variant, metric) -> (published figure, half a unit of its last digit), for every
+    value cell of claims.yaml (`claims`: its Claims) that names one metric of the train or failures stage."""
+    out = {}
+    for c in claims:
+        if c.cls != "value" or c.published is None:
+            continue
+        parts = c.metric.split(".")
+        if len(parts) == 3 and parts[0] in ("train", "failures"):
+            v = parts[1] if parts[0] == "train" else SENSITIVITY_FAILURES + parts[1]
+            out[(v, parts[2])] = (c.published, c.published_half)
+    return out
+
+
+def _cells_or_empty(metrics: dict) -> dict:
+    return cells(metrics) if isinstance(metrics, dict) else {}
+
+
+def report_markdown(metrics: dict, exp, prereg_path: Path = PREREGISTRATION) -> str:
+    """The paired effects with Holm's correction and each choice's verdict, the pre-registered
+    explanations (held / failed / not testable) and the joint protocol table."""
+    table = _cells_or_empty(metrics)
+    if not table:
+        return ("metrics/sensitivity.json predates the paired design (no baseline band per cell): rerun the "
+                "sensitivity stage.\n\n" if metrics else "")
+    published = published_figures(exp.claims)
+    d = metrics.get("design", {})
+    alpha = d.get("alpha", 0.05)
+    out = [f"Paired effects (choice − baseline at the same seed; mean over {d.get('seeds', '?')} seeds, on the log "
+           "scale for attention statistics and scales, ± its standard error, 95% t interval), Holm's adjusted p over "
+           f"all {d.get('cells', '?')} cells, and whether the choice accounts for our deviation from the published "
+           "figure (significant after Holm, toward it, not past the published figure's own band: "
+           "experiments.sensitivity.accounts_for).\n",
+           "| cell | baseline | published | choice | choice's mean | effect ± se [95% CI] | p_holm | verdict |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for (v, metric), rows in sorted(table.items()):
+        base = rows[BASELINE]
+        pub = published.get((v, metric))
+        for c, r in rows.items():
+            if c == BASELINE:
+                continue
+            verdict = "—" if pub is None else accounts_for(base, r, pub[0], pub[1], alpha)
+            if verdict == "accounts":
+                verdict = "**accounts**"
+            if all(k in r for k in ("diff", "se", "ci_lo", "ci_hi", "p_holm")):
+                effect = (f"{r['diff']:+.3g} ± {r['se']:.2g} [{r['ci_lo']:+.3g}, {r['ci_hi']:+.3g}]"
+                          f"{zero_note(r['ci_lo'], r['ci_hi'])}")
+                p_holm = f"{r['p_holm']:.2g}"
+            else:  # _finite dropped them: a run's value is not a number
+                effect, p_holm = "not a number (a run diverged)", "—"
+            out.append(f"| {v}.{metric} | {number_text(base.get('mean'))} | {'—' if pub is None else f'{pub[0]:.4g}'} | "
+                       f"{c} | {number_text(r.get('mean'))} | {effect} | {p_holm} | {verdict} |")
+    out.append("")
+    if Path(prereg_path).is_file():
+        verdicts = prereg_verdicts(load_prereg(prereg_path), metrics, published, alpha)
+        n = {k: sum(x["verdict"] == k for x in verdicts) for k in ("held", "failed", "not testable")}
+        out += [f"Pre-registered explanations ({prereg_path}, committed before the sweep ran): "
+                f"{n['held']} held, {n['failed']} failed, {n['not testable']} not testable.\n",
+                "| cell | choice | verdict | gap closed | reason given in advance |", "| --- | --- | --- | --- | --- |"]
+        for x in verdicts:
+            verdict = x["verdict"] + (f" ({x['why']})" if x["why"] else "")
+            share = "—" if x.get("closes") is None else f"{100 * x['closes']:.0f}%"
+            out.append(f"| {x['cell']} | {x['choice']} | {verdict} | {share} | {table_cell(x['reason'])} |")
+        out.append("")
+    else:
+        out += [f"No pre-registration at {prereg_path} (run from the repository's root): the pre-registered "
+                "explanations are not judged here.\n"]
+    joint = joint_table(metrics, published)
+    if joint:
+        out += ["Protocols judged jointly: over the cells with a published figure, how many published figures fall "
+                "inside each protocol's seed band (the rounding interval meets its 95% prediction interval; a "
+                "failures-only choice leaves the train cells at the baseline's band) and the joint score Σ z², z = "
+                "(published − centre) / sd of that protocol's seeds (lower: closer), and the same sum in the "
+                "baseline's sd (a fixed yardstick per cell: a choice that only adds seed noise widens its own band "
+                "and lowers its own Σz², never this one).\n",
+                "| protocol | cells changed | inside | joint score Σz² | Σz² in the baseline's sd |",
+                "| --- | --- | --- | --- | --- |"]
+        for j in joint:
+            out.append(f"| {j['protocol']} | {j['changed']} | {j['inside']} of {j['cells']} | {j['score']:.4g} "
+                       f"| {j['score_base_sd']:.4g} |")
+    return "\n".join(out) + "\n\n"
+
+
+def answer(metrics, all_metrics, dists, claims=()) -> str:
+    if not _cells_or_empty(metrics):
+        return ""
+    published = published_figures(claims)
+    joint = joint_table(metrics, published)
+    if not joint:
+        return ""
+    base = next(j for j in joint if j["protocol"] == BASELINE)
+    best = min(joint, key=lambda j: (j["score"], j["protocol"]))
+    fixed = min(joint, key=lambda j: (j["score_base_sd"], j["protocol"]))
+    most = max(joint, key=lambda j: (j["inside"], -j["score"]))
+    sig = sum(1 for rows in _cells_or_empty(metrics).values() for c, r in rows.items()
+              if c != BASELINE and r.get("significant"))
+    d = metrics.get("design", {})
+    return (f"{sig} of {d.get('cells', '?')} cells move significantly after Holm's correction. The baseline (the "
+            f"protocol as written) puts {base['inside']} of {base['cells']} published figures inside its seed band "
+            f"(joint score {base['score']:.3g}); "
+            + (f"the protocol with the most inside is {most['protocol']} ({most['inside']}), "
+               if most["inside"] > base["inside"] else "no protocol tried puts more inside; ")
+            + f"the lowest joint score is {best['protocol']}'s ({best['score']:.3g}), and in the baseline's sd "
+            f"{fixed['protocol']}'s ({fixed['score_base_sd']:.3g}, the baseline's {base['score_base_sd']:.3g}). "
+            + ("No protocol tried reconciles the chapter as a whole (puts every published figure inside its band). "
+               if most["inside"] < most["cells"] else f"{most['protocol']} reconciles every cell measured. ")
+            + "What it does not show: that the chapter used that protocol (other unstated settings, and the stated "
+            "ones we kept, could move the same cells), anything about cells the sweep does not measure, or effects "
+            "smaller than its 5 paired seeds resolve after the correction; the joint score weighs a cell by our "
+            "seed sd, so a cell with a tiny sd dominates it.")

@@ -24,9 +24,9 @@ from typing import Optional
 
 import torch
 
-from ..attention import attention, causal_mask
-from .weights import layer_summary
-from ..model import TinyGPT
+from attnrepro.measure.weights import layer_summary
+from attnrepro.model.attention import attention, causal_mask
+from attnrepro.model.transformer import TinyGPT
 
 STEPS = ("scores", "masked", "exp", "weights")
 

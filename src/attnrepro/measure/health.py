@@ -24,8 +24,8 @@ from typing import Callable
 
 import torch
 
-from ..attention import BUGS, AttentionResult, attention, causal_mask
-from .weights import normalized_entropy
+from attnrepro.measure.weights import normalized_entropy
+from attnrepro.model.attention import BUGS, AttentionResult, attention, causal_mask
 
 ROW_SUM_TOL = 1e-5  # float32 softmax rows sum to 1 within a few ulps (~1e-7)
 BOUNDARY_STD = 5000.0  # the unscaled d256 model's measured logit std is of this order (§1.11.7.3)

@@ -1,7 +1,7 @@
 """Measurements of attention in fixed models: the logit scale at initialization (§1.3/§1.19.1),
 attention maps, per-head statistics and head ablation (§1.8.5-1.8.6), and the failures' second
 diagonal-weight protocol. (The injected bugs' symptoms are measured inside their runs:
-attnrepro.corpus_lm.weight_symptoms; the experiments using these: attnrepro.experiments.init_sweep,
+attnrepro.run.task_lm.weight_symptoms; the experiments using these: attnrepro.experiments.init_sweep,
 .heads and .failures.)
 """
 
@@ -12,10 +12,9 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from ..attention import causal_mask
-from ..model import TinyGPT, mean_loss
-from .weights import logit_std, normalized_entropy, position_stats
-
+from attnrepro.measure.weights import logit_std, normalized_entropy, position_stats
+from attnrepro.model.attention import causal_mask
+from attnrepro.model.transformer import TinyGPT, mean_loss
 
 # ---------------------------------------------------------------- init scale
 

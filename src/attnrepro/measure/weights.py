@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..attention import causal_mask
+from attnrepro.model.attention import causal_mask
 
 
 def visible_keys(t_q: int, t_k: int, causal: bool = True) -> torch.Tensor:

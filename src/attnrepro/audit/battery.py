@@ -1,0 +1,37 @@
+"""The battery: every check of the audit on one attention function, in order, each under a time
+limit, after a smoke call; and the audit as a section of the report."""
+
+from __future__ import annotations
+
+import time
+
+from attnrepro.audit.checks import CheckResult, Impl, invariants, numerics, parity, scale_check
+from attnrepro.audit.cost import cost
+from attnrepro.audit.diagnose import diagnose
+from attnrepro.audit.render import markdown
+from attnrepro.model.attention_impl import Target, call_with_limit, resolve, smoke
+
+
+def battery(target: Target, device: str = "cpu", time_limit: float = 120.0, full: bool = False,
+            with_cost: bool = True) -> list[CheckResult]:
+    """Every check on `target`, each under the time limit, after a smoke call."""
+    smoke(target, time_limit, device)
+    impl = Impl(target.fn, device)
+    steps = [("parity", lambda: parity(impl, full)), ("invariants", lambda: invariants(impl)),
+             ("numerics", lambda: numerics(impl)), ("scale", lambda: scale_check(impl))]
+    if with_cost:
+        steps.append(("cost", lambda: cost(impl)))
+    results = []
+    for name, fn in steps:
+        t = time.perf_counter()
+        res = call_with_limit(fn, time_limit, f"{target.spec}, check {name}")
+        res.seconds = time.perf_counter() - t
+        results.append(res)
+    return results
+
+
+def report_section(spec: str) -> str:
+    """The audit of params attention.impl as a section of report/REPORT.md (no timings: deterministic)."""
+    target = resolve(spec)
+    results = battery(target, with_cost=False)
+    return markdown(spec, target.identity, diagnose(results), results)

@@ -1,0 +1,210 @@
+"""`attnrepro keep` and `attnrepro restore`: after a run, make it the reference, or put the reference back.
+
+  attnrepro keep [--allow-stale]   regenerate the README's generated parts, then `git add` exactly the
+                                   pipeline's git-tracked outputs, dvc.lock and README.md; prints what it
+                                   staged and the `git commit` to run (it never commits)
+  attnrepro restore [--yes]        put the committed reference back: `git checkout HEAD -- <those paths>`
+                                   (new files inside output folders removed) and `dvc checkout`
+
+The paths are read from dvc.yaml: every output, metric and plot with `cache: false` (what git
+tracks: metrics/, plots/, report/), plus dvc.lock and README.md. DVC-cached outputs (data/: the
+corpus, checkpoints) are restored by `dvc checkout` and shared with `dvc push` (docs/remote.md).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from attnrepro.config import ArgumentParser, UserError
+from attnrepro.files import read_yaml_mapping
+from attnrepro.report import readme
+from attnrepro.staging import STAGING
+
+EXTRA = ("dvc.lock", "README.md")
+
+
+def _run(cmd: list[str], root: Path, check: bool = True) -> subprocess.CompletedProcess:
+    try:
+        proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True)
+    except FileNotFoundError:
+        raise UserError(f"`{cmd[0]}` is not on PATH (activate the environment: source .venv/bin/activate)") from None
+    if check and proc.returncode != 0:
+        last = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
+        raise UserError(f"`{shlex.join(cmd)}` failed: {last[-1] if last else f'exit {proc.returncode}'}")
+    return proc
+
+
+def _root(arg: str) -> Path:
+    root = Path(arg).resolve()
+    if not (root / "dvc.yaml").is_file():
+        raise UserError(f"{root}: no dvc.yaml here (run from the repository root, or pass --root)")
+    top = _run(["git", "rev-parse", "--show-toplevel"], root, check=False)
+    if top.returncode != 0:
+        raise UserError(f"{root}: not a git checkout")
+    return root
+
+
+def git_outputs(root: Path) -> list[str]:
+    """Every output, metric and plot of dvc.yaml that git tracks (`cache: false`), in dvc.yaml's order."""
+    dvc = read_yaml_mapping(root / "dvc.yaml", "no dvc.yaml here")
+    out: list[str] = []
+    for st in (dvc.get("stages") or {}).values():
+        for kind in ("outs", "metrics", "plots"):
+            for entry in st.get(kind) or []:
+                path, opts = (next(iter(entry.items())) if isinstance(entry, dict) else (entry, {}))
+                if (opts or {}).get("cache", True) is False and path not in out:
+                    out.append(path)
+    return out
+
+
+def reference_paths(root: Path) -> list[str]:
+    return [*git_outputs(root), *EXTRA]
+
+
+def stale_stages(root: Path) -> dict[str, list[str]]:
+    """`dvc status`: stage -> what changed ("changed deps: ...", "changed outs: ..."); {} when clean."""
+    proc = _run(["dvc", "status", "--json"], root, check=False)
+    if proc.returncode != 0:
+        last = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
+        raise UserError(f"`dvc status` failed: {last[-1] if last else proc.returncode}")
+    text = proc.stdout.strip()
+    data = json.loads(text[text.index("{"):]) if "{" in text else {}
+    out = {}
+    for stage, items in data.items():
+        what = []
+        for item in items:
+            if isinstance(item, str):
+                what.append(item)
+            else:
+                for k, v in item.items():
+                    what.append(f"{k}: {', '.join(v) if isinstance(v, dict) else v}")
+        out[stage.split(":")[-1]] = what
+    return out
+
+
+def _existing(root: Path, paths: list[str]) -> list[str]:
+    """The paths that exist in the working tree or that git tracks (a deleted output is staged as deleted)."""
+    tracked = set(_run(["git", "ls-files", "--", *paths], root).stdout.split())
+    return [p for p in paths if (root / p).exists() or any(t == p or t.startswith(p.rstrip("/") + "/")
+                                                          for t in tracked)]
+
+
+def keep(root: Path, allow_stale: bool, say=print) -> int:
+    if (root / STAGING).is_dir() and any((root / STAGING).iterdir()):
+        raise UserError(f"{STAGING}/ holds the journal of a stage killed while moving its outputs in: "
+                        "attnrepro staging --finish | --discard first")
+    stale = stale_stages(root)
+    changed_outs = {s: w for s, w in stale.items() if any(x.startswith("changed outs") for x in w)}
+    if changed_outs:
+        for s, w in changed_outs.items():
+            say(f"  {s}: " + "; ".join(w))
+        raise UserError("the outputs of " + ", ".join(changed_outs) + " differ from dvc.lock (a stage edited, "
+                        "interrupted or not run): rerun them (dvc repro <stage>) or restore (attnrepro restore); "
+                        "nothing staged")
+    if stale and not allow_stale:
+        for s, w in stale.items():
+            say(f"  {s}: " + "; ".join(w))
+        raise UserError(f"dvc status: {len(stale)} stage{'s' * (len(stale) != 1)} stale ({', '.join(stale)}): "
+                        "the outputs are not what the workspace's code and params make; rerun them (dvc repro "
+                        "<stage>), or keep them as they are with --allow-stale; nothing staged")
+    try:
+        readme_changed = not readme.update(root)
+    except readme.ReadmeError as e:
+        raise UserError(str(e)) from None
+    paths = _existing(root, reference_paths(root))
+    _run(["git", "add", "-A", "--", *paths], root)
+    staged = _run(["git", "diff", "--cached", "--name-status", "--", *paths], root).stdout.splitlines()
+    stat = _run(["git", "diff", "--cached", "--shortstat", "--", *paths], root).stdout.strip()
+    say(f"keep: README.md's generated parts {'regenerated' if readme_changed else 'already current'}")
+    if not staged:
+        say("keep: nothing to stage: the outputs, dvc.lock and README.md are the committed reference already")
+        return 0
+    say(f"keep: staged {len(staged)} file{'s' * (len(staged) != 1)} ({stat}):")
+    for line in staged[:40]:
+        say("  " + line)
+    if len(staged) > 40:
+        say(f"  ... and {len(staged) - 40} more (git diff --cached --name-status)")
+    if stale:
+        say("keep: kept with these stages stale (--allow-stale): " + ", ".join(stale))
+    others = [line[3:] for line in _run(["git", "status", "--porcelain", "--untracked-files=no"], root).stdout
+              .splitlines() if not any(line[3:] == p or line[3:].startswith(p.rstrip("/") + "/")
+                                                        for p in paths)]
+    if others:
+        say(f"keep: not staged, changed elsewhere ({len(others)}; the code or params that produced this run? "
+            "stage them with it): " + ", ".join(others[:8]) + (" ..." if len(others) > 8 else ""))
+    say("next:\n  git commit -m 'New reference: <why>'\n"
+        "  dvc push && attnrepro store push   # if you share a remote (docs/remote.md): checkpoints, corpus, runs")
+    return 0
+
+
+def restore(root: Path, yes: bool, say=print, ask=input) -> int:
+    paths = reference_paths(root)
+    in_head = [p for p in paths if _run(["git", "ls-tree", "HEAD", "--", p], root).stdout.strip()]
+    diff = _run(["git", "diff", "--stat", "HEAD", "--", *in_head], root).stdout.rstrip() if in_head else ""
+    new = _run(["git", "ls-files", "--others", "--exclude-standard", "--", *git_outputs(root)], root).stdout.split()
+    if diff or new:
+        say("restore: these changes to the pipeline's outputs will be discarded:")
+        if diff:
+            say(diff)
+        for f in new:
+            say(f" {f} (not in the reference: removed)")
+        if not yes:
+            if not sys.stdin.isatty():
+                raise UserError("restore discards the changes listed above: pass --yes to confirm (no terminal to ask)")
+            if ask("restore the committed reference? [y/N] ").strip().lower() not in ("y", "yes"):
+                say("restore: nothing changed")
+                return 1
+        if in_head:
+            _run(["git", "checkout", "HEAD", "--", *in_head], root)
+        for f in new:
+            (root / f).unlink(missing_ok=True)
+        say(f"restore: {len(in_head)} paths checked out from HEAD" + (f", {len(new)} new files removed" if new else ""))
+    else:
+        say("restore: the git-tracked outputs, dvc.lock and README.md are the committed reference already")
+    if _run(["git", "diff", "--quiet", "HEAD", "--", "params.yaml"], root, check=False).returncode == 1:
+        # params are an input, like code: an edit (or a `dvc exp run -S` applied to the workspace) stays
+        say("restore: params.yaml differs from HEAD and is left as it is (dvc status will list the stages "
+            "that read the changed params); `git checkout HEAD -- params.yaml` puts the reference's back")
+    proc = _run(["dvc", "checkout"], root, check=False)
+    out = (proc.stdout + proc.stderr).strip()
+    if out:
+        say(out)
+    if proc.returncode != 0:
+        say("restore: `dvc checkout` could not restore every DVC-tracked output (data/): missing from the cache? "
+            "`dvc pull` fetches them from a remote (docs/remote.md), `dvc repro <stage>` makes them again")
+        return 1
+    say("restore: data/ matches dvc.lock (dvc checkout)")
+    return 0
+
+
+def keep_main(argv: list[str]) -> int:
+    ap = ArgumentParser(prog="attnrepro keep",
+                        description="Make this run the new reference: regenerate README.md's generated parts "
+                                    "(the headline, the results, the counts) and `git add` exactly the pipeline's "
+                                    "git-tracked outputs (from dvc.yaml: metrics/, plots/, report/), dvc.lock and "
+                                    "README.md. It never commits: it prints what it staged and the commit to run.",
+                        epilog="Refuses (exit 2, nothing staged) when a stage's outputs differ from dvc.lock, or, "
+                               "without --allow-stale, when `dvc status` lists any stage.")
+    ap.add_argument("--root", default=".", help="repository root (default: current directory)")
+    ap.add_argument("--allow-stale", action="store_true",
+                    help="stage even when `dvc status` says some stages' deps or params changed since their outputs")
+    args = ap.parse_args(argv)
+    return keep(_root(args.root), args.allow_stale)
+
+
+def restore_main(argv: list[str]) -> int:
+    ap = ArgumentParser(prog="attnrepro restore",
+                        description="Put the committed reference back: `git checkout HEAD -- <the pipeline's "
+                                    "git-tracked outputs, dvc.lock, README.md>`, remove new files inside output "
+                                    "folders, then `dvc checkout` (data/ from the DVC cache). Lists what it "
+                                    "discards and asks first.",
+                        epilog="exit 0 restored (or nothing to restore); 1 declined, or dvc checkout could not "
+                               "restore everything; 2 bad usage (no terminal to ask and no --yes).")
+    ap.add_argument("--root", default=".", help="repository root (default: current directory)")
+    ap.add_argument("--yes", "-y", action="store_true", help="do not ask (for scripts)")
+    args = ap.parse_args(argv)
+    return restore(_root(args.root), args.yes)

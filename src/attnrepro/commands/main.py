@@ -1,0 +1,221 @@
+"""The `attnrepro` command.
+
+  attnrepro check [--rev HEAD | --base REF] [--made-on MACHINE] [--all] [--json | --md]
+                                         this run vs the committed reference: exact on the same machine,
+                                         else against the seed distributions; conclusions and checksums
+  attnrepro claims [--all]               evaluate claims.yaml on the workspace metrics only (exit 1: a checksum fails)
+  attnrepro kv ...                       KV-cache memory calculator (attnrepro.commands.kv_calculator)
+  attnrepro audit MODULE:FUNCTION        the chapter's battery against your attention function
+  attnrepro store verify|gc|push|pull    check the run store, clean it, or share it (docs/remote.md)
+  attnrepro keep [--allow-stale]         make this run the reference: README regenerated, outputs staged (no commit)
+  attnrepro restore [--yes]              put the committed reference back (git checkout + dvc checkout)
+  attnrepro tiny STAGE [--print]         try one stage in seconds on a tiny profile, in a scratch folder
+  attnrepro staging --finish | --discard resolve the journal of a stage killed while moving its outputs in
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+from attnrepro import __version__
+from attnrepro.config import ArgumentParser, UserError
+
+
+# Subcommands with parsers of their own: name -> (function, help). Each is imported only when it
+# runs (a plain import inside the function: --version and --help never import torch). The function
+# receives the remaining argv and returns an exit code. Adding one is one function and one line here.
+def _kv(argv):
+    from attnrepro.commands import kv_calculator
+    return kv_calculator.main(argv)
+
+
+def _audit(argv):
+    from attnrepro.commands import audit
+    return audit.main(argv)
+
+
+def _store(argv):
+    from attnrepro.commands import store
+    return store.store_main(argv)
+
+
+def _keep(argv):
+    from attnrepro.commands import keep_restore
+    return keep_restore.keep_main(argv)
+
+
+def _restore(argv):
+    from attnrepro.commands import keep_restore
+    return keep_restore.restore_main(argv)
+
+
+def _tiny(argv):
+    from attnrepro.commands import tiny
+    return tiny.tiny_main(argv)
+
+
+def _staging(argv):
+    from attnrepro.commands import staging_journal
+    return staging_journal.staging_main(argv)
+
+
+COMMANDS = {
+    "kv": (_kv, "KV-cache / attention-matrix memory calculator (eq. 1.20-1.21)"),
+    "audit": (_audit, "run the chapter's battery against your attention implementation"),
+    "store": (_store, "verify the run store (sizes, SHA-256), clean it (gc), re-key it (migrate), share it (push, pull)"),
+    "keep": (_keep, "make this run the new reference: regenerate the README, `git add` the outputs and dvc.lock (no commit)"),
+    "tiny": (_tiny, "try one stage in seconds on a tiny profile, in a scratch folder (the reference untouched)"),
+    "restore": (_restore, "put the committed reference back: git checkout of the outputs and dvc.lock, then dvc checkout"),
+    "staging": (_staging, "finish or discard the move of a stage killed while putting its outputs in place"),
+}
+
+EPILOG = """\
+exit status: 0 the run reproduces the reference; 1 it does not (a metric outside its
+band or tolerance, a metric missing, an output or param edited after the run (dvc.lock),
+a conclusion or checksum that fails: each is listed); 2 bad usage or input, or a run
+whose env records describe another machine without --made-on (one line on stderr).
+
+The reference is the revision: its claims.yaml, params, metrics, seed distributions and
+machine records. A claims.yaml or params.yaml edited in the working tree is listed in the
+first lines (loosened, removed, added) and not used.
+
+How it judges: on the reference's kind of machine (this machine, the threads the stages
+ran with) with the same params every metric must be identical (reruns are
+byte-identical). Otherwise each metric with a seed distribution (metrics/dist/) must fall
+in the prediction interval of one new run over the reference seeds (alpha = 0.05
+family-wise: Holm's step-down over the headline metrics, and again over the others), and the
+others within their drift tolerance (claims.yaml). A rerun's own seeds are tested against the
+reference's too: paired by seed where they are the reference's seeds and its float-order
+profile makes pairing the stronger test (a shift beyond the measured drift, at least 0.1 seed sd; 3 or more shared seeds), else by Welch's t-test. Where the reference's docs/float_order.json
+says the same seed drifts at most 0.01 seed sd between float orders, a rerun with the same
+params must land within 0.1 seed sd of the reference run. A sweep's summaries are informational,
+except the cell means a gated conclusion reads (Welch's test of the two sweeps' seeds).
+Conclusions are recomputed from the raw metrics, on this run and on the reference's seeds.
+Published values are reported, not gated. GPU-only metrics and claims are "skipped" on a run without CUDA, never "passed".
+"""
+
+
+def _check_parser(sub) -> None:
+    p = sub.add_parser("check", help="does this run reproduce the committed reference? (verdict first)",
+                       description="Compare this run (metrics/) with the reference committed at a git revision "
+                                   "(default HEAD) and evaluate claims.yaml. The first line is the verdict.",
+                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ref = p.add_mutually_exclusive_group()
+    ref.add_argument("--rev", default="HEAD", help="git revision holding the reference run (default HEAD)")
+    ref.add_argument("--base", metavar="REF", help="the reference is the merge base of HEAD and REF (a pull "
+                                                   "request against its base branch, e.g. origin/main)")
+    p.add_argument("--made-on", metavar="MACHINE", help="the run's outputs were made on another machine than this "
+                   "one: say which (printed in the verdict); without it a run whose env records describe another "
+                   "machine is refused")
+    p.add_argument("--root", default=".", help="repository root (default: current directory)")
+    p.add_argument("--metrics", default="metrics", help="metrics folder, relative to the root")
+    p.add_argument("--claims", default="claims.yaml", help="claims file, read from the reference revision "
+                                                           "(default claims.yaml)")
+    p.add_argument("--mode", choices=("auto", "exact", "statistical"), default="auto",
+                   help="auto (default): exact on the reference's machine with its params, else statistical")
+    p.add_argument("--all", action="store_true", help="list every metric and claim, timings included")
+    fmt = p.add_mutually_exclusive_group()
+    fmt.add_argument("--json", action="store_true", help="print the verdict as JSON (for scripts)")
+    fmt.add_argument("--md", action="store_true", help="print the verdict as a Markdown document (for CI comments)")
+
+
+def _claims_parser(sub) -> None:
+    p = sub.add_parser("claims", help="evaluate claims.yaml on the workspace metrics",
+                       description="Evaluate every published claim against metrics/*.json and print a table; "
+                                   "exit 1 when a gated claim fails or is missing.",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--root", default=".", help="repository root (default: current directory)")
+    p.add_argument("--metrics", default="metrics", help="metrics folder, relative to the root")
+    p.add_argument("--claims", default="claims.yaml", help="claims file (default claims.yaml)")
+    p.add_argument("--all", action="store_true", help="list every claim, not only gated and failing ones")
+
+
+def version_line() -> str:
+    """`attnrepro --version`: this package's installed version and torch's (from the installed
+    distributions' metadata: nothing is imported, so it answers in milliseconds)."""
+    def of(dist: str, fallback: str) -> str:
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            return fallback
+
+    return f"attnrepro {of('attnrepro', __version__)} (torch {of('torch', 'not installed')})"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = ArgumentParser(prog="attnrepro", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--version", action="version", version=version_line())
+    sub = ap.add_subparsers(dest="command", metavar="COMMAND")
+    _check_parser(sub)
+    _claims_parser(sub)
+    for name, (_, help_) in COMMANDS.items():
+        sub.add_parser(name, help=help_, add_help=False)
+    return ap
+
+
+def _run_check(args) -> int:
+    from attnrepro.judge.check import as_json, render, render_md, run_check
+
+    outcome = run_check(rev=args.rev, root=args.root, metrics_dir=args.metrics, claims_path=args.claims,
+                        mode=args.mode, made_on=args.made_on, base=args.base)
+    if args.json:
+        sys.stdout.write(json.dumps(as_json(outcome), indent=1, ensure_ascii=False) + "\n")
+    else:
+        sys.stdout.write((render_md if args.md else render)(outcome, show_all=args.all))
+    return 0 if outcome.ok else 1
+
+
+def _run_claims(args) -> int:
+    from attnrepro.judge.claims import counts, evaluate_all, load, load_dists, load_envs, load_metrics_dir
+    from attnrepro.report.claims_tables import claims_table
+
+    root = Path(args.root)
+    if not (root / args.metrics).is_dir():
+        raise UserError(f"{root / args.metrics}: no metrics folder here (run the pipeline first: dvc repro)")
+    results = evaluate_all(load(root / args.claims), load_metrics_dir(root / args.metrics),
+                           load_dists(root / args.metrics / "dist"), load_envs(root / args.metrics / "env"))
+    sys.stdout.write(claims_table(results, args.all))
+    c = counts(results)
+    sys.stdout.write("\n" + "; ".join(f"{cls}s {v['passed']}/{v['n'] - v['skipped']} pass" for cls, v in c.items())
+                     + "\n")
+    not_reproduced = [r.claim.id for r in results if r.claim.cls == "conclusion" and r.gated_failure]
+    if not_reproduced:
+        sys.stdout.write("the chapter's conclusions not reproduced on these metrics: " + ", ".join(not_reproduced)
+                         + " (whether that is a change: attnrepro check)\n")
+    failed = [r.claim.id for r in results if r.claim.cls == "checksum" and r.gated_failure]
+    if failed:
+        sys.stdout.write("checksums failing (true by construction: a bug): " + ", ".join(failed) + "\n")
+    return 1 if failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if argv and argv[0] in COMMANDS:
+            return int(COMMANDS[argv[0]][0](argv[1:]) or 0)
+        ap = build_parser()
+        args = ap.parse_args(argv)
+        if args.command == "check":
+            return _run_check(args)
+        if args.command == "claims":
+            return _run_claims(args)
+        ap.print_help()
+        return 2
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `attnrepro ... | head`: the reader left; no traceback (Python's docs' recipe)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""`attnrepro store`: look after the run store.
+
+  attnrepro store verify [--store DIR]   check every entry against its manifest (sizes and SHA-256)
+  attnrepro store gc [--store DIR]       remove quarantined, damaged and half-written entries
+  attnrepro store migrate [--store DIR]  re-key entries made under an older key format (trains nothing)
+  attnrepro store push [--to PATH]       copy verified entries the store remote lacks to it (docs/remote.md)
+  attnrepro store pull [--from PATH]     copy verified entries this store lacks from the store remote
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from attnrepro.config import ArgumentParser, UserError
+from attnrepro.files import read_params
+from attnrepro.run.engine_settings import engine_config
+from attnrepro.run.store_migrate import migrate
+from attnrepro.runtime import progress
+from attnrepro.store import remote
+from attnrepro.store.run_store import RunStore
+
+
+def _store_root(arg: str | None, params: str) -> Path:
+    if arg:
+        return Path(arg)
+    return Path(engine_config(read_params(params) if Path(params).exists() else {}).store)
+
+
+def store_main(argv: list[str]) -> int:
+    ap = ArgumentParser(prog="attnrepro store",
+                        description="Check every run store entry against its manifest (verify: sizes and "
+                                    "SHA-256), remove quarantined, damaged and half-written entries (gc), or "
+                                    "re-key entries made under an older key format from their recorded spec "
+                                    "(migrate: after it, runs of the current numerics version come from the "
+                                    "store instead of training again), or share it with another machine (push, "
+                                    "pull: verified entries only, byte for byte; entries already there are "
+                                    "skipped; docs/remote.md).",
+                        formatter_class=argparse.RawDescriptionHelpFormatter,
+                        epilog="verify: exit 0 when no entry is damaged, 1 when any is (each is listed; the next "
+                               "sweep that needs one quarantines it and trains it again). Entries written before "
+                               "manifests are counted as legacy, not damaged. gc, migrate: exit 0. push, pull: exit 0, or 1 "
+                               "when a damaged entry was left behind (each is listed).")
+    ap.add_argument("action", choices=("verify", "gc", "migrate", "push", "pull"))
+    ap.add_argument("--store", default=None, help="the run store folder (default: engine.store in params.yaml)")
+    ap.add_argument("--params", default="params.yaml", help="params file naming the store (default params.yaml)")
+    ap.add_argument("--legacy", action="store_true",
+                    help="gc: also remove entries written before store manifests (only older checkouts can use them)")
+    ap.add_argument("--to", default=None, metavar="PATH",
+                    help="push: the store remote (default: $ATTNREPRO_STORE_REMOTE, else runs/ in the DVC default "
+                         "remote's folder)")
+    ap.add_argument("--from", dest="from_", default=None, metavar="PATH", help="pull: the store remote (same default)")
+    args = ap.parse_args(argv)
+    root = _store_root(args.store, args.params)
+    if args.action in ("push", "pull"):
+        return _push_pull(args, root)
+    if not root.is_dir():
+        raise UserError(f"{root}: no run store here (a sweep creates it; or pass --store)")
+    store = RunStore(root)
+    if args.action == "gc":
+        c = store.gc(legacy=args.legacy)
+        print(f"store gc: removed {c['quarantined']} quarantined, {c['damaged']} damaged, {c['legacy']} legacy and "
+              f"{c['tmp']} half-written entries; {len(store.entries())} entries remain in {root}")
+        return 0
+    if args.action == "migrate":
+        bar = progress(len(store.entries()), "migrate", unit="run")
+        result = migrate(store, lambda i, n: bar.update(1))
+        bar.close()
+        for key, reason in result.damaged:
+            print(f"skipped: {key}: {reason}")
+        print(result.line())
+        return 0
+    bar = progress(len(store.entries()), "verify", unit="run")
+    report = store.verify(lambda i, n: bar.update(1))
+    bar.close()
+    for key, reason in report.damaged:
+        print(f"damaged: {key}: {reason}")
+    print(report.line())
+    return 1 if report.damaged else 0
+
+
+def _push_pull(args, root: Path) -> int:
+    where = args.to if args.action == "push" else args.from_
+    if (args.to and args.action == "pull") or (args.from_ and args.action == "push"):
+        raise UserError(f"store {args.action}: {'--to' if args.action == 'push' else '--from'} names the remote "
+                        f"(not {'--from' if args.action == 'push' else '--to'})")
+    other = Path(where) if where else remote.default_remote(Path("."))
+    if other.resolve() == root.resolve():
+        raise UserError(f"store {args.action}: {other} is this store itself")
+    bar = progress(len(RunStore(root if args.action == "push" else other).entries()), f"store {args.action}",
+                   unit="run")
+    run = remote.push if args.action == "push" else remote.pull
+    result = run(root, other, lambda i, n: bar.update(1))
+    bar.close()
+    for key, reason in result.damaged:
+        print(f"damaged, not {'pushed' if args.action == 'push' else 'pulled'}: {key}: {reason}")
+    print(result.line("pushed" if args.action == "push" else "pulled", other))
+    return 1 if result.damaged else 0

@@ -1,0 +1,128 @@
+"""Reading and writing the project's files: deterministic JSON and CSV (rounded floats, sorted
+keys), text, and the one reader for JSON and YAML whose errors are one line naming the file.
+Every writer goes through staging.atomic_path, so inside a stage its outputs move in together."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+from typing import Iterable, Mapping, Sequence
+
+import yaml
+
+from attnrepro.config import ConfigError, UserError
+from attnrepro.staging import atomic_path
+
+
+def round_sig(x: float, digits: int = 6) -> float:
+    """Round to significant digits so metrics files are short and readable."""
+    if x == 0 or not math.isfinite(x):
+        return float(x)
+    return float(f"{x:.{digits}g}")
+
+
+def json_ready(obj):
+    if isinstance(obj, bool):
+        return int(obj)
+    if isinstance(obj, float):
+        if not math.isfinite(obj):
+            return None if math.isnan(obj) else (1e308 if obj > 0 else -1e308)
+        return round_sig(obj)
+    if isinstance(obj, Mapping):
+        return {str(k): json_ready(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_ready(v) for v in obj]
+    return obj
+
+
+def write_text(path, text: str) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+def dumps_json(obj, sort_keys: bool = True) -> str:
+    """Deterministic JSON: sorted keys (unless told to keep their order), rounded floats, non-ASCII readable."""
+    return json.dumps(json_ready(obj), indent=2, sort_keys=sort_keys, ensure_ascii=False) + "\n"
+
+
+def write_json(path, obj) -> None:
+    write_text(path, dumps_json(obj))
+
+
+def read_json(path):
+    """A JSON file's content; a file that is not UTF-8 or not JSON is one UserError line naming it."""
+    path = Path(path)
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: not UTF-8 text") from None
+    return parse_json(text, str(path))
+
+
+def write_csv(path, rows: Sequence[Mapping], columns: Iterable[str] | None = None) -> None:
+    """Write dict rows as CSV; missing values become empty cells."""
+    columns = list(columns) if columns is not None else _columns(rows)
+    with atomic_path(path) as tmp:
+        with open(tmp, "w", newline="", encoding="utf-8") as f:
+            w = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
+            w.writeheader()
+            for row in rows:
+                w.writerow({k: csv_cell(row.get(k)) for k in columns})
+
+
+def _columns(rows: Sequence[Mapping]) -> list[str]:
+    cols: list[str] = []
+    for row in rows:
+        for k in row:
+            if k not in cols:
+                cols.append(k)
+    return cols
+
+
+def csv_cell(v):
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return repr(round_sig(v)) if math.isfinite(v) else str(v)
+    return v
+
+
+def read_yaml_or_none(path: Path):
+    """A YAML file's data, None if it cannot be read or parsed (libyaml's parser where PyYAML has it:
+    dvc.lock is large). For files whose absence or damage the caller reports in its own words."""
+    try:
+        return yaml.load(Path(path).read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+
+
+def parse_json(text: str, name: str):
+    """JSON text's content; text that is not JSON is one UserError line naming `name`."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UserError(f"{name}: not valid JSON ({e.msg}, line {e.lineno})") from None
+
+
+def read_yaml_mapping(path: str | Path, missing: str, error: type[UserError] = ConfigError) -> dict:
+    """Read a YAML file whose top level is a mapping (empty file: {}); a one-line `error` otherwise."""
+    path = Path(path)
+    if not path.exists():
+        raise error(f"{path}: {missing}")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as e:
+        raise error(f"{path}: not UTF-8 text (byte {e.start})") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise error(f"{path}: not valid YAML{where} ({e.__class__.__name__})") from None
+    if not isinstance(data, dict):
+        raise error(f"{path}: expected a mapping at the top level")
+    return data
+
+
+def read_params(path: str | Path = "params.yaml") -> dict:
+    return read_yaml_mapping(path, "params file not found")

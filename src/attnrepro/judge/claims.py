@@ -1,0 +1,858 @@
+"""The expectations: claims.yaml (what the chapter publishes, and the tolerances: data) and
+src/attnrepro/judge/conclusions.py (what it concludes, and this repository's checksums: Python
+predicates), in one list of claims with one tolerance grammar.
+
+    gpu_only: [globs]          metrics that exist only on a CUDA run ("skipped" on a CPU run)
+    timings: [globs]           metrics that depend on the machine's speed and load: never compared
+    headline: [metric keys]    the rows `attnrepro check` shows first (a family of their own)
+    experiments:
+      <file>:                  one per metrics/<file>.json, in the spec's order
+        section: "§2 train"
+        checksums: [tables]    class checksum: true by construction (a count, an identity, an
+                               IEEE fact, an injected invariant). Gated, counted apart.
+        values: [tables]       class value: the chapter's published numbers. Informational.
+        drift: [[glob, tol, why], ...]   how far a rerun on another machine may move the
+                               metrics that have no seed distribution (first match wins)
+
+A table is `{id, text, metric, columns, rows}` with `metric` a template such as
+"train.{row}.{col}" that is a metric key once {row} and {col} are replaced, and
+`rows: {row: [one number per column]}` (null: nothing published); a one-row table gives
+`published: {col: number}` instead. Its cells are claims `<id>.<row>.<col>`. A table may carry
+`tol` (how close a cell must come when no seed distribution exists), `interval: [lo, hi]` (two
+key templates with {col}: our interval for the number), `requires: cuda`, `note`, and
+`explain: {cell or "*": {by: [metric keys], moved_by: [sensitivity rows], note: ...}}` (the
+measurement in this repository that explains a deviation; a value outside its band with no
+explanation is reported "unexplained"); a table with rows may carry `match: <regex>` (see
+Matching). `moved_by` cites rows <variant>.<metric>.<choice> of the sensitivity stage: the
+explanation stands only while each row accounts for the deviation by the sweep's own rule
+(experiments.sensitivity.accounts_for: significant after Holm's correction over all its
+cells, toward the published figure, not past the published figure's own band); on a run
+where one does not, the cell is "unexplained".
+
+Conclusions (class conclusion: the chapter's experimental findings, gated) and the checksums
+that are not tables are functions of conclusions.py, `@claim(experiment, cls, id, text)`, each
+a predicate over a View of the metrics: m["<file>.<key>"] a float, m.all("<glob>") the sorted
+matches; the view records what it reads. `load` executes that file (never imports it: the
+check runs the reference revision's copy); its path is CONCLUSIONS beside claims.yaml (a tree
+without one has no predicates). Within an experiment the claims come as conclusions, checksum
+tables, checksum predicates, values.
+
+Tolerance grammar (Tol): exact | ±x | ±x% | ×x (within x times either way) |
+<= N eps32 / <= N eps64 (float noise: N machine epsilons, whatever the reference) | info
+(reported, never gated).
+
+Evaluation. A conclusion is recomputed from the raw per-variant metrics, on the run in
+metrics/ and, where a file it reads has a seed distribution (metrics/dist/<file>.json), on
+every seed and on the seed means: it holds only if it holds on all of them. A predicate that
+raises an arithmetic error (x/0, log of a negative) does not hold. A value cell
+whose metric has a seed distribution is judged by where the published figure falls in
+it: inside the 95% prediction interval of one new run, or k seed standard deviations
+away (attnrepro.stats); without a distribution, by its `tol`.
+
+Printed precision. A published figure stands for every number that rounds to it as printed:
+"1.20" for [1.195, 1.205], "42" for [41.5, 42.5], "3.4e38" for [3.35e38, 3.45e38]
+(half a unit of the last digit in the YAML text, Claim.published_half). A value cell passes
+when ours lies in that interval, when the interval meets our band (prediction interval or
+`interval`), or when the interval's point closest to ours passes the `tol`. Checksums and
+conclusions are not widened: `exact` stays exact.
+
+Matching. Some rows carry no identity across training runs (head 2 of one run is not head 2
+of another). `match: "l(\\d+)h\\d+"` names them: every row must match the regex, and rows
+whose first group agree (here the layer) form a group; groups are of equal size. Each
+time the claims are evaluated, the published rows of a group are matched one-to-one with
+ours (same row names, same group) by the assignment of least total cost (the Hungarian
+method), the cost of a pair being the sum over columns of |ours - published| / the sd of
+the published column over all the table's rows (so each column weighs by how much rows
+differ in it, whatever its unit; a table's single `tol` would let the widest column
+decide). Each cell is then judged against the matched row of ours, which its result names
+(ClaimResult.matched).
+"""
+
+from __future__ import annotations
+
+import ast
+import fnmatch
+import math
+import re
+import statistics
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import Callable, Mapping, Optional
+
+import yaml
+
+from attnrepro.config import UserError
+from attnrepro.experiments.sensitivity import BASELINE, ROW_KEYS, accounts_for
+from attnrepro.files import read_json, read_yaml_mapping
+from attnrepro.formatting import fmt_number
+from attnrepro.measure.head_matching import least_cost_pairs
+from attnrepro.stats import Band, flatten, from_summary, percentile_of
+
+CLASSES = ("conclusion", "checksum", "value")
+ID_RE = re.compile(r"^[a-z0-9_]+$")
+KEY_RE = re.compile(r"^[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)+$")  # a metric key: <file>.<key path>
+CONCLUSIONS = "src/attnrepro/judge/conclusions.py"  # the predicates, relative to the directory of claims.yaml
+CONCLUSIONS_BEFORE_LAYERS = "src/attnrepro/conclusions.py"  # where a revision before the layered package keeps them
+EPS = {"eps16": 2.0 ** -10, "epsbf16": 2.0 ** -7, "eps32": 2.0 ** -23, "eps64": 2.0 ** -52}
+
+
+class ClaimError(UserError):
+    """A malformed claims file; the message names the place."""
+
+
+class MissingMetric(Exception):
+    """A claim read a metric (or a glob matching none) that is not in the metrics."""
+    def __init__(self, key: str):
+        super().__init__(key)
+        self.key = key
+
+
+class View:
+    """The metrics as a predicate sees them: m["<file>.<key>"] a float (None reads nan),
+    m.all("<glob>") the floats of the matching keys, sorted by key (fnmatch); MissingMetric for
+    a key or glob that finds nothing. Every key read (or glob that found nothing) is recorded,
+    in order, in `read`."""
+    def __init__(self, metrics: Mapping[str, float]):
+        self._metrics = metrics
+        self.read: dict[str, None] = {}  # an ordered set
+
+    def __getitem__(self, key: str) -> float:
+        self.read[key] = None
+        if key not in self._metrics:
+            raise MissingMetric(key)
+        v = self._metrics[key]
+        return math.nan if v is None else float(v)
+
+    def all(self, pattern: str) -> list[float]:
+        keys = sorted(k for k in self._metrics if fnmatch.fnmatchcase(k, pattern))
+        if not keys:
+            self.read[pattern] = None
+            raise MissingMetric(pattern)
+        return [self[k] for k in keys]
+
+    def files(self) -> set[str]:
+        return {k.split(".", 1)[0] for k in self.read}
+
+
+# ---------------------------------------------------------------- the tolerance grammar
+
+@dataclass(frozen=True)
+class Tol:
+    kind: str  # exact | abs | rel | factor | eps | info
+    amount: float = 0.0
+
+    @classmethod
+    def parse(cls, text, where: str = "tol") -> "Tol":
+        s = str(text).strip().replace("+-", "±").replace(" ", "")
+        try:
+            if s in ("exact", "info"):
+                return cls(s)
+            if s.startswith("±") and s.endswith("%"):
+                return cls("rel", float(s[1:-1]) / 100)
+            if s.startswith("±"):
+                return cls("abs", float(s[1:]))
+            if s.startswith(("×", "x")):
+                v = float(s[1:])
+                if v >= 1:
+                    return cls("factor", v)
+            if s.startswith("<="):
+                for name, eps in EPS.items():
+                    if s.endswith(name):
+                        return cls("eps", float(s[2:-len(name)]) * eps)
+        except ValueError:
+            pass
+        raise ClaimError(f"{where}: {text!r} is not a tolerance (exact | ±x | ±x% | ×x | <= N eps32 | "
+                         "<= N eps64 | info)")
+
+    def ok(self, value: Optional[float], reference: Optional[float]) -> bool:
+        if self.kind == "info":
+            return True
+        if value is None or not math.isfinite(value):
+            return self.kind == "exact" and reference is not None and value == reference
+        if self.kind == "eps":
+            return abs(value) <= self.amount
+        if reference is None or not math.isfinite(reference):
+            return False
+        d = abs(value - reference)
+        if self.kind == "exact":
+            return d == 0
+        if self.kind == "abs":
+            return d <= self.amount * (1 + 1e-12) + 1e-15
+        if self.kind == "rel":
+            return d <= self.amount * abs(reference) * (1 + 1e-12) + 1e-15
+        return value * reference > 0 and abs(math.log(value / reference)) <= math.log(self.amount) + 1e-12
+
+    @property
+    def gated(self) -> bool:
+        return self.kind != "info"
+
+    def text(self) -> str:
+        a = fmt_number(self.amount)
+        return {"exact": "exact", "info": "not gated", "abs": f"±{a}", "rel": f"±{fmt_number(100 * self.amount)}%",
+                "factor": f"×{a}", "eps": f"≤ {a}"}[self.kind]
+
+
+# ---------------------------------------------------------------- claims
+
+@dataclass
+class Claim:
+    id: str  # <experiment>.<entry id>[.<row>].<col>
+    experiment: str
+    section: str
+    cls: str  # conclusion | checksum | value
+    text: str
+    metric: str = ""  # table cells: the metric key
+    predicate: Optional[Callable] = None  # predicates (conclusions.py): the function of a View
+    source: str = ""  # predicates: the function's body as written (its returned expression alone)
+    code: str = ""  # predicates: what it computes (ast of its body and the module's shared code), to compare revisions
+    sides: Optional[Callable] = None  # predicates that return one comparison a OP b: View -> (a, b)
+    published: Optional[float] = None  # table cells: the source's figure
+    published_half: float = 0.0  # half a unit of its last printed digit (0: exact)
+    tol: Optional[Tol] = None
+    requires: Optional[str] = None
+    note: str = ""
+    evidence: tuple[str, ...] = ()
+    evidence_note: str = ""
+    moved_by: tuple[str, ...] = ()  # sensitivity rows that must account for its deviation (accounts_for)
+    interval: Optional[tuple[str, str]] = None  # metric keys of our interval for this number (lo, hi)
+    match: Optional["Match"] = None  # a matched table's cell: its row is matched with one of ours
+    row: str = ""  # table cells: the published row and column
+    col: str = ""
+
+    @property
+    def gate(self) -> bool:
+        return self.cls != "value"
+
+    @property
+    def is_cell(self) -> bool:
+        return self.published is not None
+
+    @property
+    def published_range(self) -> tuple[float, float]:
+        """The numbers the published figure stands for: its rounding interval for a value, itself otherwise."""
+        h = self.published_half if self.cls == "value" else 0.0
+        return self.published - h, self.published + h
+
+
+@dataclass(eq=False)
+class Match:
+    """A table whose rows are matched with ours one-to-one within groups (the table key `match`)."""
+    template: str
+    columns: list[str]
+    rows: dict[str, list[Optional[float]]]  # published row -> one number per column (None: not published)
+    groups: list[list[str]]
+    scale: list[float]  # per column: the sd of the published column
+
+    def key(self, row: str, col: str) -> str:
+        return self.template.replace("{row}", row).replace("{col}", col)
+
+    def assign(self, row: str, metrics: Mapping[str, float]) -> str:
+        """Our row matched with the published `row`: the least-cost assignment within its group
+        (MissingMetric if a statistic of the group is missing)."""
+        group = next(g for g in self.groups if row in g)
+        m = View(metrics)
+        ours = [[m[self.key(r, c)] for c in self.columns] for r in group]
+        pairs = dict(least_cost_pairs([self.rows[p] for p in group], ours, self.scale))
+        return group[pairs[group.index(row)]]
+
+
+@dataclass
+class DriftRule:
+    glob: str
+    tol: Tol
+    why: str
+
+
+@dataclass
+class Expectations:
+    claims: list[Claim]
+    drift: list[DriftRule]
+    gpu_only: list[str]
+    timings: list[str]  # metrics that depend on the machine's speed and load: reported, never compared
+    headline: list[str]
+    sections: dict[str, str]  # experiment -> section title
+
+    def drift_rule(self, key: str) -> Optional[DriftRule]:
+        return next((r for r in self.drift if fnmatch.fnmatchcase(key, r.glob)), None)
+
+    def is_gpu_only(self, key: str) -> bool:
+        return any(fnmatch.fnmatchcase(key, g) for g in self.gpu_only)
+
+    def is_timing(self, key: str) -> bool:
+        return any(fnmatch.fnmatchcase(key, g) for g in self.timings)
+
+
+class _Float(float):
+    half = 0.0  # set by _PrintedLoader
+
+
+class _Int(int):
+    half = 0.0
+
+
+class _PrintedLoader(yaml.SafeLoader):
+    """YAML whose numbers remember half a unit of their last printed digit (`half`)."""
+
+
+def _keep_digits(cls, construct):
+    def constructor(loader, node):
+        x = cls(construct(loader, node))
+        x.half = _half(node.value)
+        return x
+    return constructor
+
+
+_PrintedLoader.add_constructor("tag:yaml.org,2002:float", _keep_digits(_Float, yaml.SafeLoader.construct_yaml_float))
+_PrintedLoader.add_constructor("tag:yaml.org,2002:int", _keep_digits(_Int, yaml.SafeLoader.construct_yaml_int))
+
+
+def _half(text: str) -> float:
+    """Half a unit of the last digit of a number as printed: "1.20" 0.005, "42" 0.5, "3.4e38" 0.5e37
+    (0 for a form without one, e.g. .inf or 0x1f)."""
+    try:
+        d = Decimal(text.replace("_", ""))
+    except InvalidOperation:
+        return 0.0
+    # 5 * 10^(e - 1), computed in Decimal: no OverflowError for a huge exponent
+    return float(Decimal(5).scaleb(d.as_tuple().exponent - 1)) if d.is_finite() else 0.0
+
+
+def load(path: str | Path = "claims.yaml", conclusions: str | Path | None = None, name: str = "") -> Expectations:
+    """Read and validate the expectations: claims.yaml at `path` and the predicates, `conclusions`
+    (their source text, which `name` names in errors, or a path; by default CONCLUSIONS beside
+    claims.yaml, where it exists). Every problem is one line naming the place."""
+    path = Path(path)
+    read_yaml_mapping(path, "claims file not found", ClaimError)  # a missing or malformed file: one line
+    data = yaml.load(path.read_text(encoding="utf-8"), Loader=_PrintedLoader) or {}
+    unknown = sorted(set(data) - {"gpu_only", "timings", "headline", "experiments"})
+    if unknown:
+        raise ClaimError(f"{path}: unknown top-level key {unknown[0]!r} (known: experiments, gpu_only, timings, "
+                         "headline)")
+    exps = data.get("experiments")
+    if not isinstance(exps, dict) or not exps:
+        raise ClaimError(f"{path}: expected `experiments:`, a mapping of metrics file -> expectations")
+    if conclusions is None and (path.parent / CONCLUSIONS).is_file():
+        conclusions = path.parent / CONCLUSIONS
+    if isinstance(conclusions, Path):
+        name, conclusions = str(conclusions), conclusions.read_text(encoding="utf-8")
+    tables, drift, sections = [], [], {}
+    for exp, body in exps.items():
+        where = f"{path}: experiments.{exp}"
+        if not isinstance(body, dict):
+            raise ClaimError(f"{where}: expected a mapping")
+        bad = sorted(set(body) - {"section", "checksums", "values", "drift"})
+        if bad:
+            raise ClaimError(f"{where}.{bad[0]}: unknown key (known: section, checksums, values, drift; conclusions "
+                             f"are predicates in {CONCLUSIONS})")
+        sections[exp] = _text(body.get("section"), f"{where}.section")
+        for cls, key in (("checksum", "checksums"), ("value", "values")):
+            for i, entry in enumerate(body.get(key) or []):
+                tables += _entry(entry, cls, exp, sections[exp], f"{where}.{key}[{i}]")
+        for i, rule in enumerate(body.get("drift") or []):
+            if not (isinstance(rule, list) and len(rule) == 3 and isinstance(rule[0], str)):
+                raise ClaimError(f"{where}.drift[{i}]: expected [glob, tolerance, why]")
+            drift.append(DriftRule(rule[0], Tol.parse(rule[1], f"{where}.drift[{i}]"),
+                                   _text(rule[2], f"{where}.drift[{i}] why")))
+    preds = predicates(conclusions, name or CONCLUSIONS, sections) if conclusions else []
+    order = {(e, c): i for i, (e, c) in enumerate((e, c) for e in sections for c in CLASSES)}
+    claims = sorted(tables + preds, key=lambda c: (order[c.experiment, c.cls], c.predicate is not None))
+    seen = set()
+    for c in claims:
+        if c.id in seen:
+            raise ClaimError(f"{path}: claim {c.id} appears twice")
+        seen.add(c.id)
+    lists = {k: data.get(k) or [] for k in ("gpu_only", "timings", "headline")}
+    for what, val in lists.items():
+        if not isinstance(val, list) or not all(isinstance(v, str) for v in val):
+            raise ClaimError(f"{path}: {what}: expected a list of metric keys (globs)")
+    return Expectations(claims, drift, lists["gpu_only"], lists["timings"], lists["headline"], sections)
+
+
+def predicates(text: str, where: str, sections: Mapping[str, str]) -> list[Claim]:
+    """The claims that a conclusions.py source registers, executed in a fresh namespace (what it
+    imports is its own affair: the standard library), in its order."""
+    try:
+        tree = ast.parse(text, where)
+        namespace: dict = {"__name__": "attnrepro_conclusions"}
+        exec(compile(tree, where, "exec"), namespace)
+    except Exception as e:  # noqa: BLE001 (any failure of that code is the file's: one line)
+        raise ClaimError(f"{where}: does not load ({type(e).__name__}: {e})") from None
+    registry = namespace.get("CLAIMS")
+    if not isinstance(registry, list):
+        raise ClaimError(f"{where}: expected a list CLAIMS (what @claim registers)")
+    def first(n):  # a statement's first line (a decorated function's: its first decorator's)
+        return min([d.lineno for d in getattr(n, "decorator_list", [])] + [n.lineno])
+
+    def line(e):  # the first line of a registered function (None: not a function)
+        return getattr(getattr(e.get("fn") if isinstance(e, dict) else None, "__code__", None), "co_firstlineno", None)
+
+    functions = {first(f): f for f in tree.body if isinstance(f, ast.FunctionDef)}
+    claimed = {line(e) for e in registry}
+    shared = [ast.dump(n) for n in tree.body[1 if ast.get_docstring(tree) else 0:]  # the registry, helpers, constants
+              if first(n) not in claimed]
+    out = []
+    for e in registry:
+        node = functions.get(line(e))
+        here = f"{where}: {node.name if node else 'a registered claim'}"
+        if node is None or not isinstance(e.get("id"), str) or not ID_RE.match(e["id"]):
+            raise ClaimError(f"{here}: expected a module-level function with @claim(experiment, cls, id, text) and a "
+                             "lower_snake_case id")
+        cid, exp, cls = e["id"], e.get("experiment"), e.get("cls")
+        if exp not in sections:
+            raise ClaimError(f"{here}: experiment {exp!r} has no section in claims.yaml")
+        if cls not in ("conclusion", "checksum"):
+            raise ClaimError(f"{here}: class {cls!r}, expected conclusion or checksum (published values are tables)")
+        if e.get("requires") not in (None, "cuda"):
+            raise ClaimError(f"{here}: requires={e.get('requires')!r}, expected cuda or nothing")
+        body = node.body[1:] if ast.get_docstring(node) is not None else node.body
+        sides = None
+        if len(body) == 1 and isinstance(body[0], ast.Return) and isinstance(body[0].value, ast.Compare) \
+                and len(body[0].value.ops) == 1:  # a single comparison: the report shows its two sides
+            both = ast.Tuple([body[0].value.left, body[0].value.comparators[0]], ast.Load())
+            sides = eval(compile(ast.fix_missing_locations(ast.Expression(ast.Lambda(node.args, both))), where,
+                                 "eval"), namespace)
+        source = ast.get_source_segment(text, body[0].value) if len(body) == 1 and isinstance(body[0], ast.Return) \
+            else "; ".join(ast.get_source_segment(text, b) for b in body)
+        out.append(Claim(f"{exp}.{cid}", exp, sections[exp], cls, _text(e.get("text"), f"{here}: text"),
+                         predicate=e["fn"], source=" ".join(source.split()), sides=sides,
+                         code="\n".join([ast.dump(node.args), *(ast.dump(b) for b in body), *shared]),
+                         requires=e.get("requires"), note=" ".join(str(e.get("note") or "").split())))
+    return out
+
+
+def _text(v, where: str) -> str:
+    if not isinstance(v, str) or not v.strip():
+        raise ClaimError(f"{where}: a non-empty string is required")
+    return " ".join(v.split())
+
+
+def _number(x, where: str) -> Optional[float]:
+    if x is None:
+        return None
+    if isinstance(x, str):  # YAML 1.1 reads 3.4e38 (no exponent sign) as a string
+        try:
+            return float(x)
+        except ValueError:
+            pass
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        raise ClaimError(f"{where}: {x!r} is not a number")
+    return float(x)
+
+
+def _published(x, where: str) -> tuple[Optional[float], float]:
+    """A published number and half a unit of its last printed digit."""
+    half = _half(x) if isinstance(x, str) else getattr(x, "half", 0.0)
+    return _number(x, where), half
+
+
+_TABLE_KEYS = {"id", "text", "metric", "columns", "rows", "published", "tol", "interval", "requires", "note",
+               "explain", "match"}
+
+
+def _key(key: str, where: str) -> str:
+    if not KEY_RE.match(key):
+        raise ClaimError(f"{where}: {key!r} is not a metric key (<file>.<key>, e.g. train.d32_scaled.loss_final)")
+    return key
+
+
+def _entry(raw, cls: str, exp: str, section: str, where: str) -> list[Claim]:
+    if not isinstance(raw, dict):
+        raise ClaimError(f"{where}: expected a mapping")
+    cid = raw.get("id")
+    if not isinstance(cid, str) or not ID_RE.match(cid):
+        raise ClaimError(f"{where}: id {cid!r} must be lower_snake_case")
+    where = f"{where} ({cid})"
+    requires = raw.get("requires")
+    if requires not in (None, "cuda"):
+        raise ClaimError(f"{where}.requires: {requires!r}, expected cuda or nothing")
+    text = _text(raw.get("text"), f"{where}.text")
+    if "expr" in raw:
+        raise ClaimError(f"{where}.expr: a claim that is not a table is a Python predicate in {CONCLUSIONS}")
+    bad = sorted(set(raw) - _TABLE_KEYS)
+    if bad:
+        raise ClaimError(f"{where}.{bad[0]}: unknown key for a table (known: {', '.join(sorted(_TABLE_KEYS))})")
+    template = raw.get("metric")
+    if not isinstance(template, str) or "{col}" not in template:
+        raise ClaimError(f"{where}.metric: a template with {{col}} (and {{row}} for a table with rows) is required")
+    cells: list[tuple[str, str, str, Optional[float], float]] = []  # (row, col, metric key, published, half)
+    match = None
+    if "published" in raw:
+        if not isinstance(raw["published"], dict) or "rows" in raw or "{row}" in template or "match" in raw:
+            raise ClaimError(f"{where}.published: a one-row table is {{column: number}}, without rows, {{row}} or "
+                             "match")
+        for col, pub in raw["published"].items():
+            cells.append(("", col, template.replace("{col}", col), *_published(pub, f"{where}.published.{col}")))
+    else:
+        cols, rows = raw.get("columns"), raw.get("rows")
+        if not isinstance(cols, list) or not isinstance(rows, dict) or not rows:
+            raise ClaimError(f"{where}: a table needs `columns:` (a list) and `rows:` (row -> numbers)")
+        cols, rows = [str(c) for c in cols], {str(r): v for r, v in rows.items()}
+        for row, vals in rows.items():
+            if not isinstance(vals, list) or len(vals) != len(cols):
+                raise ClaimError(f"{where}.rows.{row}: expected {len(cols)} numbers (one per column; null for none)")
+            for col, pub in zip(cols, vals):
+                _key(template.replace("{row}", row).replace("{col}", col), f"{where}.metric")
+                if pub is not None:
+                    cells.append((row, col, template.replace("{row}", row).replace("{col}", col),
+                                  *_published(pub, f"{where}.rows.{row}")))
+        if "match" in raw:
+            match = _match(raw["match"], template, cols, rows, f"{where}.match")
+    tol = Tol.parse(raw["tol"], f"{where}.tol") if "tol" in raw else None
+    interval = raw.get("interval")
+    if interval is not None and not (isinstance(interval, list) and len(interval) == 2
+                                      and all(isinstance(x, str) and "{col}" in x for x in interval)):
+        raise ClaimError(f"{where}.interval: expected [lo, hi], two metric templates with {{col}}")
+    if cls == "checksum" and tol is None:
+        raise ClaimError(f"{where}: a checksum table needs `tol:` (usually exact)")
+    explain = raw.get("explain") or {}
+    if not isinstance(explain, dict):
+        raise ClaimError(f"{where}.explain: expected {{cell or '*': {{by: [metric keys], note: text}}}}")
+    shape = "expected {by: [metric keys], moved_by: [sensitivity rows], note: text}"
+    out = []
+    for row, col, key, pub, half in cells:
+        cell = f"{row}.{col}" if row else col
+        _key(key, f"{where}.metric")
+        ex = explain.get(cell) or explain.get("*") or {}
+        if not isinstance(ex, dict) or set(ex) - {"by", "moved_by", "note"} or not all(
+                isinstance(ex.get(k, []), list) and all(isinstance(x, str) for x in ex.get(k, []))
+                for k in ("by", "moved_by")):
+            raise ClaimError(f"{where}.explain.{cell}: {shape}")
+        bounds = tuple(_key(t.replace("{col}", col), f"{where}.interval") for t in interval) if interval else None
+        out.append(Claim(f"{exp}.{cid}.{cell}", exp, section, cls, text, key, published=pub, published_half=half,
+                         tol=tol, requires=requires, note=" ".join(str(raw.get("note", "")).split()),
+                         evidence=tuple(ex.get("by", [])), evidence_note=" ".join(str(ex.get("note", "")).split()),
+                         moved_by=tuple(ex.get("moved_by", [])), interval=bounds, match=match, row=row, col=col))
+    if not out:
+        raise ClaimError(f"{where}: the table has no published number")
+    return out
+
+
+def _match(pattern, template: str, cols: list[str], rows: dict, where: str) -> Match:
+    """A table's `match:` regex, validated: it groups the rows (by its first group) into groups of equal size."""
+    try:
+        rx = re.compile(pattern) if isinstance(pattern, str) else None
+    except re.error as e:
+        raise ClaimError(f"{where}: {pattern!r} is not a regular expression ({e.msg})") from None
+    if rx is None or rx.groups < 1 or "{row}" not in template:
+        raise ClaimError(f"{where}: expected a regular expression with a group, e.g. \"l(\\d+)h\\d+\" (and "
+                         "{row} in the metric)")
+    groups: dict[str, list[str]] = {}
+    for row in rows:
+        m = rx.fullmatch(row)
+        if m is None:
+            raise ClaimError(f"{where}: row {row} does not match {pattern!r}")
+        groups.setdefault(m.group(1), []).append(row)
+    sizes = {g: len(rs) for g, rs in groups.items()}
+    if len(set(sizes.values())) > 1:
+        raise ClaimError(f"{where}: groups of unequal size ({', '.join(f'{g}: {n} rows' for g, n in sizes.items())})")
+    published = {row: [_number(v, f"{where} row {row}") for v in vals] for row, vals in rows.items()}
+    scale = []
+    for j in range(len(cols)):
+        xs = [p[j] for p in published.values() if p[j] is not None]
+        sd = statistics.stdev(xs) if len(xs) > 1 else 0.0
+        scale.append(sd if sd > 0 else 1.0)  # a column without spread adds the same to every pairing
+    return Match(template, cols, published, list(groups.values()), scale)
+
+
+# ---------------------------------------------------------------- metrics, distributions, machines
+
+METRIC_FILES_EXCLUDED = ("claims", "claims_summary", "headline")  # the report's and the DVC view's own files
+
+
+def load_metrics_dir(path: str | Path = "metrics") -> dict[str, float]:
+    """Every metrics/<file>.json (not env/, dist/, nor the claims' own files), flattened to
+    {'<file>.<key>': number}."""
+    out: dict = {}
+    for f in sorted(Path(path).glob("*.json")):
+        if f.stem not in METRIC_FILES_EXCLUDED:
+            out.update(flatten(read_json(f), f"{f.stem}."))
+    return out
+
+
+def load_dists(path: str | Path = "metrics/dist") -> dict[str, dict]:
+    """{file: {"stats": {key: summary}, "runs": {seed: metrics}}} from metrics/dist/*.json."""
+    return {f.stem: read_json(f) for f in sorted(Path(path).glob("*.json"))}
+
+
+def load_envs(path: str | Path = "metrics/env") -> dict[str, dict]:
+    return {f.stem: read_json(f) for f in sorted(Path(path).glob("*.json"))}
+
+
+def cuda_run(stage: str, envs: Mapping[str, dict]) -> Optional[bool]:
+    """Was `stage` produced with CUDA? From metrics/env/<stage>.json, else from any other stage's
+    record (one pipeline runs on one machine); None if unknown."""
+    env = envs.get(stage)
+    if env is None:
+        known = [bool(e.get("cuda_available")) for e in envs.values() if "cuda_available" in e]
+        return any(known) if known else None
+    return bool(env.get("cuda_available")) or str(env.get("device", "")).startswith("cuda")
+
+
+def seed_values(dists: Mapping[str, dict], key: str) -> list[float]:
+    """Each seed's value of metric `<file>.<key>`, where its stage has a seed distribution."""
+    file, _, rest = key.partition(".")
+    runs = dists.get(file, {}).get("runs", {})
+    return [v for v in (flatten(r).get(rest) for r in runs.values()) if v is not None]
+
+
+def band(dists: Mapping[str, dict], key: str) -> Optional[Band]:
+    """The seed distribution of metric `<file>.<key>`, if its stage has one."""
+    file, _, rest = key.partition(".")
+    s = dists.get(file, {}).get("stats", {}).get(rest)
+    return from_summary(s) if s and s.get("n", 0) >= 2 else None
+
+
+# ---------------------------------------------------------------- evaluation
+
+@dataclass
+class ClaimResult:
+    claim: Claim
+    status: str  # pass | fail | missing | skipped
+    value: Optional[float] = None  # cells: the reproduced number; comparisons: the left side
+    bound: Optional[float] = None  # comparisons: the right side
+    detail: str = ""
+    seeds_held: Optional[int] = None  # conclusions: on how many seeds it holds
+    seeds_n: Optional[int] = None
+    mean_holds: Optional[bool] = None
+    band: Optional[Band] = None  # cells: our seed distribution of the metric
+    z: Optional[float] = None  # cells: (published - our mean) / our seed sd (with modes: from the chapter's
+    # mode where chapter_modes decides it, else the nearest, in within-mode sd)
+    percentile: Optional[float] = None  # cells with seeds: where the published figure sits among them (%)
+    percentile_range: Optional[tuple[float, float]] = None  # ... where the ends of its rounding interval sit
+    mode: Optional[int] = None  # cells whose seeds fall into modes: the mode the chapter's run was in (chapter_modes)
+    mode_by: str = ""  # ... judged by the chapter's published figure of this metric
+    missing_evidence: tuple[str, ...] = ()  # cited metrics that this run does not have
+    not_moved: tuple[str, ...] = ()  # cited sensitivity rows that no longer account for it
+    matched: Optional[str] = None  # matched tables: our row this cell was judged against
+    read: tuple[str, ...] = ()  # predicates: the metric keys it read on the run
+    read_values: tuple[float, ...] = ()  # ... and their values
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "pass"
+
+    @property
+    def gated_failure(self) -> bool:
+        return self.claim.gate and self.status in ("fail", "missing")
+
+    @property
+    def explanation(self) -> str:
+        """For a value outside its band: the evidence cited (which must exist), or 'unexplained'."""
+        if self.claim.cls != "value" or self.status != "fail":
+            return ""
+        if not self.claim.evidence and not self.claim.moved_by:
+            return "unexplained"
+        if self.missing_evidence:
+            return f"unexplained (the cited {', '.join(self.missing_evidence)} is missing)"
+        if self.not_moved:
+            return (f"unexplained (the cited {', '.join(self.not_moved)} no longer accounts for it: significant "
+                    "after Holm, toward the published figure, not past its band)")
+        return self.claim.evidence_note
+
+
+def _variants(metrics: Mapping[str, float], dists: Mapping[str, dict], files: set[str]) -> list[tuple[str, dict]]:
+    """The seed runs and the seed means of `files`, each as a full metrics mapping."""
+    files = [f for f in sorted(files) if dists.get(f, {}).get("runs")]
+    if not files:
+        return []
+    out = []
+    seeds = list(dists[files[0]]["runs"])
+    for seed in seeds:
+        m = {k: v for k, v in metrics.items() if k.split(".", 1)[0] not in files}
+        for f in files:
+            run = dists[f]["runs"].get(seed)
+            if run is not None:
+                m.update(flatten(run, f"{f}."))
+        out.append((f"seed {seed}", m))
+    mean = {k: v for k, v in metrics.items() if k.split(".", 1)[0] not in files}
+    for f in files:
+        mean.update({f"{f}.{k}": s["mean"] for k, s in dists[f]["stats"].items()})
+    out.append(("mean", mean))
+    return out
+
+
+def _call(claim: Claim, view: View) -> tuple[bool, str]:
+    """Does the predicate hold on the view's metrics? With the arithmetic error it raised, if it raised
+    one (it does not hold then). MissingMetric propagates."""
+    try:
+        return bool(claim.predicate(view)), ""
+    except (ArithmeticError, ValueError) as e:
+        return False, f"{type(e).__name__}: {e}"
+
+
+def _needs_cuda(keys, metrics: Mapping[str, float], envs: Mapping[str, dict]) -> bool:
+    """A `requires: cuda` claim reading `keys` is skipped: a file of them was made without CUDA, or no machine
+    record is known and a metric is missing."""
+    cuda = [cuda_run(k.split(".", 1)[0], envs) for k in keys]
+    return any(c is False for c in cuda) or (all(c is None for c in cuda) and any(k not in metrics for k in keys))
+
+
+def printed(c: "Claim") -> str:
+    """A published figure as the source prints it, trailing zeros kept (4.00, 1.0000), from half a unit of
+    its last printed digit; fmt_number where that is not a plain decimal (3.4e38)."""
+    if c.published_half > 0 and math.isfinite(c.published):
+        decimals = round(-math.log10(2 * c.published_half))
+        if 0 <= decimals <= 8:
+            return f"{c.published:,.{decimals}f}" if abs(c.published) >= 1e4 else f"{c.published:.{decimals}f}"
+    return fmt_number(c.published)
+
+
+def evaluate_claim(claim: Claim, metrics: Mapping[str, float], dists: Mapping[str, dict],
+                   envs: Mapping[str, dict]) -> ClaimResult:
+    if claim.predicate is None:
+        return _evaluate_table_cell(claim, metrics, dists, envs)
+    skipped = ClaimResult(claim, "skipped", detail="needs a CUDA run")
+    view = View(metrics)
+    try:
+        ok, error = _call(claim, view)
+        if claim.requires == "cuda" and _needs_cuda(view.read, metrics, envs):
+            return skipped
+        res = ClaimResult(claim, "pass" if ok else "fail", detail=error, read=tuple(view.read),
+                          read_values=tuple(metrics.get(k, math.nan) for k in view.read))
+        if claim.sides is not None and not error:
+            res.value, res.bound = (float(x) for x in claim.sides(View(metrics)))
+        if claim.cls == "conclusion":  # on each seed of the files it reads, and on their means
+            files, reads, held = set(), view.files(), []
+            while not reads <= files:  # what it reads on a seed may bring in another file's seeds
+                files |= reads
+                others = _variants(metrics, dists, files)
+                held = []
+                for _, m in others:
+                    seen = View(m)
+                    held.append(_call(claim, seen)[0])
+                    reads |= seen.files()
+            if held:
+                n, mean_ok = len(held) - 1, held[-1]
+                res.seeds_held, res.seeds_n, res.mean_holds = sum(held[:-1]), n, mean_ok
+                if res.seeds_held < n or not mean_ok:
+                    res.status = "fail"
+                    res.detail = f"holds on {res.seeds_held} of {n} seeds" + ("" if mean_ok else ", not on their mean")
+        return res
+    except MissingMetric as e:
+        if claim.requires == "cuda" and _needs_cuda(view.read, metrics, envs):
+            return skipped
+        return ClaimResult(claim, "missing", detail=f"metric {e.key} not found")
+
+
+def _evaluate_table_cell(claim: Claim, metrics, dists, envs) -> ClaimResult:
+    if claim.requires == "cuda" and _needs_cuda([claim.metric], metrics, envs):
+        return ClaimResult(claim, "skipped", detail="needs a CUDA run")
+    try:
+        if claim.match is not None:
+            ours = claim.match.assign(claim.row, metrics)
+            res = _judge(claim, claim.match.key(ours, claim.col), metrics, dists)
+            res.matched = ours
+            res.detail = "; ".join(filter(None, (res.detail or f"{fmt_number(res.value)} vs "
+                                                 f"{fmt_number(claim.published)}", f"matched with our {ours}")))
+            return res
+        return _judge(claim, claim.metric, metrics, dists)
+    except MissingMetric as e:
+        return ClaimResult(claim, "missing", detail=f"metric {e.key} not found")
+
+
+def _judge(claim: Claim, key: str, metrics, dists) -> ClaimResult:
+    """A table cell: the published figure (a value's rounding interval) against our interval, band or tol."""
+    m = View(metrics)
+    value = m[key]
+    lo_p, hi_p = claim.published_range
+    rounds_to = lo_p <= value <= hi_p  # ours rounds to the published figure: a match whatever the band
+    if claim.interval:  # our interval for this number, e.g. a bootstrap interval over seeds
+        lo, hi = (m[k] for k in claim.interval)
+        return ClaimResult(claim, "pass" if rounds_to or (lo <= hi_p and lo_p <= hi) else "fail", value=value,
+                           detail=f"our 95% interval {fmt_number(lo)} – {fmt_number(hi)}")
+    b = band(dists, key) if claim.cls == "value" else None
+    if b is not None:
+        seeds = seed_values(dists, key)
+        # where the band has modes, which one the chapter's run was in is chapter_modes' (once per variant)
+        return ClaimResult(claim, "pass" if rounds_to or _meets(b, lo_p, hi_p) else "fail", value=value, band=b,
+                           z=b.z(claim.published), percentile=percentile_of(seeds, claim.published),
+                           percentile_range=(percentile_of(seeds, lo_p), percentile_of(seeds, hi_p)))
+    closest = min(max(value, lo_p), hi_p) if math.isfinite(value) else claim.published
+    return ClaimResult(claim, "pass" if (claim.tol or Tol("exact")).ok(value, closest) else "fail", value=value)
+
+
+def _meets(b: Band, lo: float, hi: float) -> bool:
+    """Does [lo, hi] meet the band's prediction interval (one of its modes', where it has modes)? The point of
+    [lo, hi] closest to an interval's centre lies in that interval if any point does."""
+    centres = [m for _, m in b.modes] or [b.mean]
+    return any(b.contains(min(max(math.exp(c) if b.log else c, lo), hi)) for c in centres)
+
+
+def chapter_modes(results: list[ClaimResult], dists: Mapping[str, dict]) -> None:
+    """Where our seeds of a variant fall into modes, which one the chapter's run was in: decided once per
+    variant, by the chapter's published figure of the statistic the modes were found on (its diagnostics),
+    never by the figure being judged (that would be circular). None where the chapter does not print that
+    statistic. A Band's modes follow the statistic's groups, lowest first, for every metric of the variant."""
+    published = {r.claim.metric: r.claim.published for r in results
+                 if r.claim.is_cell and r.claim.published is not None and r.claim.match is None}
+    for r in results:
+        if r.band is None or not r.band.modes:
+            continue
+        file, variant = r.claim.metric.split(".")[:2]
+        statistic = ((dists.get(file) or {}).get("modes") or {}).get(variant, {}).get("statistic")
+        key = f"{file}.{variant}.{statistic}"
+        b = band(dists, key) if statistic else None
+        r.mode = b.nearest_mode(published[key]) if key in published and b is not None and b.modes else None
+        r.mode_by = key if r.mode is not None else ""
+        if r.mode is not None and len(r.band.modes) == len(b.modes):  # z from the chapter's mode, not the nearest
+            r.z = r.band.z(r.claim.published, mode=r.mode)
+
+
+def evaluate_all(exp: Expectations, metrics, dists, envs) -> list[ClaimResult]:
+    results = [evaluate_claim(c, metrics, dists, envs) for c in exp.claims]
+    chapter_modes(results, dists)
+    for r in results:
+        cited = list(r.claim.evidence) + [k for row in r.claim.moved_by for k in moved_by_keys(row)]
+        r.missing_evidence = tuple(k for k in cited if k not in metrics)
+        if r.claim.moved_by and not r.missing_evidence and r.claim.published is not None:
+            r.not_moved = tuple(row for row in r.claim.moved_by
+                                if accounts(metrics, row, r.claim.published, r.claim.published_half) != "accounts")
+    return results
+
+
+def moved_by_keys(row: str) -> list[str]:
+    """The metrics a cited sensitivity row <file>.<variant>.<metric>.<choice> is judged by: the
+    choice's band and Holm-adjusted p, and the baseline's band (experiments.sensitivity.ROW_KEYS)."""
+    base = row.rsplit(".", 1)[0] + "." + BASELINE
+    return [f"{row}.{k}" for k in ROW_KEYS] + [f"{base}.{k}" for k in ROW_KEYS if k != "p_holm"]
+
+
+def accounts(metrics: Mapping[str, float], row: str, published: float, half: float) -> str:
+    """experiments.sensitivity.accounts_for on a cited row, read from the flat metrics."""
+    base = row.rsplit(".", 1)[0] + "." + BASELINE
+    return accounts_for({k: metrics[f"{base}.{k}"] for k in ROW_KEYS if f"{base}.{k}" in metrics},
+                        {k: metrics[f"{row}.{k}"] for k in ROW_KEYS if f"{row}.{k}" in metrics}, published, half)
+
+
+def counts(results: list[ClaimResult]) -> dict:
+    """Per class: n, passed, failed (missing included), skipped; values: unexplained deviations."""
+    out = {}
+    for cls in CLASSES:
+        rs = [r for r in results if r.claim.cls == cls]
+        out[cls] = {"n": len(rs), "passed": sum(r.passed for r in rs),
+                    "failed": sum(r.status in ("fail", "missing") for r in rs),
+                    "skipped": sum(r.status == "skipped" for r in rs)}
+    out["value"]["unexplained"] = sum(r.explanation.startswith("unexplained") for r in results)
+    return out
+
+
+def claims_json(results: list[ClaimResult]) -> dict:
+    """metrics/claims.json (a plain output): per claim its class, verdict and numbers."""
+    out: dict = {}
+    for r in results:
+        c = r.claim
+        e: dict = {"class": c.cls, "pass": int(r.passed), "skipped": int(r.status == "skipped")}
+        for k, v in (("value", r.value), ("published", c.published), ("bound", r.bound), ("z", r.z),
+                     ("percentile", r.percentile), ("mode", r.mode),
+                     ("seeds_held", r.seeds_held), ("seeds_n", r.seeds_n), ("matched", r.matched)):
+            if v is not None and (not isinstance(v, float) or math.isfinite(v)):
+                e[k] = v
+        if r.mean_holds is not None:
+            e["mean_holds"] = int(r.mean_holds)
+        if r.band is not None:
+            e["band_lo"], e["band_hi"] = r.band.prediction_interval()
+        if r.explanation:
+            e["unexplained"] = int(r.explanation.startswith("unexplained"))
+        out[c.id] = e
+    return out

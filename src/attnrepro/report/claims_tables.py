@@ -1,0 +1,116 @@
+"""The claims' verdict tables of the report (one experiment's conclusions, checksums and published
+values: `experiment_markdown`) and of `attnrepro claims` (`claims_table`)."""
+
+from __future__ import annotations
+
+import math
+
+from attnrepro.formatting import fmt_number, table_cell
+from attnrepro.judge.claims import ClaimResult, printed
+
+MARK = {"pass": "✅", "fail": "❌", "missing": "❌ missing", "skipped": "⏭ skipped"}
+CLASS_WORDS = {"conclusion": "conclusions (the chapter's findings; gated)",
+               "checksum": "checksums (true by construction; gated)",
+               "value": "published values (informational)"}
+
+
+def _expr(r: ClaimResult) -> str:
+    """A predicate's test: its code (the returned expression, for a one-line predicate)."""
+    return "`" + table_cell(r.claim.source) + "`"
+
+
+def this_run_text(r: ClaimResult) -> str:
+    """A claim's "this run" cell: its value against its bound, the seeds it holds on, or why it fails."""
+    if r.status == "skipped":
+        return "—"
+    parts = []
+    if r.value is not None and r.bound is not None:
+        parts.append(f"{fmt_number(r.value)} vs {fmt_number(r.bound)}")
+    elif 0 < len(r.read) <= 4 and not r.passed:  # no single comparison to show: the figures it read
+        parts.append(", ".join(f"{k} = {fmt_number(v)}" for k, v in zip(r.read, r.read_values)))
+    if r.seeds_n:
+        parts.append(f"{r.seeds_held}/{r.seeds_n} seeds" + ("" if r.mean_holds else ", not the mean"))
+    if r.status == "missing":
+        return table_cell(r.detail)
+    if r.passed:
+        return table_cell("; ".join(parts) or "holds")
+    return table_cell("; ".join(p for p in (*parts, "" if r.seeds_n else r.detail) if p) or "fails")
+
+
+def _value_verdict(r: ClaimResult) -> str:
+    if r.status != "fail":
+        return MARK.get(r.status, r.status)
+    return "outside" if r.band is not None else "off"
+
+
+def _band(r: ClaimResult) -> str:
+    if r.band is None:
+        return r.claim.tol.text() if r.claim.tol else "exact"
+    if r.band.modes:  # each mode's interval: their hull would show a value between the modes as inside
+        return " or ".join(f"{fmt_number(lo)} – {fmt_number(hi)}" for lo, hi in r.band.mode_intervals())
+    lo, hi = r.band.prediction_interval()
+    return f"{fmt_number(lo)} – {fmt_number(hi)}"
+
+
+def _percentile(r: ClaimResult) -> str:
+    if r.percentile is None:
+        return ""
+    lo, hi = r.percentile_range or (r.percentile, r.percentile)
+    spread = "" if round(lo) == round(hi) else f" ({lo:.0f}–{hi:.0f} over its rounding interval)"
+    return (f"{r.percentile:.0f}{spread}"
+            + ("" if r.mode is None else f" (the chapter's run: our mode {r.mode}, by {r.mode_by})"))
+
+
+def z_text(r: ClaimResult) -> str:
+    """A published value's z among our seeds, signed; "" where it has none."""
+    if r.z is None:
+        return ""
+    return "∞" if math.isinf(r.z) else f"{r.z:+.1f}"
+
+
+def experiment_markdown(title: str | None, results: list[ClaimResult]) -> str:
+    """One experiment's claims tables (conclusions, checksums, one table per published-values entry),
+    under a `## title` heading unless title is None (the report's sections give their own)."""
+    out = [f"## {title}\n"] if title else []
+    for cls in ("conclusion", "checksum"):
+        rs = [r for r in results if r.claim.cls == cls]
+        if not rs:
+            continue
+        out += [f"**{CLASS_WORDS[cls].capitalize()}**\n", "| claim | test | this run | result |", "| --- | --- | --- | --- |"]
+        for r in rs:
+            test = _expr(r) if not r.claim.is_cell else f"`{table_cell(r.claim.metric)}` = {printed(r.claim)} ({r.claim.tol.text()})"
+            label = r.claim.text if not r.claim.is_cell else r.claim.id.split(".", 2)[-1]
+            mark = "❌ not reproduced" if cls == "conclusion" and r.status == "fail" else MARK.get(r.status, r.status)
+            out.append(f"| {table_cell(label)} | {test} | {this_run_text(r) if not r.claim.is_cell else fmt_number(r.value)} | "
+                       f"{mark} |")
+        out.append("")
+    values = [r for r in results if r.claim.cls == "value"]
+    tables: dict[str, list[ClaimResult]] = {}
+    for r in values:
+        tables.setdefault(r.claim.id.split(".")[1], []).append(r)
+    for rs in tables.values():
+        c = rs[0].claim
+        out += [f"**{table_cell(c.text)}**" + (f" — {table_cell(c.note)}" if c.note else "") + "\n",
+                "| cell | published | this run | percentile of the published figure among our seeds | "
+                "our band (95% PI over seeds) or tolerance | z | verdict | explanation |",
+                "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for r in rs:
+            cell = r.claim.id.split(".", 2)[-1] + (f" (ours: {r.matched})" if r.matched else "")
+            out.append(f"| {table_cell(cell)} | {printed(r.claim)} | {fmt_number(r.value) if r.value is not None else table_cell(r.detail)} | "
+                       f"{_percentile(r)} | {_band(r)} | {z_text(r)} | {_value_verdict(r)} | {table_cell(r.explanation)} |")
+        out.append("")
+    return "\n".join(out) + "\n"
+
+
+def claims_table(results: list[ClaimResult], show_all: bool) -> str:
+    """The `attnrepro claims` table: gated and failing claims (every claim with show_all)."""
+    shown = [r for r in results if show_all or r.claim.gate or r.status != "pass"]
+    out = ["| claim | class | published | this run | band or tolerance | z | result |",
+           "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in shown:
+        c = r.claim
+        pub = printed(c) if c.is_cell else _expr(r)
+        val = fmt_number(r.value) if c.is_cell and r.value is not None else this_run_text(r)
+        band = _band(r) if c.is_cell else ""
+        out.append(f"| {c.id} | {c.cls} | {pub} | {val} | {band} | {z_text(r)} | {r.status} |")
+    return "\n".join(out) + "\n"

@@ -1,0 +1,115 @@
+"""One way to run a DVC stage script, so that each script is its inputs, one library call and its outputs.
+
+    from attnrepro.run.stage import Stage, stage
+
+    def main(st: Stage) -> None:
+        cfg = st.section(FailuresConfig, "failures")
+        device = st.pin(cfg.device, cfg.threads, "failures.device")
+        result = failures.run(cfg, device, st.engine)
+        write_json("metrics/failures.json", result.metrics)
+
+    if __name__ == "__main__":
+        stage(main, __doc__, engine=True)
+
+`stage` parses the arguments (--params, and --scheduler/--workers for a stage on the run
+engine), reads params.yaml, and runs `main` under `run_stage`: user errors are one
+line and exit 2, Ctrl-C and SIGTERM leave the previous outputs, and every output file the
+stage writes moves in together or not at all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from dataclasses import dataclass
+from typing import Callable, Optional, TypeVar
+
+from attnrepro.config import ConfigError, UserError, from_dict
+from attnrepro.envinfo import setup_determinism
+from attnrepro.files import read_params
+from attnrepro.run.engine_settings import add_engine_args, engine_config
+from attnrepro.runtime import resolve_device
+from attnrepro.staging import OutputError, check_writable, os_error_line, stage_outputs
+
+T = TypeVar("T")
+
+
+@dataclass
+class Stage:
+    args: argparse.Namespace
+    params: dict
+
+    def section(self, cls: type[T], name: str) -> T:
+        """params.yaml's section `name`, validated into dataclass `cls`."""
+        if name not in self.params:
+            raise ConfigError(f"{name}: section missing from {self.args.params}")
+        return from_dict(cls, self.params[name], prefix=name)
+
+    @property
+    def engine(self):
+        """The run engine's settings (params `engine`, the environment and --scheduler/--workers)."""
+        return engine_config(self.params, self.args.scheduler, self.args.workers)
+
+    def pin(self, device: str, threads: int, key: str) -> str:
+        """The device `device` names (`key` in messages), with this process's threads and deterministic
+        algorithms set as the runs set theirs (so environment records state what the runs used)."""
+        resolved = resolve_device(device, key)
+        setup_determinism(threads, resolved)
+        return resolved
+
+
+def stage(main: Callable[[Stage], None], doc: Optional[str], engine: bool = False,
+          arguments: Callable[[argparse.ArgumentParser], None] = lambda ap: None) -> None:
+    """Run a stage script's `main` (see the module docstring); `arguments` adds the stage's own options."""
+    def run() -> None:
+        ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+        ap.add_argument("--params", default="params.yaml", help="the params file (default params.yaml)")
+        if engine:
+            add_engine_args(ap)
+        arguments(ap)
+        args = ap.parse_args()
+        main(Stage(args, read_params(args.params)))
+
+    run_stage(run)
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised in the main thread so that a stage ends as on Ctrl-C (nothing written)."""
+
+
+def _terminate(signum, frame):
+    raise Terminated()
+
+
+def run_stage(main) -> None:
+    """Run a stage entry point: its outputs replace the old ones all together or not at all
+    (staging.stage_outputs); user errors become one line on stderr and exit 2; Ctrl-C exits 130 and
+    SIGTERM 143, each with one line and the previous outputs unchanged.
+
+    Before the outputs move in, every folder they go to is checked (check_writable), so a
+    read-only metrics/ stops the stage with nothing moved. An OSError naming a file (a folder
+    that cannot be written, a full disk, an input that cannot be read) is one line too:
+    "error: cannot write <path>: <reason>" (or "cannot read"), exit 2."""
+    signal.signal(signal.SIGTERM, _terminate)
+    tx = None
+    try:
+        with stage_outputs() as tx:
+            main()
+            check_writable(tx.moves)
+    except (UserError, OutputError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except (KeyboardInterrupt, Terminated) as e:
+        word = "interrupted" if isinstance(e, KeyboardInterrupt) else "terminated"
+        if tx is not None and tx.committed:  # the signal came while the outputs moved in (it was held)
+            print(f"{word} after the outputs were written (they are complete)", file=sys.stderr)
+        else:
+            print(f"{word}; nothing written (the previous outputs are unchanged)", file=sys.stderr)
+        sys.exit(130 if isinstance(e, KeyboardInterrupt) else 143)
+    except OSError as e:
+        line = os_error_line(e, tx.moves if tx is not None else [])
+        if line is None:
+            raise
+        print(f"error: {line}", file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,260 @@
+"""The run store: every finished run, kept under a key derived from its config, data and code.
+
+A sweep asks the store first and trains only the runs it lacks, so adding a seed
+trains one new run, and a sweep killed half-way resumes with what is missing. The
+store is a plain folder outside every DVC output (default `runs/`, git- and
+dvc-ignored), so DVC's removal of a stage's outputs before a rerun never touches it.
+
+Layout: <root>/<key[:2]>/<key>/ holds one result folder (see attnrepro.run.execute) and its
+MANIFEST.json: the size and SHA-256 of every file, written last. A result is written
+to <root>/.tmp/ first and renamed into place in one step, so a reader sees a whole run
+or none; when two writers finish the same run, the first rename wins and the second
+copy is dropped (both are the same run). Failed runs (an exception, a lost worker) are
+not stored and are tried again next time; a diverged run is a result (status
+"diverged") and is stored.
+
+The store never serves bad data. `get` checks an entry against its manifest (sizes
+always; the content hashes too with full=True, which sweeps use before a result is
+copied out) and treats a missing or resized file, a hash mismatch, unreadable JSON or
+an entry without a manifest as absent: the entry moves to <root>/.quarantine/ with a
+REASON file, one line says which run and why, and the run is trained again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import socket
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Mapping, Optional
+
+from attnrepro.staging import file_sha256, pid_alive, remove_path
+
+MANIFEST = "MANIFEST.json"
+STATUSES = ("ok", "diverged")
+
+
+class Damaged(Exception):
+    """A store entry that does not match its manifest (the message says how)."""
+
+
+class Legacy(Damaged):
+    """An entry written before stores kept manifests: no key of this code can name it."""
+
+
+def manifest_of(files: Mapping[str, bytes]) -> dict:
+    return {name: {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()} for name, data in sorted(files.items())}
+
+
+def verify_entry(path: Path, full: bool) -> None:
+    """Raise Damaged unless the entry at `path` matches its manifest: every listed file present
+    with its size (and, when `full`, its SHA-256), no file unlisted, JSON files readable, and a
+    status the store keeps."""
+    if not path.is_dir():
+        raise Damaged("not a folder")
+    try:
+        manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        if (path / "status.json").is_file() and (path / "spec.json").is_file():
+            raise Legacy(f"no {MANIFEST}: written before store manifests (attnrepro store gc --legacy removes it)") \
+                from None
+        raise Damaged(f"no {MANIFEST} (an unfinished or foreign entry)") from None
+    except (OSError, ValueError) as e:
+        raise Damaged(f"{MANIFEST} unreadable ({type(e).__name__})") from None
+    well_formed = isinstance(manifest, dict) and all(
+        isinstance(name, str) and name == Path(name).name and not name.startswith(".") and isinstance(want, dict)
+        and isinstance(want.get("size"), int) and isinstance(want.get("sha256"), str)
+        for name, want in manifest.items())
+    if not well_formed:
+        raise Damaged(f"{MANIFEST} is malformed")
+    if "status.json" not in manifest:
+        raise Damaged(f"{MANIFEST} lists no status.json")
+    present = {p.name for p in path.iterdir()} - {MANIFEST}
+    missing, unlisted = sorted(set(manifest) - present), sorted(present - set(manifest))
+    if missing:
+        raise Damaged(f"{missing[0]} is missing")
+    if unlisted:
+        raise Damaged(f"{unlisted[0]} is not in the manifest")
+    for name, want in manifest.items():
+        size = (path / name).stat().st_size
+        if size != want["size"]:
+            raise Damaged(f"{name} has {size} bytes, the manifest says {want['size']}")
+    for name in manifest:
+        if name.endswith(".json"):
+            try:
+                json.loads((path / name).read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                raise Damaged(f"{name} is not valid JSON") from None
+    for name, want in manifest.items():
+        if full and file_sha256(path / name) != want["sha256"]:
+            raise Damaged(f"{name} does not match its SHA-256")
+    status = json.loads((path / "status.json").read_text(encoding="utf-8"))
+    if not isinstance(status, dict) or status.get("status") not in STATUSES:
+        raise Damaged(f"status.json says {status!r}, expected a status of {' or '.join(STATUSES)}")
+
+
+@dataclass
+class VerifyReport:
+    intact: int
+    damaged: list[tuple[str, str]]  # (key, reason)
+    legacy: list[str]  # keys of entries written before manifests
+    seconds: float
+    megabytes: float
+
+    def line(self) -> str:
+        n = self.intact + len(self.damaged) + len(self.legacy)
+        legacy = f", {len(self.legacy)} legacy (no manifest)" if self.legacy else ""
+        return (f"store verify: {n} entries, {self.intact} intact, {len(self.damaged)} damaged{legacy} "
+                f"({self.megabytes:.0f} MB hashed in {self.seconds:.1f} s)")
+
+
+class RunStore:
+    def __init__(self, root: str | os.PathLike, say: Callable[[str], None] = lambda s: print(s, file=sys.stderr)):
+        self.root = Path(root)
+        self.say = say  # where the one-line notices (a damaged entry quarantined) go
+
+    def path(self, key: str) -> Path:
+        return self.root / key[:2] / key
+
+    @property
+    def quarantine_dir(self) -> Path:
+        return self.root / ".quarantine"
+
+    def get(self, key: str, full: bool = False, label: str = "") -> Optional[Path]:
+        """The result folder of `key`, or None when the store does not hold it intact. A damaged
+        entry is quarantined (one line names the run and the reason) and reads as absent."""
+        p = self.path(key)
+        if not p.exists() and not p.is_symlink():
+            return None
+        try:
+            verify_entry(p, full)
+        except (Damaged, OSError) as first:
+            try:  # another process may have replaced it meanwhile (put after its own quarantine)
+                verify_entry(p, full)
+                return p
+            except (Damaged, OSError):
+                pass
+            reason = str(first) if isinstance(first, Damaged) else f"unreadable ({first.strerror or type(first).__name__})"
+            moved = self.quarantine(key, reason)
+            if moved is not None:
+                self.say(f"store: run {label or key[:12]} is damaged ({reason}); moved to {moved}, "
+                         "it will be trained again")
+            return None
+        return p
+
+    def quarantine(self, key: str, reason: str) -> Optional[Path]:
+        """Move the entry of `key` (a folder, or whatever lies at its place) aside, with a REASON file;
+        None when it is gone already (another process of a shared store moved it first)."""
+        self.quarantine_dir.mkdir(parents=True, exist_ok=True)
+        dest = self.quarantine_dir / f"{key}--{time.strftime('%Y%m%dT%H%M%S')}--{uuid.uuid4().hex[:6]}"
+        try:
+            os.rename(self.path(key), dest)
+        except FileNotFoundError:
+            return None
+        (dest.parent / f"{dest.name}.REASON").write_text(reason + "\n", encoding="utf-8")
+        return dest
+
+    def put(self, key: str, files: Mapping[str, bytes]) -> Path:
+        """Store a result folder given as {file name: bytes}; returns its place in the store. An
+        intact entry already there wins (the same run); a damaged one is quarantined and replaced."""
+        for name in files:
+            if "/" in name or name.startswith(".") or name == MANIFEST:
+                raise ValueError(f"bad file name in a run result: {name!r}")
+        final = self.path(key)
+        if self.get(key) is not None:
+            return final
+        tmp_root = self.root / ".tmp"
+        tmp_root.mkdir(parents=True, exist_ok=True)
+        tmp = tmp_root / f"{key}--{socket.gethostname()}--{os.getpid()}--{uuid.uuid4().hex[:8]}"
+        tmp.mkdir()
+        try:
+            for name, data in files.items():
+                (tmp / name).write_bytes(data)
+            (tmp / MANIFEST).write_text(json.dumps(manifest_of(files), indent=1, sort_keys=True), encoding="utf-8")
+            final.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.rename(tmp, final)
+            except OSError:
+                if self.get(key) is None:  # not a lost race: a real error
+                    raise
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+        return final
+
+    def entries(self) -> list[Path]:
+        """Every entry place of the layout (<root>/<2 chars>/<name>), intact or not."""
+        if not self.root.is_dir():
+            return []
+        return sorted(p for p in self.root.glob("??/*") if not p.parent.name.startswith("."))
+
+    def keys(self) -> list[str]:
+        """The keys of the intact entries (sizes checked; nothing is moved)."""
+        out = []
+        for p in self.entries():
+            try:
+                verify_entry(p, full=False)
+                out.append(p.name)
+            except (Damaged, OSError):
+                pass
+        return out
+
+    def verify(self, progress: Callable[[int, int], None] = lambda i, n: None) -> VerifyReport:
+        """Check every entry fully (hashes included); damaged entries are reported, not moved."""
+        t0 = time.perf_counter()
+        entries = self.entries()
+        intact, damaged, legacy = 0, [], []
+        for i, p in enumerate(entries):
+            try:
+                if p.parent.name != p.name[:2]:
+                    raise Damaged(f"misplaced (belongs under {p.name[:2]}/)")
+                verify_entry(p, full=True)
+                intact += 1
+            except Legacy:
+                legacy.append(p.name)
+            except (Damaged, OSError) as e:
+                damaged.append((p.name, str(e) if isinstance(e, Damaged) else f"unreadable ({e})"))
+            progress(i + 1, len(entries))
+        size = sum(f.stat().st_size for p in entries if p.is_dir() for f in p.iterdir() if f.is_file())
+        return VerifyReport(intact, damaged, legacy, time.perf_counter() - t0, size / 1e6)
+
+    def gc(self, legacy: bool = False) -> dict[str, int]:
+        """Remove what is quarantined, half-written results of dead writers, and damaged or misplaced
+        entries (and, with `legacy`, entries written before manifests); intact entries stay."""
+        counts = {"damaged": 0, "legacy": 0, "quarantined": 0, "tmp": self.clean_tmp()}
+        if self.quarantine_dir.is_dir():  # what was quarantined before this gc
+            for p in self.quarantine_dir.iterdir():
+                counts["quarantined"] += not p.name.endswith(".REASON")
+                remove_path(p)
+        report = self.verify()
+        doomed = [(key, "damaged") for key, _ in report.damaged] + [(key, "legacy") for key in report.legacy if legacy]
+        for key, kind in doomed:
+            for p in self.root.glob(f"??/{key}"):
+                remove_path(p)
+                counts[kind] += 1
+        with contextlib.suppress(OSError):
+            self.quarantine_dir.rmdir()  # only when empty
+        return counts
+
+    def clean_tmp(self) -> int:
+        """Remove half-written results left by writers of this host that no longer run."""
+        removed = 0
+        tmp_root = self.root / ".tmp"
+        if not tmp_root.is_dir():
+            return 0
+        host = socket.gethostname()
+        for p in tmp_root.iterdir():
+            parts = p.name.split("--")
+            if len(parts) != 4 or parts[1] != host or not parts[2].isdigit():
+                continue
+            if not pid_alive(int(parts[2])):
+                shutil.rmtree(p, ignore_errors=True)
+                removed += 1
+        return removed
