@@ -229,3 +229,13 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(old)
+
+
+def store_entry(name: str, files: dict[str, bytes]) -> tuple[str, dict[str, bytes]]:
+    """A store entry as a run writes one: `files` plus a spec.json whose key document (here a stand-in
+    naming `name`) hashes to the key it is filed under."""
+    from attnrepro.store.run_store import key_of, spec_record
+
+    document = {"spec": {"name": name}, "inputs": {}, "numerics": 1, "torch": "test"}
+    key = key_of(document)
+    return key, {**files, "spec.json": spec_record(document, key, name)}

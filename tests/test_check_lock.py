@@ -12,7 +12,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from attnrepro.judge.check import checkout_root, run_record_findings
 from attnrepro.judge.revision import lock_findings, lock_problems, out_md5
+from attnrepro.store.run_store import key_of, spec_record
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _get(d, key: str):
@@ -62,12 +66,14 @@ def run(tmp_path) -> Path:
     (root / "dvc.yaml").write_text(yaml.safe_dump({"stages": {
         "train": {"cmd": "x", "params": ["train"], "metrics": ["metrics/train.json"],
                   "outs": ["metrics/env/train.json", "plots/train"]},
-        "report": {"cmd": "x", "params": ["report.x", "train.seed"], "outs": ["metrics/claims.json"]}}}),
+        "report": {"cmd": "x", "params": ["report.x", "train.seed"], "outs": ["metrics/claims.json", "report"]}}}),
         encoding="utf-8")
     (root / "metrics/train.json").write_text('{"loss": 3.7}', encoding="utf-8")
     (root / "metrics/env/train.json").write_text('{"cpu": "Intel Xeon"}', encoding="utf-8")
     (root / "metrics/claims.json").write_text("{}", encoding="utf-8")
     (root / "plots/train/loss.csv").write_text("step,loss\n0,5.5\n", encoding="utf-8")
+    (root / "report").mkdir()
+    (root / "report/REPORT.md").write_text("| train.collapse | ✅ |\n", encoding="utf-8")
     relock(root)
     return root
 
@@ -84,6 +90,12 @@ def test_a_metrics_file_edited_after_the_run(run):
 def test_a_plots_folder_edited_or_grown_after_the_run(run):
     (run / "plots/train/extra.png").write_bytes(b"\x89PNG")
     assert lock_problems(run) == ["plots/train was edited after the run (its md5 differs from dvc.lock's)"]
+
+
+def test_a_report_edited_after_the_run(run):
+    """A REPORT.md whose ✅ became "❌ FAILED" passed the check (issue 39): every git-tracked output counts."""
+    (run / "report/REPORT.md").write_text("| train.collapse | ❌ FAILED |\n", encoding="utf-8")
+    assert lock_problems(run) == ["report was edited after the run (its md5 differs from dvc.lock's)"]
 
 
 def test_an_env_record_deleted_or_an_unrecorded_metrics_file(run):
@@ -169,3 +181,43 @@ def test_a_thread_count_only_stages_not_rerun_ran_with_otherwise_is_a_note(run):
         "metrics/train.json was edited after the run (its md5 differs from dvc.lock's)",
         "params.yaml train.seed was edited after the run (report, train ran with 0, it now reads 1)",
         "params.yaml train.threads was edited after the run (train ran with 1, it now reads 2)"]
+
+
+def _run_folder(root: Path, stage: str, name: str, summary: dict) -> str:
+    document = {"spec": {"name": name}, "inputs": {}, "numerics": 1, "torch": "t"}
+    key = key_of(document)
+    folder = root / "data" / stage / name
+    folder.mkdir(parents=True)
+    (folder / "spec.json").write_bytes(spec_record(document, key, name))
+    (folder / "summary.json").write_text(json.dumps(summary), encoding="utf-8")
+    return key
+
+
+def test_a_metric_forged_together_with_its_lock_is_caught_by_the_runs_own_record(tmp_path):
+    """metrics/train.json edited and its md5 rewritten in dvc.lock passed the check (issue 39); the
+    run folder the stage kept (data/train/<variant>/) still says what the run recorded."""
+    key = _run_folder(tmp_path, "train", "d256_unscaled", {"loss_final": 5.14, "entropy_final": 0.0006})
+    (tmp_path / "metrics").mkdir()
+    (tmp_path / "metrics/train.json").write_text(json.dumps({"d256_unscaled": {"loss_final": 5.14}}))
+    assert run_record_findings(tmp_path) == []
+    (tmp_path / "metrics/train.json").write_text(json.dumps({"d256_unscaled": {"loss_final": 5.29}}))
+    assert run_record_findings(tmp_path) == [
+        f"metrics/train.json d256_unscaled.loss_final = 5.29, but the run that made it (data/train/d256_unscaled, "
+        f"run {key[:12]}) recorded 5.14"]
+    spec = json.loads((tmp_path / "data/train/d256_unscaled/spec.json").read_text())
+    spec["spec"]["name"] = "another"
+    (tmp_path / "data/train/d256_unscaled/spec.json").write_text(json.dumps(spec))
+    assert run_record_findings(tmp_path) == [
+        "data/train/d256_unscaled/spec.json does not hash to its key: the run's record was edited"]
+
+
+def test_check_finds_its_checkout_from_a_subfolder_and_names_a_bad_root(tmp_path, monkeypatch, capsys):
+    from attnrepro.commands.main import main
+
+    assert checkout_root(REPO / "docs") == REPO
+    assert main(["check", "--root", str(tmp_path / "nope")]) == 2
+    assert capsys.readouterr().err == f"error: --root: {tmp_path / 'nope'} is not a folder\n"
+    monkeypatch.chdir(tmp_path)
+    assert main(["check"]) == 2
+    assert capsys.readouterr().err.startswith(f"error: {tmp_path.resolve()}: no params.yaml here or at the top of its "
+                                              "git checkout")

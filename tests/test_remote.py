@@ -2,14 +2,16 @@
 project's DVC remote layout (.dvc/config) with `dvc push` / `dvc pull` (docs/remote.md)."""
 
 import filecmp
-import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from conftest import store_entry
 
 from attnrepro.commands import main as cli
 from attnrepro.store.remote import default_remote, pull, push
@@ -21,9 +23,9 @@ REPO = Path(__file__).resolve().parents[1]
 def _fill(store: RunStore, n: int) -> list[str]:
     keys = []
     for i in range(n):
-        key = hashlib.sha256(f"run {i}".encode()).hexdigest()
-        store.put(key, {"status.json": b'{"status": "ok"}', "summary.json": json.dumps({"loss": i}).encode(),
-                        "model.pt": os.urandom(2048 + i)})
+        key, files = store_entry(f"run {i}", {"status.json": b'{"status": "ok"}', "model.pt": os.urandom(2048 + i),
+                                               "summary.json": json.dumps({"loss": i}).encode()})
+        store.put(key, files)
         keys.append(key)
     return keys
 
@@ -144,3 +146,22 @@ def test_dvc_push_pull_and_the_store_share_one_remote_folder(tmp_path):
     run(one, sys.executable, "-m", "dvc", "gc", "--workspace", "--cloud", "--force")
     assert sorted(RunStore(remote / "runs").keys()) == sorted(keys)
     assert RunStore(remote / "runs").verify().intact == 2
+
+
+def test_an_entry_planted_under_another_key_is_neither_pulled_nor_pushed(tmp_path, capsys):
+    """`cp -a runs/<one run> runs/<another run's key>` once travelled as that other run."""
+    a, remote, b = tmp_path / "a", tmp_path / "remote", tmp_path / "b"
+    keys = _fill(RunStore(a), 2)
+    push(a, remote)
+    planted = RunStore(remote).path(keys[1])
+    shutil.rmtree(planted)
+    shutil.copytree(RunStore(remote).path(keys[0]), planted)  # run 0 filed as run 1
+    rc = cli.main(["store", "pull", "--store", str(b), "--from", str(remote)])
+    out = capsys.readouterr().out
+    assert rc == 1 and f"damaged, not pulled: {keys[1]}: filed under key {keys[1][:12]}, but its spec.json is the " \
+                       f"run {keys[0][:12]} (run 0)" in out
+    assert RunStore(b).keys() == [keys[0]]
+    shutil.rmtree(RunStore(a).path(keys[1]))
+    shutil.copytree(RunStore(a).path(keys[0]), RunStore(a).path(keys[1]))
+    assert cli.main(["store", "push", "--store", str(a), "--to", str(tmp_path / "remote2")]) == 1
+    assert f"damaged, not pushed: {keys[1]}" in capsys.readouterr().out

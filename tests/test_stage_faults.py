@@ -383,3 +383,45 @@ def test_a_signal_while_outputs_move_in_waits_for_the_commit(stage_root, sig, co
     assert p.returncode == code
     assert p.stderr.strip() == f"{word} after the outputs were written (they are complete)"
     assert set(tags(stage_root).values()) == {"new"} and not (stage_root / ".attnrepro-staging").exists()
+
+
+PREFLIGHT_STAGE = '''
+from pathlib import Path
+from attnrepro.files import write_json
+from attnrepro.run.stage import stage
+
+def main(st):
+    Path("started").write_text("training...")  # hours of work, in a real stage
+    write_json("metrics/out.json", {"n": 1})
+
+if __name__ == "__main__":
+    stage(main, None)
+'''
+
+
+def test_a_read_only_output_folder_is_refused_before_the_stage_starts_work():
+    """A read-only metrics/ was found only after the stage's training (issue 39): now `stage` checks
+    every output dvc.yaml declares before main runs. Run as an ordinary user (root writes anywhere)."""
+    if os.geteuid() == 0 and not shutil.which("setpriv"):
+        pytest.skip("root without setpriv: cannot run as an ordinary user")
+    root = Path(tempfile.mkdtemp(prefix="attnrepro-pre-", dir="/tmp"))
+    try:
+        root.chmod(0o777)
+        (root / "stages").mkdir(mode=0o755)
+        (root / "stages" / "s.py").write_text(PREFLIGHT_STAGE, encoding="utf-8")
+        (root / "params.yaml").write_text("{}\n", encoding="utf-8")
+        (root / "dvc.yaml").write_text("stages:\n  s:\n    cmd: sh scripts/py stages/s.py\n    outs:\n"
+                                       "      - metrics/out.json:\n          cache: false\n", encoding="utf-8")
+        (root / "metrics").mkdir(mode=0o555)
+        cmd = [sys.executable, "stages/s.py"]
+        if os.geteuid() == 0:
+            cmd = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *cmd]
+        proc = subprocess.run(cmd, cwd=root, env=dict(os.environ, PYTHONPATH=str(REPO / "src")), capture_output=True,
+                              text=True, timeout=120)
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.strip().splitlines() == [
+            "error: cannot write metrics/out.json: Permission denied (metrics is read-only)"]
+        assert not (root / "started").exists()
+    finally:
+        (root / "metrics").chmod(0o755)
+        shutil.rmtree(root, ignore_errors=True)

@@ -29,6 +29,7 @@ from attnrepro.commands.main import main as cli_main
 from attnrepro.config import UserError
 from attnrepro.store.run_store import MANIFEST, RunStore
 from attnrepro.run.engine import connect, run_sweep
+from conftest import store_entry
 from test_sweep import engine, result_bytes, tiny_inputs, tiny_spec, wait_for
 
 pytestmark = pytest.mark.slow
@@ -171,10 +172,10 @@ def test_two_processes_quarantining_one_entry_do_not_crash(pristine, tmp_path):
 
 def test_put_replaces_a_damaged_entry(tmp_path):
     store = RunStore(tmp_path, say=lambda s: None)
-    key = "ab" + "0" * 62
+    key, files = store_entry("a run", {"status.json": b'{"status": "ok"}', "summary.json": b"{}"})
     store.path(key).mkdir(parents=True)
     (store.path(key) / "leftover").write_text("x")  # no status, no manifest: once "Directory not empty"
-    path = store.put(key, {"status.json": b'{"status": "ok"}', "summary.json": b"{}"})
+    path = store.put(key, files)
     assert store.get(key, full=True) == path and not (path / "leftover").exists()
 
 
@@ -307,3 +308,49 @@ def test_interrupting_a_sweep_is_one_line_and_keeps_the_outputs(tmp_path, how, c
                     timeout=30), "worker processes outlived the stage"
     assert not list(tmp_path.rglob("*.staged-*")) and not (tmp_path / ".attnrepro-staging").exists()
     assert len(store.keys()) <= 2
+
+
+def test_an_entry_planted_under_another_runs_key_is_damage(pristine, tmp_path, capsys):
+    """The mask_zero run copied over the correct model's entry was served as the correct model."""
+    src, first = pristine
+    shutil.copytree(src, tmp_path / "store")
+    store = RunStore(tmp_path / "store")
+    other = run_sweep("t", [tiny_spec(seed=1)], tiny_inputs(), engine(tmp_path, workers=1))[0]  # into this store
+    planted = store.path(other.key)
+    shutil.rmtree(planted)
+    shutil.copytree(store.path(first.key), planted)  # seed 0's run filed under seed 1's key
+    report = store.verify()
+    assert report.damaged == [(other.key, f"filed under key {other.key[:12]}, but its spec.json is the run "
+                                          f"{first.key[:12]} (tiny seed 0)")]
+    assert cli_main(["store", "verify", "--store", str(tmp_path / "store")]) == 1
+    capsys.readouterr()
+    assert store.get(other.key) is None and "filed under key" in capsys.readouterr().err  # quarantined, retrained
+
+
+def test_a_legacy_entry_is_checked_as_far_as_it_can_be(pristine, tmp_path, capsys):
+    """Without a manifest: an entry whose spec.json is another run's is damaged, not legacy."""
+    src, first = pristine
+    shutil.copytree(src, tmp_path / "store")
+    store = RunStore(tmp_path / "store")
+    (store.path(first.key) / MANIFEST).unlink()
+    spec = json.loads((store.path(first.key) / "spec.json").read_text())
+    spec["seed"] = 7  # an edited record: it no longer hashes to its folder's key
+    (store.path(first.key) / "spec.json").write_text(json.dumps({**spec, "spec": {**spec["spec"], "seed": 7}}))
+    report = store.verify()
+    assert report.legacy == [] and report.damaged and report.damaged[0][0] == first.key
+    assert "filed under key" in report.damaged[0][1]
+    assert cli_main(["store", "verify", "--store", str(tmp_path / "store")]) == 1
+
+
+def test_store_verify_and_push_agree_on_a_legacy_entry(pristine, tmp_path, capsys):
+    """An entry without a manifest: `store verify` said legacy (exit 0) while push called it damaged."""
+    src, first = pristine
+    shutil.copytree(src, tmp_path / "store")
+    store = RunStore(tmp_path / "store")
+    (store.path(first.key) / MANIFEST).unlink()
+    assert cli_main(["store", "verify", "--store", str(tmp_path / "store")]) == 0
+    assert "1 legacy (no manifest)" in capsys.readouterr().out
+    assert cli_main(["store", "push", "--store", str(tmp_path / "store"), "--to", str(tmp_path / "remote")]) == 0
+    out = capsys.readouterr().out
+    assert "damaged" not in out and "1 legacy (no manifest) not pushed" in out
+    assert store.path(first.key).exists()

@@ -32,7 +32,7 @@ from attnrepro.store.run_store import RunStore
 from attnrepro.run.engine_settings import EngineConfig
 from attnrepro.run.engine import RunsFailed, require_ok, run_sweep
 from attnrepro.run.loop import OptimConfig
-from conftest import tinygpt
+from conftest import store_entry, tinygpt
 
 pytestmark = pytest.mark.slow
 BIN = Path(sys.executable).parent
@@ -171,7 +171,7 @@ def test_an_unreachable_scheduler_is_one_clear_error(tmp_path):
 
 def test_failing_and_diverging_runs_are_data_and_the_others_finish(tmp_path):
     good = tiny_spec(seed=0)
-    raises = tiny_spec(seed=1, block_size=5000)  # longer than the validation stream: the run raises
+    raises = dataclasses.replace(tiny_spec(seed=1), device="meta")  # its data load, its training raises
     diverges = dataclasses.replace(tiny_spec(seed=2), optim=dataclasses.replace(tiny_spec().optim, lr=1e6,
                                                                                  grad_clip=None))
     recs = run_sweep("t", [good, raises, diverges], tiny_inputs(), engine(tmp_path))
@@ -305,9 +305,9 @@ def test_losing_every_worker_at_once_retries_each_run(tmp_path, external_schedul
 
 def test_two_writers_of_one_run_leave_one_whole_copy(tmp_path):
     store = RunStore(tmp_path / "store")
-    files = {"status.json": b'{"status": "ok"}', "summary.json": b"{}"}
-    a = store.put("ab" + "0" * 62, files)
-    b = store.put("ab" + "0" * 62, {**files, "summary.json": b'{"other": 1}'})
+    key, files = store_entry("a run", {"status.json": b'{"status": "ok"}', "summary.json": b"{}"})
+    a = store.put(key, files)
+    b = store.put(key, {**files, "summary.json": b'{"other": 1}'})
     assert a == b and (a / "summary.json").read_bytes() == b"{}"
     # a half-written result of a writer that died is not a result, and is cleaned away
     dead = tmp_path / "store" / ".tmp" / f"{'cd' + '0' * 62}--{socket.gethostname()}--999999999--x"
@@ -315,3 +315,21 @@ def test_two_writers_of_one_run_leave_one_whole_copy(tmp_path):
     (dead / "status.json").write_text("{}")
     assert store.get("cd" + "0" * 62) is None
     assert store.clean_tmp() == 1 and not dead.exists()
+
+
+def test_a_store_path_that_is_a_file_is_refused_before_any_run_trains(tmp_path):
+    (tmp_path / "README.md").write_text("not a store")
+    eng = EngineConfig(workers=1, scheduler="", store=str(tmp_path / "README.md"))
+    t0 = time.perf_counter()
+    with pytest.raises(UserError, match=r"^engine\.store: .*README\.md is a file, not a folder for the run store$"):
+        run_sweep("t", [tiny_spec()], tiny_inputs(), eng)
+    assert time.perf_counter() - t0 < 5
+
+
+def test_a_block_longer_than_the_data_is_one_line_before_the_cluster_starts(tmp_path):
+    eng = engine(tmp_path, workers=2)
+    specs = [tiny_spec(seed=s, block_size=10_000) for s in range(3)]
+    with pytest.raises(UserError, match=r"^sweep t: run tiny seed 0 cannot read its data: token stream of \d+ is "
+                                         r"too short for block_size 10000$"):
+        run_sweep("t", specs, tiny_inputs(), eng)
+    assert not (tmp_path / "store").exists() or RunStore(tmp_path / "store").keys() == []

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from attnrepro.config import require, require_positive
+from attnrepro.config import UserError, require, require_positive
 from attnrepro.measure.probes import measure_init
 from attnrepro.measure.timing import fit_exponent
 from attnrepro.model.transformer import ModelConfig, TinyGPT
@@ -109,6 +109,10 @@ def run(cfg: InitSweepConfig, impl: str) -> InitSweepResult:
         model = init_model(d, vocab_size=cfg.vocab_size, block_size=cfg.block_size, init_std=cfg.init_std,
                            seed=cfg.model_seed, impl=impl)
         m = measure_init(model, batches, tick=lambda: bar.update(1))
+        broken = sorted(k for k, v in m.items() if isinstance(v, float) and not math.isfinite(v))
+        if broken:
+            raise UserError(f"init_sweep: at d_head {d} the attention ({impl}) gives non-finite {', '.join(broken)} "
+                            "on random inputs at initialisation (audit it: attnrepro audit <module:function>)")
         p = predictions(d, cfg.init_std)
         rows.append({"d_head": d, **m, **p, "ratio_sqrt_d": m["logit_std"] / p["theory_sqrt_d"],
                      "ratio_varprop": m["logit_std"] / p["pred_varprop"]})

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import math
 import re
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Sequence
@@ -53,6 +54,7 @@ from attnrepro.measure.head_matching import heads_renamed, seeds_renamed
 from attnrepro.run.execute import NUMERICS
 from attnrepro.stats import (ALPHA, FLOAT_ORDER_RATIO, FLOAT_ORDER_TOL, Band, flatten, holm_step_down, paired_t_p,
                              t_quantile)
+from attnrepro.store.run_store import recorded_key
 
 # what decides whether a rerun must be byte-identical: the machine's float order and the software
 MACHINE_KEYS = ("cpu", "cpu_capability", "torch", "python", "torch_threads", "device", "cuda_available", "cuda_version",
@@ -514,10 +516,52 @@ class Outcome:
         return not self.problems
 
 
+def run_record_findings(root: Path, metrics_dir: str = "metrics") -> list[str]:
+    """The metrics of a stage that keeps its runs' folders (data/<stage>/<name>/: spec.json and
+    summary.json, as the run store wrote them) against those records: each folder's spec.json must
+    hash to its key, and every number its summary shares with metrics/<stage>.json[<name>] must be
+    the same. A metric edited together with dvc.lock is caught here; without data/ (not pulled, not
+    rerun) there is nothing to read."""
+    problems = []
+    for folder in sorted((root / "data").glob("*/*/")):
+        stage, name = folder.parent.name, folder.name
+        if not ((folder / "summary.json").is_file() and (folder / "spec.json").is_file()):
+            continue
+        where = f"data/{stage}/{name}"
+        record = read_json(folder / "spec.json")
+        if recorded_key(record) != record.get("key"):
+            problems.append(f"{where}/spec.json does not hash to its key: the run's record was edited")
+            continue
+        metrics_file = root / metrics_dir / f"{stage}.json"
+        mine = read_json(metrics_file).get(name) if metrics_file.is_file() else None
+        if not isinstance(mine, dict):
+            continue
+        for key, recorded in sorted(read_json(folder / "summary.json").items()):
+            if key in mine and mine[key] != recorded:
+                problems.append(f"{metrics_dir}/{stage}.json {name}.{key} = {fmt_number(mine[key])}, but the run that "
+                                f"made it ({where}, run {record['key'][:12]}) recorded {fmt_number(recorded)}")
+    return problems
+
+
+def checkout_root(root: Path) -> Path:
+    """The checkout to judge: `root` itself, or (run from a folder inside it) the git work tree above
+    that holds params.yaml; a root that is no folder, or no checkout, is one line."""
+    if not root.is_dir():
+        raise UserError(f"--root: {root} is not a folder")
+    if (root / "params.yaml").is_file():
+        return root
+    top = subprocess.run(["git", "-C", str(root), "rev-parse", "--show-toplevel"], capture_output=True, text=True)
+    if top.returncode == 0:
+        top_dir = Path(top.stdout.strip())
+        return top_dir if (top_dir / "params.yaml").is_file() else root  # at the top already: params' own error
+    raise UserError(f"{root.resolve()}: no params.yaml here or at the top of its git checkout: run attnrepro check "
+                    "in an attnrepro checkout (or give --root)")
+
+
 def run_check(rev: str = "HEAD", root: str | Path = ".", metrics_dir: str = "metrics",
               claims_path: str | Path = "claims.yaml", mode: str = "auto", made_on: Optional[str] = None,
               base: Optional[str] = None) -> Outcome:
-    root, claims_path = Path(root), Path(claims_path).as_posix()
+    root, claims_path = checkout_root(Path(root)), Path(claims_path).as_posix()
     revision = Revision(rev, root, base)
     ref = reference(revision, metrics_dir, claims_path)
     exp = ref.expectations
@@ -550,7 +594,8 @@ def run_check(rev: str = "HEAD", root: str | Path = ".", metrics_dir: str = "met
                   for f in remade if modes.get(f) == "exact"]
     out.provenance, numerics = provenance(envs)
     out.notes += lock_notes
-    out.problems = lock_probs + m.problems + numerics + metric_problems(rows, ref.name)
+    out.problems = (lock_probs + run_record_findings(root, metrics_dir) + m.problems + numerics
+                    + metric_problems(rows, ref.name))
     for res in results:
         c = res.claim
         if c.cls == "conclusion" and not_reproduced(c.id, ref.verdicts):

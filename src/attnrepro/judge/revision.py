@@ -293,7 +293,7 @@ def lock_problems(root: Path, metrics_dir: str = "metrics") -> list[str]:
 
 def lock_findings(root: Path, metrics_dir: str = "metrics",
                   reference_lock: Optional[dict] = None) -> tuple[list[str], list[str]]:
-    """(problems, notes): each metrics/ and plots/ output and each param that differs from what dvc.lock
+    """(problems, notes): each metrics/, plots/ and report/ output (what git holds) and each param that differs from what dvc.lock
     recorded for the stages of dvc.yaml (a stale lock entry of a stage dvc.yaml no longer has is ignored),
     and each metrics file no stage recorded, are problems; except that a param only stages that were not
     rerun ran with another value of (their lock entry, outputs and params, is the reference's own, and
@@ -317,7 +317,7 @@ def lock_findings(root: Path, metrics_dir: str = "metrics",
         for out in st.get("outs") or []:
             path = str(out.get("path", ""))
             recorded.add(path)
-            if not path.startswith((f"{metrics_dir}/", "plots/")):
+            if not (path == "report" or path.startswith((f"{metrics_dir}/", "plots/", "report/"))):  # git holds these
                 continue
             if not (root / path).exists():
                 problems.append(f"{path} is missing (dvc.lock records it as an output of {name})")

@@ -386,7 +386,10 @@ def build(claims_path: Path, metrics_dir: Path, plots_dir: Path, pairs, smooth: 
               "train": lambda: per_seed_markdown(train_dist, metrics.get("train") or {}, exp.headline, "train"),
               "failures": lambda: per_seed_markdown(dists.get("failures", {}), metrics.get("failures") or {},
                                                     exp.headline, "failures")}
-    sections = list(SECTIONS) + [Section(k, exp.sections[k], "", (), "") for k in exp.sections
+    # an experiment with claims but no place in SECTIONS yet is reported after the chapter's
+    sections = list(SECTIONS) + [Section(k, exp.sections[k], "", (k,), f"the `{k}` stage: see the docstring of "
+                                         f"src/attnrepro/experiments/{k}.py (its place in this report: SECTIONS)")
+                                 for k in exp.sections
                                  if k not in {s.key for s in SECTIONS} and any(r.claim.experiment == k for r in results)]
     for number, sec in enumerate(sections, 1):
         rs = [r for r in results if r.claim.experiment == sec.key]

@@ -51,7 +51,7 @@ from distributed.deploy.spec import SpecCluster
 
 from attnrepro.config import UserError
 from attnrepro.run.engine_settings import EngineConfig
-from attnrepro.run.execute import execute_to_bytes, run_key
+from attnrepro.run.execute import TASKS, execute_to_bytes, run_key
 from attnrepro.run.spec import RunSpec
 from attnrepro.runtime import progress
 from attnrepro.store.run_store import RunStore
@@ -172,6 +172,7 @@ class _Progress:
 def run_sweep(name: str, specs: Sequence[RunSpec], inputs: Mapping[str, bytes], engine: EngineConfig,
               ) -> list[RunRecord]:
     """Every spec's result from the store, training the missing ones first (see module doc)."""
+    RunStore.check_writable(engine.store)
     store = RunStore(engine.store)
     store.clean_tmp()
     keys = [run_key(s, inputs) for s in specs]
@@ -186,6 +187,7 @@ def run_sweep(name: str, specs: Sequence[RunSpec], inputs: Mapping[str, bytes], 
             records[key] = RunRecord(spec, key, status["status"], status.get("reason", ""), path, True)
         else:
             todo.append((spec, key))
+    check_inputs(name, [spec for spec, _ in todo], inputs)
     n_unique = len(records) + len(todo)
     print(f"sweep {name}: {n_unique} runs, {len(records)} in the store ({engine.store}), {len(todo)} to train"
           + (f" on {_where(engine, len(todo))}" if todo else ""), flush=True)
@@ -199,6 +201,24 @@ def run_sweep(name: str, specs: Sequence[RunSpec], inputs: Mapping[str, bytes], 
         finally:
             bar.close()
     return [dataclasses.replace(records[k], spec=s) for s, k in zip(specs, keys)]
+
+
+def check_inputs(name: str, specs: Sequence[RunSpec], inputs: Mapping[str, bytes]) -> None:
+    """Each distinct way the runs read their data, prepared here once before any run is scheduled:
+    a param the data cannot serve (a block longer than the token stream, say) is one line now, not
+    a traceback from every worker after the cluster started."""
+    seen = set()
+    for spec in specs:
+        how = (spec.task, repr(spec.data), spec.model.block_size, spec.optim.batch_size)
+        if how in seen:
+            continue
+        seen.add(how)
+        try:
+            TASKS[spec.task].prepare(spec, inputs, "cpu")
+        except UserError:
+            raise
+        except (ValueError, KeyError, IndexError) as e:
+            raise UserError(f"sweep {name}: run {spec.label or spec.task} cannot read its data: {e}") from None
 
 
 def _where(engine: EngineConfig, n_todo: int) -> str:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
-import json
 import tempfile
 import time
 from dataclasses import dataclass
@@ -42,6 +41,7 @@ from attnrepro.run import task_lm as corpus_lm
 from attnrepro.run import task_reversal as reversal
 from attnrepro.run.loop import Diverged, OptimConfig, TrainingLog, train_loop
 from attnrepro.run.spec import DiagSchedule, Prepared, RunSpec
+from attnrepro.store.run_store import key_of, spec_record
 
 # The numerics version of each task: part of every run's key, in place of the code's bytes.
 # Bump a task's number in the same change as anything that moves its numbers (the model, the
@@ -84,17 +84,6 @@ def key_document(spec: RunSpec, inputs: Mapping[str, bytes]) -> dict:
 
 def run_key(spec: RunSpec, inputs: Mapping[str, bytes]) -> str:
     return key_of(key_document(spec, inputs))
-
-
-def key_of(document: dict) -> str:
-    doc = json.dumps(document, sort_keys=True, ensure_ascii=False)
-    return hashlib.sha256(doc.encode()).hexdigest()
-
-
-def spec_record(document: dict, key: str, label: str) -> bytes:
-    """spec.json: the key document exactly as keyed (no rounding), its key and the run's label."""
-    return json.dumps({**document, "key": key, "label": label}, indent=2, sort_keys=True,
-                      ensure_ascii=False).encode("utf-8") + b"\n"
 
 
 def spec_from_material(material: dict, label: str = "") -> RunSpec:

@@ -23,14 +23,16 @@ import argparse
 import signal
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Optional, TypeVar
 
 from attnrepro.config import ConfigError, UserError, from_dict
 from attnrepro.envinfo import setup_determinism
-from attnrepro.files import read_params
+from attnrepro.files import read_params, read_yaml_or_none
 from attnrepro.run.engine_settings import add_engine_args, engine_config
 from attnrepro.runtime import resolve_device
 from attnrepro.staging import OutputError, check_writable, os_error_line, stage_outputs
+from attnrepro.store.run_store import RunStore
 
 T = TypeVar("T")
 
@@ -69,9 +71,31 @@ def stage(main: Callable[[Stage], None], doc: Optional[str], engine: bool = Fals
             add_engine_args(ap)
         arguments(ap)
         args = ap.parse_args()
-        main(Stage(args, read_params(args.params)))
+        params = read_params(args.params)
+        preflight(sys.argv[0], params if engine else None)
+        main(Stage(args, params))
 
     run_stage(run)
+
+
+def declared_outputs(script: str, dvc_yaml: Path = Path("dvc.yaml")) -> list[Path]:
+    """The outs, metrics and plots dvc.yaml declares for the stage whose command runs `script`
+    ([] where there is no dvc.yaml or no such stage: a script run on its own)."""
+    stages = (read_yaml_or_none(dvc_yaml) or {}).get("stages") or {}
+    name = Path(script).as_posix()
+    for st in stages.values():
+        if isinstance(st, dict) and str(st.get("cmd", "")).split()[-1:] == [name]:
+            entries = [*(st.get("outs") or []), *(st.get("metrics") or []), *(st.get("plots") or [])]
+            return [Path(e if isinstance(e, str) else next(iter(e))) for e in entries]
+    return []
+
+
+def preflight(script: str, params: Optional[dict]) -> None:
+    """Before any work: every output dvc.yaml declares for this stage can be written, and (for a stage
+    on the run engine) the run store is a folder that can hold results. One line each (exit 2)."""
+    check_writable([(None, out) for out in declared_outputs(script)])
+    if params is not None:
+        RunStore.check_writable(engine_config(params).store)
 
 
 class Terminated(BaseException):

@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 
 from attnrepro.config import ConfigError
 from attnrepro.model.transformer import ModelConfig
-from attnrepro.run.execute import NUMERICS, TASKS, key_of, spec_from_material, spec_record
+from attnrepro.run.execute import NUMERICS, TASKS, spec_from_material
 from attnrepro.run.spec import RunSpec
 from attnrepro.staging import remove_path
-from attnrepro.store.run_store import MANIFEST, Damaged, RunStore, verify_entry
+from attnrepro.store.run_store import MANIFEST, Damaged, RunStore, key_of, spec_record, verify_entry
 
 # sha256 over runs.COMMON_CODE and the task's modules at commit 372ac46 -> its numerics version
 VERSION_OF_CODE = {

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from attnrepro.config import UserError
-from attnrepro.store.run_store import MANIFEST, Damaged, RunStore, verify_entry
+from attnrepro.store.run_store import Damaged, Legacy, MANIFEST, RunStore, verify_entry
 
 ENV = "ATTNREPRO_STORE_REMOTE"
 
@@ -73,10 +73,12 @@ class Transfer:
     copied: list[str] = field(default_factory=list)
     present: int = 0
     damaged: list[tuple[str, str]] = field(default_factory=list)  # (key, reason): not copied
+    legacy: list[str] = field(default_factory=list)  # entries without a manifest: kept, not copied
     megabytes: float = 0.0
 
     def line(self, verb: str, where: Path) -> str:
         bad = f", {len(self.damaged)} damaged not {verb}" if self.damaged else ""
+        bad += f", {len(self.legacy)} legacy (no manifest) not {verb}" if self.legacy else ""
         return (f"store {verb}: {len(self.copied)} entries copied ({self.megabytes:.0f} MB), {self.present} "
                 f"already there{bad}; {where}")
 
@@ -95,7 +97,7 @@ def _place(src: Path, dest_store: RunStore) -> bool:
         for name in names:
             shutil.copyfile(src / name, tmp / name)
         shutil.copyfile(src / MANIFEST, tmp / MANIFEST)  # last, as the store writes it
-        verify_entry(tmp, full=True)  # what arrived is what the manifest says
+        verify_entry(tmp, full=True, key=key)  # what arrived is what the manifest says, under its own key
         final.parent.mkdir(parents=True, exist_ok=True)
         try:
             os.rename(tmp, final)
@@ -129,6 +131,8 @@ def transfer(src: RunStore, dest: RunStore, progress: Callable[[int, int], None]
                 out.megabytes += size / 1e6
             else:
                 out.present += 1
+        except Legacy:
+            out.legacy.append(key)  # what `store verify` says of it too: kept, not shared
         except (Damaged, OSError) as e:
             if isinstance(e, OSError) and not p.exists():
                 continue  # gone meanwhile (a gc, a quarantine by a sweep)

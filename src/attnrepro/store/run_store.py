@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Optional
 
+from attnrepro.config import UserError
 from attnrepro.staging import file_sha256, pid_alive, remove_path
 
 MANIFEST = "MANIFEST.json"
@@ -49,20 +50,57 @@ class Legacy(Damaged):
     """An entry written before stores kept manifests: no key of this code can name it."""
 
 
+def key_of(document: dict) -> str:
+    """A run's key: the SHA-256 of its key document (spec.json less its key and label) as canonical JSON."""
+    doc = json.dumps(document, sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(doc.encode()).hexdigest()
+
+
+def spec_record(document: dict, key: str, label: str) -> bytes:
+    """spec.json: the key document exactly as keyed (no rounding), its key and the run's label."""
+    return json.dumps({**document, "key": key, "label": label}, indent=2, sort_keys=True,
+                      ensure_ascii=False).encode("utf-8") + b"\n"
+
+
+def recorded_key(record: dict) -> str:
+    """The key that a spec.json's own content hashes to (what it says of itself is not trusted)."""
+    return key_of({k: v for k, v in record.items() if k not in ("key", "label")})
+
+
 def manifest_of(files: Mapping[str, bytes]) -> dict:
     return {name: {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()} for name, data in sorted(files.items())}
 
 
-def verify_entry(path: Path, full: bool) -> None:
-    """Raise Damaged unless the entry at `path` matches its manifest: every listed file present
-    with its size (and, when `full`, its SHA-256), no file unlisted, JSON files readable, and a
-    status the store keeps."""
+def check_key(path: Path, key: str) -> None:
+    """Raise Damaged unless the entry's spec.json is the run `key` names: its content hashes to `key`
+    (an entry copied under another run's key is served as that run otherwise)."""
+    try:
+        record = json.loads((path / "spec.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        raise Damaged("spec.json is missing or not valid JSON") from None
+    if not isinstance(record, dict) or "numerics" not in record:
+        return  # a spec.json of an older key format: no key of this code names it (attnrepro store migrate)
+    actual = recorded_key(record)
+    if actual != key or record.get("key") != key:
+        raise Damaged(f"filed under key {key[:12]}, but its spec.json is the run {actual[:12]} "
+                      f"({record.get('label') or 'no label'})")
+
+
+def verify_entry(path: Path, full: bool, key: Optional[str] = None) -> None:
+    """Raise Damaged unless the entry at `path` (filed under `key`, by default its folder's name)
+    matches its manifest: every listed file present with its size (and, when `full`, its SHA-256),
+    no file unlisted, JSON files readable, a status the store keeps, and a spec.json that is the run
+    its key names. An entry without a manifest (written before manifests) is Legacy when what can
+    still be checked holds (its key, its JSON, its status), else Damaged."""
     if not path.is_dir():
         raise Damaged("not a folder")
+    key = path.name if key is None else key
     try:
         manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
     except FileNotFoundError:
         if (path / "status.json").is_file() and (path / "spec.json").is_file():
+            check_key(path, key)
+            _check_json_and_status(path, [p.name for p in path.iterdir()])
             raise Legacy(f"no {MANIFEST}: written before store manifests (attnrepro store gc --legacy removes it)") \
                 from None
         raise Damaged(f"no {MANIFEST} (an unfinished or foreign entry)") from None
@@ -86,15 +124,20 @@ def verify_entry(path: Path, full: bool) -> None:
         size = (path / name).stat().st_size
         if size != want["size"]:
             raise Damaged(f"{name} has {size} bytes, the manifest says {want['size']}")
-    for name in manifest:
+    _check_json_and_status(path, list(manifest))
+    for name, want in manifest.items():
+        if full and file_sha256(path / name) != want["sha256"]:
+            raise Damaged(f"{name} does not match its SHA-256")
+    check_key(path, key)
+
+
+def _check_json_and_status(path: Path, names: list[str]) -> None:
+    for name in names:
         if name.endswith(".json"):
             try:
                 json.loads((path / name).read_text(encoding="utf-8"))
             except (OSError, ValueError):
                 raise Damaged(f"{name} is not valid JSON") from None
-    for name, want in manifest.items():
-        if full and file_sha256(path / name) != want["sha256"]:
-            raise Damaged(f"{name} does not match its SHA-256")
     status = json.loads((path / "status.json").read_text(encoding="utf-8"))
     if not isinstance(status, dict) or status.get("status") not in STATUSES:
         raise Damaged(f"status.json says {status!r}, expected a status of {' or '.join(STATUSES)}")
@@ -119,6 +162,18 @@ class RunStore:
     def __init__(self, root: str | os.PathLike, say: Callable[[str], None] = lambda s: print(s, file=sys.stderr)):
         self.root = Path(root)
         self.say = say  # where the one-line notices (a damaged entry quarantined) go
+
+    @staticmethod
+    def check_writable(root: str | os.PathLike) -> None:
+        """Raise a one-line UserError unless `root` is (or can be made) a folder this process can write."""
+        root = Path(root)
+        folder = root
+        while not folder.exists() and folder != folder.parent:
+            folder = folder.parent
+        if folder.exists() and not folder.is_dir():
+            raise UserError(f"engine.store: {folder} is a file, not a folder for the run store")
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise UserError(f"engine.store: {folder} is read-only: the run store cannot keep results there")
 
     def path(self, key: str) -> Path:
         return self.root / key[:2] / key
