@@ -1,16 +1,9 @@
-"""The `attnrepro` command.
+"""attnrepro: the sqrt(d_k) chapter of a textbook as a reproducible pipeline, and the tools around it.
 
-  attnrepro check [--rev HEAD | --base REF] [--made-on MACHINE] [--all] [--json | --md]
-                                         this run vs the committed reference: exact on the same machine,
-                                         else against the seed distributions; conclusions and checksums
-  attnrepro claims [--all]               evaluate claims.yaml on the workspace metrics only (exit 1: a checksum fails)
-  attnrepro kv ...                       KV-cache memory calculator (attnrepro.commands.kv_calculator)
-  attnrepro audit MODULE:FUNCTION        the chapter's battery against your attention function
-  attnrepro store verify|gc|push|pull    check the run store, clean it, or share it (docs/remote.md)
-  attnrepro keep [--allow-stale]         make this run the reference: README regenerated, outputs staged (no commit)
-  attnrepro restore [--yes]              put the committed reference back (git checkout + dvc checkout)
-  attnrepro tiny STAGE [--print]         try one stage in seconds on a tiny profile, in a scratch folder
-  attnrepro staging --finish | --discard resolve the journal of a stage killed while moving its outputs in
+Run the pipeline with DVC (`dvc repro`, or `bash scripts/reproduce.sh`); then `attnrepro check`
+says whether this run reproduces the committed reference, and `attnrepro keep` makes it the new
+one. `attnrepro audit` runs the chapter's battery on your own attention function. Each command's
+--help says more; exit status 2 is always a problem of usage or input, said in one line.
 """
 
 from __future__ import annotations
