@@ -135,6 +135,7 @@ def test_restore_puts_the_reference_back(project, capsys):
     assert "plots/make/extra.csv (not in the reference: removed)" in out
     assert (project / "metrics" / "make.json").read_text() == ref
     assert (project / "data" / "big.bin").read_bytes() == bytes([1]) * 1000  # dvc checkout, from the cache
+    assert " data/big.bin (the reference's version, from the DVC cache)" in out  # listed before it happened
     assert not (project / "plots" / "make" / "extra.csv").exists()
     assert "changed outs" not in _sh(project, sys.executable, "-m", "dvc", "status", "--json").stdout
     assert (project / "params.yaml").read_text() == "make:\n  n: 5\n"  # params are code: left alone
@@ -148,15 +149,20 @@ def test_restore_is_silent_about_params_it_did_not_change(project, capsys):
     assert "params.yaml" not in capsys.readouterr().out
 
 
-def test_restore_says_when_dvc_cannot_put_data_back(project, capsys):
+def test_restore_keeps_data_the_dvc_cache_cannot_give_back(project, capsys):
+    """`restore --yes` after a run on a fresh clone (the reference's checkpoints never pulled) let `dvc
+    checkout` delete the run's data/ and exited 1 (issue 40): it now keeps what it cannot bring back, says
+    so in the preview, and exits 0."""
     import shutil
 
     _new_run(project, 5)
     shutil.rmtree(project / ".dvc" / "cache")  # the reference's data/big.bin is in no cache now
-    assert cli.main(["restore", "--yes"]) == 1
+    assert cli.main(["restore", "--yes"]) == 0
     out = capsys.readouterr().out
-    assert "`dvc checkout` could not restore every DVC-tracked output (data/)" in out
+    assert " data/big.bin kept as it is: the DVC cache lacks the reference's version" in out
+    assert (project / "data" / "big.bin").read_bytes() == bytes([5]) * 1000  # the run's, not deleted
     assert json.loads((project / "metrics" / "make.json").read_text()) == {"n": 1}  # git's part is done
+    assert "0 DVC-tracked outputs from the cache; 1 kept as they are (data/big.bin: not in the DVC cache)" in out
 
 
 def test_restore_asks_first(project, capsys, monkeypatch):

@@ -106,6 +106,17 @@ def parse_json(text: str, name: str):
         raise UserError(f"{name}: not valid JSON ({e.msg}, line {e.lineno})") from None
 
 
+def parse_yaml(text: str, name: str) -> dict:
+    """YAML text whose top level is a mapping (empty: {}); anything else is one UserError line naming `name`."""
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:
+        raise UserError(f"{name}: not valid YAML ({e.__class__.__name__})") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{name}: expected a mapping at the top level")
+    return data
+
+
 def read_yaml_mapping(path: str | Path, missing: str, error: type[UserError] = ConfigError) -> dict:
     """Read a YAML file whose top level is a mapping (empty file: {}); a one-line `error` otherwise."""
     path = Path(path)

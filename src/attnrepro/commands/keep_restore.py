@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from attnrepro.config import ArgumentParser, UserError
-from attnrepro.files import read_yaml_mapping
+from attnrepro.files import parse_yaml, read_yaml_mapping
 from attnrepro.report import readme
 from attnrepro.staging import STAGING
 
@@ -141,17 +141,55 @@ def keep(root: Path, allow_stale: bool, say=print) -> int:
     return 0
 
 
+def dvc_outputs_of_head(root: Path) -> dict[str, str]:
+    """The DVC-cached outputs (data/) HEAD's dvc.lock records: {path: md5}."""
+    lock = _run(["git", "show", "HEAD:dvc.lock"], root, check=False).stdout
+    tracked = set(git_outputs(root))
+    out = {}
+    for st in (parse_yaml(lock, "HEAD:dvc.lock").get("stages") or {}).values() if lock else []:
+        for o in st.get("outs") or []:
+            if o.get("md5") and o.get("path") not in tracked:
+                out[o["path"]] = o["md5"]
+    return out
+
+
+def in_dvc_cache(cache: Path, md5: str) -> bool:
+    """DVC 3's cache holds the object (a folder: its listing and every file in it)."""
+    obj = cache / "files" / "md5" / md5[:2] / md5[2:]
+    if not obj.is_file():
+        return False
+    if md5.endswith(".dir"):
+        try:
+            return all(in_dvc_cache(cache, e["md5"]) for e in json.loads(obj.read_text(encoding="utf-8")))
+        except (ValueError, KeyError, TypeError):
+            return False
+    return True
+
+
 def restore(root: Path, yes: bool, say=print, ask=input) -> int:
     paths = reference_paths(root)
     in_head = [p for p in paths if _run(["git", "ls-tree", "HEAD", "--", p], root).stdout.strip()]
     diff = _run(["git", "diff", "--stat", "HEAD", "--", *in_head], root).stdout.rstrip() if in_head else ""
     new = _run(["git", "ls-files", "--others", "--exclude-standard", "--", *git_outputs(root)], root).stdout.split()
+    cache = Path(_run(["dvc", "cache", "dir"], root).stdout.strip() or root / ".dvc" / "cache")
+    cache = cache if cache.is_absolute() else root / cache
+    data = dvc_outputs_of_head(root)
+    fetchable = [p for p, md5 in data.items() if in_dvc_cache(cache, md5)]
+    kept = [p for p in data if p not in fetchable and (root / p).exists()]
     if diff or new:
         say("restore: these changes to the pipeline's outputs will be discarded:")
         if diff:
             say(diff)
         for f in new:
             say(f" {f} (not in the reference: removed)")
+    if data:
+        say("restore: the DVC-tracked outputs (data/):")
+        for f in fetchable:
+            say(f" {f} (the reference's version, from the DVC cache)")
+        for f in kept:
+            say(f" {f} kept as it is: the DVC cache lacks the reference's version (dvc pull fetches it, "
+                f"dvc repro remakes it)")
+    if diff or new:
         if not yes:
             if not sys.stdin.isatty():
                 raise UserError("restore discards the changes listed above: pass --yes to confirm (no terminal to ask)")
@@ -169,15 +207,16 @@ def restore(root: Path, yes: bool, say=print, ask=input) -> int:
         # params are an input, like code: an edit (or a `dvc exp run -S` applied to the workspace) stays
         say("restore: params.yaml differs from HEAD and is left as it is (dvc status will list the stages "
             "that read the changed params); `git checkout HEAD -- params.yaml` puts the reference's back")
-    proc = _run(["dvc", "checkout"], root, check=False)
-    out = (proc.stdout + proc.stderr).strip()
-    if out:
-        say(out)
-    if proc.returncode != 0:
-        say("restore: `dvc checkout` could not restore every DVC-tracked output (data/): missing from the cache? "
-            "`dvc pull` fetches them from a remote (docs/remote.md), `dvc repro <stage>` makes them again")
-        return 1
-    say("restore: data/ matches dvc.lock (dvc checkout)")
+    if fetchable:  # only what the cache can give back: `dvc checkout` deletes an output it cannot restore
+        proc = _run(["dvc", "checkout", *fetchable], root, check=False)
+        out = (proc.stdout + proc.stderr).strip()
+        if out:
+            say(out)
+        if proc.returncode != 0:
+            say("restore: `dvc checkout` failed for " + ", ".join(fetchable))
+            return 1
+    say(f"restore: {len(fetchable)} DVC-tracked outputs from the cache"
+        + (f"; {len(kept)} kept as they are ({', '.join(kept)}: not in the DVC cache)" if kept else ""))
     return 0
 
 
@@ -200,10 +239,12 @@ def restore_main(argv: list[str]) -> int:
     ap = ArgumentParser(prog="attnrepro restore",
                         description="Put the committed reference back: `git checkout HEAD -- <the pipeline's "
                                     "git-tracked outputs, dvc.lock, README.md>`, remove new files inside output "
-                                    "folders, then `dvc checkout` (data/ from the DVC cache). Lists what it "
-                                    "discards and asks first.",
-                        epilog="exit 0 restored (or nothing to restore); 1 declined, or dvc checkout could not "
-                               "restore everything; 2 bad usage (no terminal to ask and no --yes).")
+                                    "folders, then `dvc checkout` of the data/ outputs the DVC cache holds. Lists "
+                                    "what it discards and asks first.",
+                        epilog="A DVC-tracked output whose reference version the DVC cache lacks (never pulled) is "
+                               "kept as it is and named; nothing is deleted that cannot be brought back. exit 0 "
+                               "restored (or nothing to restore); 1 declined, or dvc checkout failed; 2 bad usage "
+                               "(no terminal to ask and no --yes).")
     ap.add_argument("--root", default=".", help="repository root (default: current directory)")
     ap.add_argument("--yes", "-y", action="store_true", help="do not ask (for scripts)")
     args = ap.parse_args(argv)
