@@ -203,3 +203,22 @@ def test_sweep_minutes_come_from_the_env_records(tmp_path):
     text = (REPO / "README.md").read_text(encoding="utf-8")
     assert {m.group(1) for m in COUNT.finditer(text)} >= {f"run_minutes_{s}" for s in
                                                            ("seeds", "critical", "qknorm", "sensitivity")}
+
+
+def test_keep_after_a_one_knob_change_names_the_cheap_rerun_and_never_a_sweep():
+    """`dvc exp run heads -S heads.seq_seed=1` then keep said "rerun them (dvc repro <stage>)" for seeds
+    and report, and `dvc repro report` schedules the 40-run seeds sweep (issue 40)."""
+    from attnrepro.commands.keep_restore import rerun_advice
+
+    advice = rerun_advice(REPO, {"seeds": [], "report": [], "headline": []})
+    assert advice.startswith("rerun them: dvc repro --single-item report headline (or keep")
+    assert "seeds is a sweep (hours from an empty store): keep the committed outputs with --allow-stale" in advice
+
+
+def test_the_sweeps_keep_knows_are_the_ones_reproduce_sh_skips():
+    import re
+
+    from attnrepro.commands.keep_restore import SWEEPS
+
+    text = (REPO / "scripts" / "reproduce.sh").read_text(encoding="utf-8")
+    assert tuple(re.search(r'^SWEEPS="([^"]*)"', text, re.M).group(1).split()) == SWEEPS

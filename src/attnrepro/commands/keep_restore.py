@@ -22,6 +22,7 @@ from pathlib import Path
 from attnrepro.config import ArgumentParser, UserError
 from attnrepro.files import parse_yaml, read_yaml_mapping
 from attnrepro.report import readme
+from attnrepro.run.stage import stage_order
 from attnrepro.staging import STAGING
 
 EXTRA = ("dvc.lock", "README.md")
@@ -93,6 +94,27 @@ def _existing(root: Path, paths: list[str]) -> list[str]:
                                                           for t in tracked)]
 
 
+SWEEPS = ("seeds", "critical", "qknorm", "sensitivity")  # hours from an empty store: never advised lightly
+
+
+def rerun_advice(root: Path, stale: dict[str, list[str]]) -> str:
+    """The cheapest command that brings the stale stages that are not sweeps up to date: each forced
+    alone (--single-item), in dvc.yaml's order, so none of them drags a sweep upstream of it along; a
+    stale sweep is named apart (its committed outputs stand with --allow-stale)."""
+    stages = read_yaml_mapping(root / "dvc.yaml", "no dvc.yaml here").get("stages") or {}
+    cheap = [s for s in stage_order(stages) if s in stale and s not in SWEEPS]
+    sweeps = [s for s in stale if s in SWEEPS]
+    parts = []
+    if cheap:
+        parts.append(f"rerun them: dvc repro --single-item {' '.join(cheap)} (or keep the outputs as they are with "
+                     "--allow-stale)")
+    if sweeps:
+        parts.append(f"{', '.join(sweeps)} {'is a sweep' if len(sweeps) == 1 else 'are sweeps'} (hours from an "
+                     "empty store): keep the committed outputs with --allow-stale, or rerun with dvc repro "
+                     f"--single-item {' '.join(sweeps)}")
+    return "; ".join(parts) if parts else "rerun them (dvc repro <stage>), or keep them with --allow-stale"
+
+
 def keep(root: Path, allow_stale: bool, say=print) -> int:
     if (root / STAGING).is_dir() and any((root / STAGING).iterdir()):
         raise UserError(f"{STAGING}/ holds the journal of a stage killed while moving its outputs in: "
@@ -109,8 +131,8 @@ def keep(root: Path, allow_stale: bool, say=print) -> int:
         for s, w in stale.items():
             say(f"  {s}: " + "; ".join(w))
         raise UserError(f"dvc status: {len(stale)} stage{'s' * (len(stale) != 1)} stale ({', '.join(stale)}): "
-                        "the outputs are not what the workspace's code and params make; rerun them (dvc repro "
-                        "<stage>), or keep them as they are with --allow-stale; nothing staged")
+                        f"the outputs are not what the workspace's code and params make; {rerun_advice(root, stale)}; "
+                        "nothing staged")
     try:
         readme_changed = not readme.update(root)
     except readme.ReadmeError as e:

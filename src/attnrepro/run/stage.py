@@ -78,6 +78,27 @@ def stage(main: Callable[[Stage], None], doc: Optional[str], engine: bool = Fals
     run_stage(run)
 
 
+def _path(entry) -> str:
+    return (entry if isinstance(entry, str) else next(iter(entry))).rstrip("/")
+
+
+def stage_order(stages: dict) -> list[str]:
+    """A topological order of `stages` (dvc.yaml's mapping): a stage comes after every stage that
+    writes one of its deps (the dep is that output or lies under it)."""
+    outs = {name: [_path(o) for o in st.get("outs", [])] for name, st in stages.items()}
+    needs = {name: {other for other in stages if other != name
+                    for dep in map(_path, st.get("deps", [])) for out in outs[other]
+                    if dep == out or dep.startswith(out + "/")}
+             for name, st in stages.items()}
+    done: list[str] = []
+    while len(done) < len(stages):
+        ready = [name for name in stages if name not in done and needs[name] <= set(done)]
+        if not ready:
+            raise SystemExit(f"error: dvc.yaml's stages depend on each other in a cycle: {sorted(set(stages) - set(done))}")
+        done.append(ready[0])
+    return done
+
+
 def declared_outputs(script: str, dvc_yaml: Path = Path("dvc.yaml")) -> list[Path]:
     """The outs, metrics and plots dvc.yaml declares for the stage whose command runs `script`
     ([] where there is no dvc.yaml or no such stage: a script run on its own)."""
