@@ -52,12 +52,18 @@ def _tiny(argv):
     return tiny.tiny_main(argv)
 
 
+def _exp(argv):
+    from attnrepro.commands import exp_view
+    return exp_view.main(argv)
+
+
 def _staging(argv):
     from attnrepro.commands import staging_journal
     return staging_journal.staging_main(argv)
 
 
 COMMANDS = {
+    "exp": (_exp, "the headline of the workspace, HEAD and each DVC experiment, one row each (80 columns)"),
     "kv": (_kv, "KV-cache / attention-matrix memory calculator (eq. 1.20-1.21)"),
     "audit": (_audit, "run the chapter's battery against your attention implementation"),
     "store": (_store, "verify the run store (sizes, SHA-256), clean it (gc), re-key it (migrate), share it (push, pull)"),
