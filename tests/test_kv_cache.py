@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-
-from attnrepro.model import kv as kvc
-from attnrepro.experiments import kv_cache as kvx
-from attnrepro.model.transformer import TinyGPT, generate
 from conftest import tinygpt
+
+from attnrepro.experiments import kv_cache as kvx
+from attnrepro.model import kv as kvc
+from attnrepro.model.kv_accounting import kv_cache_bytes
+from attnrepro.model.transformer import TinyGPT, generate
 
 ROOT = Path(__file__).resolve().parents[1]
 # one thread: on a shared, oversubscribed CPU two OpenMP threads can be 50x slower
@@ -75,7 +76,7 @@ def test_cache_bytes_equal_formula(batch, max_len, dtype):
     model = tiny(block=64).to(dtype)
     caches = kvc.make_caches(model, batch, max_len)
     elem = torch.tensor([], dtype=dtype).element_size()
-    expect = kvc.kv_cache_bytes(2, 2, 16, max_len, elem, batch)
+    expect = kv_cache_bytes(2, 2, 16, max_len, elem, batch)
     assert kvc.caches_nbytes(caches) == expect == kvc.formula_nbytes(model, batch, max_len, elem)
 
 

@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from attnrepro.commands import kv_calculator as kv_cli
-from attnrepro.model import kv as mem
 from attnrepro.config import ConfigError, UserError
+from attnrepro.model import kv_accounting as mem
 
 
 def test_llama2_70b_mha_per_token_and_4096():

@@ -20,6 +20,8 @@ import numpy
 import psutil
 import torch
 
+from attnrepro.config import ConfigError
+
 
 def cpu_model() -> str:
     try:
@@ -220,3 +222,14 @@ def setup_determinism(threads: int, device: str = "cpu") -> None:
     if device.startswith("cuda"):
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.backends.cudnn.benchmark = False
+
+
+def resolve_device(name: str, key: str = "device") -> str:
+    """'auto' picks CUDA when available; asking for CUDA without it is an error."""
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"{key}: got {name!r}, but this machine has no CUDA device (use 'cpu' or 'auto')")
+    if name != "cpu" and not name.startswith("cuda"):
+        raise ConfigError(f"{key}: got {name!r}, expected 'cpu', 'cuda', 'cuda:N' or 'auto'")
+    return name

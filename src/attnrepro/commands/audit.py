@@ -12,14 +12,8 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
-from attnrepro.audit.battery import battery
-from attnrepro.audit.diagnose import diagnose
-from attnrepro.audit.render import page, record
 from attnrepro.config import ArgumentParser, UserError
 from attnrepro.files import write_json
-from attnrepro.model.attention_impl import resolve
 
 DESCRIPTION = """\
 Run the chapter's battery against an attention implementation with the signature of
@@ -60,6 +54,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args) -> tuple[int, dict]:
+    import torch  # here, not at the top: `attnrepro audit --help` answers without importing torch
+
+    from attnrepro.audit.battery import battery
+    from attnrepro.audit.diagnose import diagnose
+    from attnrepro.audit.render import page, record
+    from attnrepro.model.attention_impl import resolve
+
     if args.time_limit <= 0:
         raise UserError(f"--time-limit: got {args.time_limit}, expected a positive number of seconds")
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device

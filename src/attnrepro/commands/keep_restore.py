@@ -21,8 +21,6 @@ from pathlib import Path
 
 from attnrepro.config import ArgumentParser, UserError
 from attnrepro.files import parse_yaml, read_yaml_mapping
-from attnrepro.report import readme
-from attnrepro.run.stage import stage_order
 from attnrepro.staging import STAGING
 
 EXTRA = ("dvc.lock", "README.md")
@@ -101,6 +99,8 @@ def rerun_advice(root: Path, stale: dict[str, list[str]]) -> str:
     """The cheapest command that brings the stale stages that are not sweeps up to date: each forced
     alone (--single-item), in dvc.yaml's order, so none of them drags a sweep upstream of it along; a
     stale sweep is named apart (its committed outputs stand with --allow-stale)."""
+    from attnrepro.run.stage import stage_order  # torch: deferred so that --help answers at once
+
     stages = read_yaml_mapping(root / "dvc.yaml", "no dvc.yaml here").get("stages") or {}
     cheap = [s for s in stage_order(stages) if s in stale and s not in SWEEPS]
     sweeps = [s for s in stale if s in SWEEPS]
@@ -133,6 +133,8 @@ def keep(root: Path, allow_stale: bool, say=print) -> int:
         raise UserError(f"dvc status: {len(stale)} stage{'s' * (len(stale) != 1)} stale ({', '.join(stale)}): "
                         f"the outputs are not what the workspace's code and params make; {rerun_advice(root, stale)}; "
                         "nothing staged")
+    from attnrepro.report import readme  # torch: deferred so that --help answers at once
+
     try:
         readme_changed = not readme.update(root)
     except readme.ReadmeError as e:

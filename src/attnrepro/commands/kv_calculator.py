@@ -1,5 +1,5 @@
 """`attnrepro kv`: the KV-cache (eq. 1.20) and attention-matrix (eq. 1.45) memory of any decoder
-(attnrepro.model.kv); prints a table, or JSON with --json.
+(attnrepro.model.kv_accounting); prints a table, or JSON with --json.
 
     attnrepro kv --preset llama2-70b-gqa --seq 4096
     attnrepro kv --layers 80 --kv-heads 8 --d-head 128 --dtype fp16 --seq 4096 --batch 1
@@ -10,11 +10,11 @@ from __future__ import annotations
 import argparse
 import decimal
 import json
+import sys
 from dataclasses import asdict, replace
 
-from attnrepro.config import ArgumentParser, ConfigError
-from attnrepro.model.kv import DTYPE_BYTES, PRESETS, Shape, format_table, preset, summary
-from attnrepro.run.stage import run_stage
+from attnrepro.config import ArgumentParser, ConfigError, UserError
+from attnrepro.model.kv_accounting import DTYPE_BYTES, PRESETS, Shape, format_table, preset, summary
 
 MAX_COUNT = 10**15  # sizes beyond this are typos (and their byte counts would not fit a float)
 
@@ -84,4 +84,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    run_stage(main)
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)

@@ -14,9 +14,8 @@ from pathlib import Path
 
 from attnrepro.config import ArgumentParser, UserError
 from attnrepro.files import read_params
+from attnrepro.progress import progress
 from attnrepro.run.engine_settings import engine_config
-from attnrepro.run.store_migrate import migrate
-from attnrepro.runtime import progress
 from attnrepro.store import remote
 from attnrepro.store.run_store import RunStore
 
@@ -27,30 +26,37 @@ def _store_root(arg: str | None, params: str) -> Path:
     return Path(engine_config(read_params(params) if Path(params).exists() else {}).store)
 
 
+def _parser() -> argparse.ArgumentParser:
+    ap = ArgumentParser(prog="attnrepro store", description="Look after the run store (runs/): every finished run "
+                        "under its key, each entry checked against its manifest and its key before use.")
+    sub = ap.add_subparsers(dest="action", metavar="ACTION", required=True)
+
+    def action(name: str, help_: str, epilog: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_, description=help_[0].upper() + help_[1:] + ".", epilog=epilog)
+        p.add_argument("--store", default=None, help="the run store folder (default: engine.store in params.yaml)")
+        p.add_argument("--params", default="params.yaml", help="params file naming the store (default params.yaml)")
+        return p
+
+    action("verify", "check every entry against its manifest (sizes, SHA-256) and the key it is filed under",
+           "exit 0 when no entry is damaged, 1 when any is (each is listed; the next sweep that needs one "
+           "quarantines it and trains it again). Entries written before manifests are counted as legacy.")
+    gc = action("gc", "remove quarantined, damaged and half-written entries", "exit 0.")
+    gc.add_argument("--legacy", action="store_true",
+                    help="also remove entries written before store manifests (only older checkouts can use them)")
+    action("migrate", "re-key entries made under an older key format from their recorded spec (trains nothing)",
+           "after it, runs of the current numerics version come from the store instead of training again; exit 0.")
+    push = action("push", "copy verified entries the store remote lacks to it (docs/remote.md)",
+                  "byte for byte; entries already there are skipped; exit 1 when a damaged entry was left behind.")
+    push.add_argument("--to", default=None, metavar="PATH", help="the store remote (default: "
+                      "$ATTNREPRO_STORE_REMOTE, else runs/ in the DVC default remote's folder)")
+    pull = action("pull", "copy verified entries this store lacks from the store remote",
+                  "byte for byte; exit 1 when a damaged entry was left behind.")
+    pull.add_argument("--from", dest="from_", default=None, metavar="PATH", help="the store remote (same default)")
+    return ap
+
+
 def store_main(argv: list[str]) -> int:
-    ap = ArgumentParser(prog="attnrepro store",
-                        description="Check every run store entry against its manifest (verify: sizes and "
-                                    "SHA-256), remove quarantined, damaged and half-written entries (gc), or "
-                                    "re-key entries made under an older key format from their recorded spec "
-                                    "(migrate: after it, runs of the current numerics version come from the "
-                                    "store instead of training again), or share it with another machine (push, "
-                                    "pull: verified entries only, byte for byte; entries already there are "
-                                    "skipped; docs/remote.md).",
-                        formatter_class=argparse.RawDescriptionHelpFormatter,
-                        epilog="verify: exit 0 when no entry is damaged, 1 when any is (each is listed; the next "
-                               "sweep that needs one quarantines it and trains it again). Entries written before "
-                               "manifests are counted as legacy, not damaged. gc, migrate: exit 0. push, pull: exit 0, or 1 "
-                               "when a damaged entry was left behind (each is listed).")
-    ap.add_argument("action", choices=("verify", "gc", "migrate", "push", "pull"))
-    ap.add_argument("--store", default=None, help="the run store folder (default: engine.store in params.yaml)")
-    ap.add_argument("--params", default="params.yaml", help="params file naming the store (default params.yaml)")
-    ap.add_argument("--legacy", action="store_true",
-                    help="gc: also remove entries written before store manifests (only older checkouts can use them)")
-    ap.add_argument("--to", default=None, metavar="PATH",
-                    help="push: the store remote (default: $ATTNREPRO_STORE_REMOTE, else runs/ in the DVC default "
-                         "remote's folder)")
-    ap.add_argument("--from", dest="from_", default=None, metavar="PATH", help="pull: the store remote (same default)")
-    args = ap.parse_args(argv)
+    args = _parser().parse_args(argv)
     root = _store_root(args.store, args.params)
     if args.action in ("push", "pull"):
         return _push_pull(args, root)
@@ -63,6 +69,8 @@ def store_main(argv: list[str]) -> int:
               f"{c['tmp']} half-written entries; {len(store.entries())} entries remain in {root}")
         return 0
     if args.action == "migrate":
+        from attnrepro.run.store_migrate import migrate  # torch: imported only by the action that needs it
+
         bar = progress(len(store.entries()), "migrate", unit="run")
         result = migrate(store, lambda i, n: bar.update(1))
         bar.close()
@@ -81,9 +89,6 @@ def store_main(argv: list[str]) -> int:
 
 def _push_pull(args, root: Path) -> int:
     where = args.to if args.action == "push" else args.from_
-    if (args.to and args.action == "pull") or (args.from_ and args.action == "push"):
-        raise UserError(f"store {args.action}: {'--to' if args.action == 'push' else '--from'} names the remote "
-                        f"(not {'--from' if args.action == 'push' else '--to'})")
     other = Path(where) if where else remote.default_remote(Path("."))
     if other.resolve() == root.resolve():
         raise UserError(f"store {args.action}: {other} is this store itself")

@@ -20,8 +20,8 @@ from attnrepro.measure.probes import ablate_heads, attention_maps, head_stats
 from attnrepro.measure.weights import position_stats
 from attnrepro.model.attention_impl import AttentionConfig
 from attnrepro.model.transformer import load_checkpoint
+from attnrepro.progress import progress
 from attnrepro.run.loop import load_tokens
-from attnrepro.runtime import progress
 from attnrepro.stats import distribution
 
 CORPUS = Path("data/corpus")

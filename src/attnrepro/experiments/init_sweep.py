@@ -16,7 +16,7 @@ from attnrepro.config import UserError, require, require_positive
 from attnrepro.measure.probes import measure_init
 from attnrepro.measure.timing import fit_exponent
 from attnrepro.model.transformer import ModelConfig, TinyGPT
-from attnrepro.runtime import progress
+from attnrepro.progress import progress
 
 
 @dataclass

@@ -16,10 +16,10 @@ import torch
 
 from attnrepro.config import ConfigError, from_dict, require, require_positive
 from attnrepro.measure.timing import Timer, measure
-from attnrepro.model import kv
+from attnrepro.model import kv_accounting as kv
 from attnrepro.model.kv import caches_nbytes, formula_nbytes, generate_cached, make_caches
 from attnrepro.model.transformer import ModelConfig, TinyGPT, generate
-from attnrepro.runtime import progress
+from attnrepro.progress import progress
 
 
 @dataclass

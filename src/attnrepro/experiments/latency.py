@@ -23,7 +23,7 @@ from attnrepro.config import require, require_positive
 from attnrepro.envinfo import environment, gpu_info
 from attnrepro.measure.timing import fit_exponent, make_qkv, measure
 from attnrepro.model.attention import attention, fused_attention
-from attnrepro.runtime import progress
+from attnrepro.progress import progress
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 

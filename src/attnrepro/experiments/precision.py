@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from attnrepro.config import require, require_positive
 from attnrepro.model.attention import attention, causal_mask
-from attnrepro.runtime import progress
+from attnrepro.progress import progress
 
 DTYPES: dict[str, torch.dtype] = {
     "fp64": torch.float64,

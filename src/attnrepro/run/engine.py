@@ -50,10 +50,10 @@ from distributed.core import Status, rpc
 from distributed.deploy.spec import SpecCluster
 
 from attnrepro.config import UserError
+from attnrepro.progress import progress
 from attnrepro.run.engine_settings import EngineConfig
 from attnrepro.run.execute import TASKS, execute_to_bytes, run_key
 from attnrepro.run.spec import RunSpec
-from attnrepro.runtime import progress
 from attnrepro.store.run_store import RunStore
 
 PROGRESS_TOPIC = "attnrepro-progress"

@@ -27,10 +27,9 @@ from pathlib import Path
 from typing import Callable, Optional, TypeVar
 
 from attnrepro.config import ConfigError, UserError, from_dict
-from attnrepro.envinfo import setup_determinism
+from attnrepro.envinfo import resolve_device, setup_determinism
 from attnrepro.files import read_params, read_yaml_or_none
 from attnrepro.run.engine_settings import add_engine_args, engine_config
-from attnrepro.runtime import resolve_device
 from attnrepro.staging import OutputError, check_writable, os_error_line, stage_outputs
 from attnrepro.store.run_store import RunStore
 

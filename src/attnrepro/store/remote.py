@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from attnrepro.config import UserError
-from attnrepro.store.run_store import Damaged, Legacy, MANIFEST, RunStore, verify_entry
+from attnrepro.store.run_store import MANIFEST, Damaged, Legacy, RunStore, verify_entry
 
 ENV = "ATTNREPRO_STORE_REMOTE"
 
