@@ -13,6 +13,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten, tree_map
 
+from attnrepro.envinfo import setup_determinism
 from attnrepro.measure import probes, weights
 from attnrepro.model.transformer import ModelConfig, TinyGPT
 from attnrepro.run import task_lm
@@ -146,3 +147,30 @@ def test_measurements_on_cuda_match_the_cpu():
     for a, b in zip(got[0], want[0]):
         assert a.keys() == b.keys() and all(abs(a[k] - b[k]) < 1e-4 for k in a)
     assert all(abs(got[1][k] - want[1][k]) < 1e-4 for k in want[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_training_steps_on_cuda_pass_the_loud_determinism_and_repeat_exactly(monkeypatch):
+    """Under setup_determinism(cuda) a nondeterministic CUDA op raises: a few steps of the chapter's model
+    train without one, and twice give the same loss bit for bit."""
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    saved = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+             torch.utils.deterministic.fill_uninitialized_memory)
+    setup_determinism(1, "cuda")
+    try:
+        losses = []
+        for _ in range(2):
+            model = tiny_model().cuda().train()
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+            x = torch.randint(50, (4, 16), generator=torch.Generator().manual_seed(2)).cuda()
+            for _ in range(3):
+                _, loss = model(x, x)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            losses.append(loss.item())
+        assert losses[0] == losses[1]
+    finally:
+        torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
+        torch.utils.deterministic.fill_uninitialized_memory = saved[2]
