@@ -31,7 +31,8 @@ def options(ap) -> None:
 
 def main(st: Stage) -> None:
     cfg = st.section(KVCacheConfig, "kv_cache")
-    device = st.pin(st.args.device or cfg.device, cfg.threads, "--device" if st.args.device else "kv_cache.device")
+    device = st.pin(st.args.device or cfg.device, cfg.threads, "--device" if st.args.device else "kv_cache.device",
+                    timing=True)
     result = kv_cache.run(cfg, device)
     root = Path(st.args.out_root)
     write_csv(root / "plots/kv_cache/latency.csv", result.rows, ROW_COLUMNS)

@@ -39,7 +39,8 @@ def options(ap) -> None:
 
 def main(st: Stage) -> None:
     cfg = st.section(LatencyConfig, "latency")
-    device = st.pin(st.args.device or cfg.device, cfg.threads, "--device" if st.args.device else "latency.device")
+    device = st.pin(st.args.device or cfg.device, cfg.threads, "--device" if st.args.device else "latency.device",
+                    timing=True)
     result = latency.run(cfg, device)
     root = Path(st.args.out_root)
     write_csv(root / "plots/latency/latency.csv", result.rows, COLUMNS)

@@ -45,12 +45,27 @@ def test_causal_flops_convention():
     assert lat.causal_flops(512, 64, 8) == 4 * 512 ** 2 * 64 * 8 / 2
 
 
-@pytest.mark.parametrize("name,peak", [("NVIDIA H200", 989.4), ("NVIDIA H100 80GB HBM3", 989.4),
+@pytest.mark.parametrize("name,peak", [("NVIDIA H200", 989.4), ("NVIDIA H200 NVL", 835.5),
+                                       ("NVIDIA H100 80GB HBM3", 989.4),
                                        ("NVIDIA H100 PCIe", 756.0), ("NVIDIA A100-SXM4-80GB", 312.0),
                                        ("NVIDIA RTX A6000", 154.8), ("NVIDIA H100 NVL", None),
                                        ("NVIDIA GeForce GTX 1080", None), ("", None)])
 def test_peak_table(name, peak):
     assert lat.peak_tflops(name) == peak
+
+
+def test_peak_table_matches_the_most_specific_name():
+    """"H200" is inside "H200 NVL": the longer name wins whatever the table's order."""
+    for name, _ in lat.PEAK_TFLOPS_FP16:
+        assert lat.peak_tflops(f"NVIDIA {name}") == dict(lat.PEAK_TFLOPS_FP16)[name]
+
+
+def test_gpu_name_falls_back_to_torch_without_nvml(monkeypatch):
+    monkeypatch.setattr(lat, "gpu_info", lambda device="cuda": {})
+    monkeypatch.setattr(lat.torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200 NVL")
+    assert lat.gpu_name("cuda") == "NVIDIA H200 NVL" and lat.peak_tflops(lat.gpu_name("cuda")) == 835.5
+    monkeypatch.setattr(lat, "gpu_info", lambda device="cuda": {"gpu_name": "NVIDIA H200"})
+    assert lat.gpu_name("cuda") == "NVIDIA H200"
 
 
 def test_run_point_cpu_has_no_gpu_keys():
@@ -133,6 +148,7 @@ def test_cuda_point_has_peak_memory_and_events():
     assert row["oom"] == 0 and row["peak_bytes"] >= row["nxn_bytes"]
     sdpa = lat.run_point("sdpa", 1024, heads=8, d_head=64, dtype=torch.float16, device="cuda", warmup=2, reps=5)
     assert sdpa["peak_bytes"] < row["peak_bytes"]  # the fused kernel never holds n x n
+    assert sdpa["backend"] not in ("unknown", "ERROR") and sdpa["calls_per_rep"] >= 1 and "backend" not in row
 
 
 def test_train_overhead_refuses_to_time_a_dvc_repro_that_is_no_no_op(tmp_path):
@@ -175,3 +191,75 @@ def test_sweep_benchmark_compares_runs_without_their_timing(tmp_path):
     a, b, c = run("a", "1.0", "[1]"), run("b", "2.5", "[1]"), run("c", "1.0", "[2]")
     assert bench.results([a]) == bench.results([b])
     assert bench.results([a]) != bench.results([c])
+
+
+# ---------------------------------------------------------------- the CUDA discipline, on a fake clock (issue 44)
+
+class FakeCuda:
+    """torch.cuda's events and synchronize over a fake GPU on which every call takes 0.01 ms."""
+
+    def __init__(self):
+        self.calls, self.syncs = 0, []
+
+    def fn(self):
+        self.calls += 1
+
+    def event(self, enable_timing=False):
+        gpu = self
+
+        class Event:
+            def record(self):
+                self.at = gpu.calls
+
+            def elapsed_time(self, end):
+                return (end.at - self.at) * 0.01
+
+        return Event()
+
+    def synchronize(self):
+        self.syncs.append(self.calls)
+
+
+def test_cuda_timing_measures_back_to_back_calls_after_a_time_based_warm_up(monkeypatch):
+    gpu = FakeCuda()
+    monkeypatch.setattr(bm.torch.cuda, "Event", gpu.event)
+    monkeypatch.setattr(bm.torch.cuda, "synchronize", gpu.synchronize)
+    monkeypatch.setattr(bm, "CUDA_WARMUP_S", 0.05)
+    out = bm.measure(gpu.fn, "cuda", warmup=2, reps=5)
+    assert out["calls_per_rep"] == 200 and out["median_ms"] == pytest.approx(0.01) and out["reps"] == 5
+    assert out["warmup_calls"] > 2 + 8  # ran for CUDA_WARMUP_S, not for `warmup` calls
+    timed = gpu.calls - 5 * 200
+    assert gpu.syncs[-1] == gpu.calls and [s for s in gpu.syncs if s > timed] == [gpu.calls]  # no sync between reps
+    assert "cold_ms" in out
+
+
+def cuda_rows(medians: dict[int, float], skew: float = 2.0) -> list[dict]:
+    return [{"impl": "sdpa", "dtype": "fp16", "n": n, "oom": 0, "median_ms": t, "mean_ms": t * (skew if n < 2048 else 1),
+             "p20_ms": t, "p80_ms": t, "cv": 0.1, "cold_ms": 5.0, "reps": 30, "calls_per_rep": 50,
+             "backend": "FLASH_ATTENTION", "tflops": 1.0} for n, t in medians.items()]
+
+
+def test_cuda_exponent_is_fitted_on_the_median_where_the_gpu_is_occupied(monkeypatch):
+    params = yaml.safe_load((ROOT / "params.yaml").read_text(encoding="utf-8"))
+    cfg = lat.LatencyConfig(**params["latency"])
+    monkeypatch.setattr(lat, "gpu_info", lambda device="cuda": {})
+    monkeypatch.setattr(lat.torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200 NVL")
+    medians = {512: 0.03, 1024: 0.031, 2048: 0.05, 4096: 0.18, 8192: 0.7}
+    m = lat.metrics_from(cuda_rows(medians), cfg, "cuda", {"cpu_cores_logical": 16, "ram_bytes": 1})
+    sec = m["sdpa_fp16"]
+    busy = [n for n in medians if n >= 2048]
+    assert sec["exponent"] == pytest.approx(bm.fit_exponent(busy, [medians[n] for n in busy]))
+    assert sec["exponent_all"] == pytest.approx(bm.fit_exponent(list(medians), list(medians.values())))
+    assert sec["backend"] == "FLASH_ATTENTION" and sec["n8192_calls_per_rep"] == 50
+    assert m["device"]["peak_tflops_fp16"] == 835.5
+
+
+def test_cpu_metrics_keep_their_committed_definitions():
+    """On the CPU the exponent stays the mean fit over every n, and no CUDA-only key appears."""
+    params = yaml.safe_load((ROOT / "params.yaml").read_text(encoding="utf-8"))
+    cfg = lat.LatencyConfig(**params["latency"])
+    rows = [{k: v for k, v in r.items() if k not in ("calls_per_rep", "backend")}
+            for r in cuda_rows({128: 1.0, 256: 3.0, 512: 11.0})]
+    sec = lat.metrics_from(rows, cfg, "cpu", {"cpu_cores_logical": 2, "ram_bytes": 1})["sdpa_fp16"]
+    assert sec["exponent"] == pytest.approx(bm.fit_exponent([128, 256, 512], [2.0, 6.0, 22.0]))
+    assert not any(k.endswith(("calls_per_rep", "backend")) or k == "exponent_all" for k in sec)

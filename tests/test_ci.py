@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 import subprocess
 import sys
@@ -84,19 +85,68 @@ def test_ci_workflow():
 
 def test_reproduce_workflow_forces_every_stage_checks_and_comments():
     wf = load("reproduce.yml")
-    (job,) = wf["jobs"].values()
-    assert job["runs-on"] == ["self-hosted", "linux", "gpu"]
+    job = wf["jobs"]["reproduce"]
+    assert job["runs-on"] == ["self-hosted", "linux", "gpu", "ephemeral"]
     cmds = commands(wf)
     # the rerun goes through scripts/reproduce.sh, which forces every stage
     assert ["bash", "scripts/reproduce.sh"] in cmds
     assert "dvc repro --force" in (REPO / "scripts/reproduce.sh").read_text(encoding="utf-8")
     assert not [c for c in cmds if c[:2] == ["dvc", "repro"]], "a plain dvc repro would skip committed stages"
     assert [".venv/bin/attnrepro", "check"] in cmds
-    assert ["cml", "comment", "update", "--publish", "comment.md"] in cmds
     uploads = [s for s in job["steps"] if "upload-artifact" in str(s.get("uses", ""))]
     assert uploads and uploads[0].get("if") == "always()"
     for words in cmds:
         check_command(words)
+
+
+def uses(wf: dict) -> list[str]:
+    return [s["uses"] for job in wf["jobs"].values() for s in job["steps"] if "uses" in s]
+
+
+def test_reproduce_workflow_runs_the_code_read_only_and_comments_from_a_hosted_job():
+    """The GPU job builds, runs and uploads with a read-only token; a separate hosted job, which never
+    checks out or runs the pull request's code, posts the comment from the artifact."""
+    wf = load("reproduce.yml")
+    assert wf["permissions"] == {}
+    gpu, post = wf["jobs"]["reproduce"], wf["jobs"]["comment"]
+    assert gpu["permissions"] == {"contents": "read"}
+    assert "ephemeral" in gpu["runs-on"]
+    assert not any("github-script" in str(s.get("uses", "")) or "secrets." in str(s) or "GITHUB_TOKEN" in str(s)
+                   for s in gpu["steps"])
+    checkout = [s for s in gpu["steps"] if "actions/checkout" in str(s.get("uses", ""))]
+    assert checkout and checkout[0]["with"]["persist-credentials"] is False
+    assert any("upload-artifact" in str(s.get("uses", "")) and "comment.md" in s["with"]["path"] for s in gpu["steps"])
+    assert post["needs"] == "reproduce" and post["runs-on"] == "ubuntu-latest"
+    assert post["permissions"] == {"pull-requests": "write", "actions": "read"}
+    assert not any("checkout" in str(s.get("uses", "")) or "run" in s for s in post["steps"])
+    assert any("download-artifact" in str(s.get("uses", "")) for s in post["steps"])
+    # the label comes off in a hosted job too, not on the GPU runner
+    assert wf["jobs"]["unlabel"]["runs-on"] == "ubuntu-latest"
+    assert set(wf["jobs"]) == {"unlabel", "reproduce", "comment"}
+
+
+def test_reproduce_workflow_pins_actions_publishes_nothing_and_runs_one_at_a_time():
+    wf = load("reproduce.yml")
+    for ref in uses(wf):
+        assert re.fullmatch(r"[\w.-]+/[\w.-]+@[0-9a-f]{40}", ref), f"{ref}: not pinned by a full commit SHA"
+    jobs = str(wf["jobs"])  # what runs (the comments aside)
+    assert "--publish" not in jobs and "setup-cml" not in jobs and "cml " not in jobs
+    assert set(wf["on"]) == {"pull_request", "workflow_dispatch"} and wf["on"]["pull_request"]["types"] == ["labeled"]
+    assert "github.event.pull_request.number" in wf["concurrency"]["group"]
+
+
+def test_the_comment_shows_this_runs_check_and_figures(tmp_path):
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        import reproduce_comment
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    (tmp_path / "check.md").write_text("check: PASS\n| metric | this run |\n", encoding="utf-8")
+    (tmp_path / "plots/latency").mkdir(parents=True)
+    (tmp_path / "plots/latency/latency.png").write_bytes(b"this run")
+    text = reproduce_comment.comment(tmp_path / "check.md", tmp_path)
+    assert text.startswith("check: PASS") and "plots/latency/latency.png` (sha256 " in text
+    assert "`plots/seeds/bands.png`: not made by this run" in text and "](./" not in text
 
 
 def test_console_script_declared():

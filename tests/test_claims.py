@@ -302,3 +302,45 @@ def test_no_effect_needs_zero_inside_the_interval_and_of_the_order_of_noise_is_a
     assert K.d32_gap_of_the_order_of_noise(gap(0, 0, mean=0.175, sd=0.135))
     assert not K.d32_gap_of_the_order_of_noise(gap(0, 0, mean=0.852, sd=0.097))  # our d256 gap: 8.8 sd
     assert not K.d32_gap_of_the_order_of_noise(gap(0, 0, mean=-0.5, sd=0.05))  # 10 sd the other way: an effect
+
+
+# ---------------------------------------------------------------- where a claim is meaningful (issue 44)
+
+def test_ran_on_cuda_is_the_device_the_stage_ran_on_not_what_the_machine_has(tmp_path):
+    """A CPU stage on a GPU box did not run on CUDA: its `requires: cuda` claims are skipped, not missing."""
+    on_gpu_box = {"latency": {"cuda_available": 1, "device": "cpu"}, "kv_cache": {"cuda_available": 1, "device": "cuda"}}
+    assert C.cuda_run("latency", on_gpu_box) is False and C.cuda_run("kv_cache", on_gpu_box) is True
+    assert C.cuda_run("precision", on_gpu_box) is None  # no record of its own: unknown, not another stage's device
+    exp = C.load(write(tmp_path, {"latency": {"section": "§7"}}, predicates(
+        ("latency", "conclusion", "fast", "t", 'm["latency.gpu_ms"] < 1', "cuda"))))
+    r = C.evaluate_all(exp, {}, {}, on_gpu_box)[0]
+    assert r.status == "skipped" and "CUDA" in r.detail and not r.gated_failure
+
+
+def test_a_cpu_claim_is_skipped_on_a_cuda_run_and_judged_on_a_cpu_one(tmp_path):
+    exp = C.load(write(tmp_path, {"kv_cache": {"section": "§6"}}, predicates(
+        ("kv_cache", "conclusion", "faster", "t", 'm["kv_cache.speedup"] > 2', "cpu"))))
+    r = C.evaluate_all(exp, {"kv_cache.speedup": 1.0}, {}, {"kv_cache": {"cuda_available": 1, "device": "cuda"}})[0]
+    assert r.status == "skipped" and "CPU" in r.detail and not r.gated_failure
+    r = C.evaluate_all(exp, {"kv_cache.speedup": 1.0}, {}, {"kv_cache": {"cuda_available": 0, "device": "cpu"}})[0]
+    assert r.status == "fail"
+
+
+H200_LAUNCH_BOUND = {f"latency.sdpa_fp16.n{n}_{k}": v for n, t in
+                     ((512, 0.03), (1024, 0.033), (2048, 0.05), (4096, 0.13), (8192, 0.42))
+                     for k, v in (("median_ms", t), ("mean_ms", t * 1.2))}
+
+
+def test_timing_conclusions_state_their_device_and_size_range():
+    exp = C.load(REPO / "claims.yaml")
+    by_id = {c.id: c for c in exp.claims}
+    sup, kv = by_id["latency.cuda_superlinear"], by_id["kv_cache.faster_at_longest_context"]
+    assert sup.requires == "cuda" and "n 2048" in sup.text and kv.requires == "cpu" and "CPU" in kv.text
+    gpu = {"latency": {"cuda_available": 1, "device": "cuda"}, "kv_cache": {"cuda_available": 1, "device": "cuda"}}
+    # on an H200 n 512 and n 1024 are launch-bound: the claim reads the medians from n 2048 up, where the GPU is busy
+    r = C.evaluate_claim(sup, H200_LAUNCH_BOUND, {}, gpu)
+    assert r.status == "pass", r.detail
+    assert all(int(re.search(r"\.n(\d+)_", k).group(1)) >= 2048 and k.endswith("median_ms") for k in r.read), r.read
+    # the KV-cache speed-up is a CPU finding: about 1x on CUDA is no failure, and is named as skipped
+    r = C.evaluate_claim(kv, {"kv_cache.latency.speedup_n1024": 1.1}, {}, gpu)
+    assert r.status == "skipped" and "CPU" in r.detail

@@ -5,14 +5,18 @@ address, not NVML's device 0). Deterministic on one machine; the GPU paths skip 
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import types
+from pathlib import Path
 
 import pytest
 import torch
 
 from attnrepro import envinfo
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 NUMERIC_LIBRARIES = ("numpy", "scipy", "pandas", "matplotlib", "dask", "distributed")
@@ -187,3 +191,38 @@ def test_a_run_a_stage_uses_twice_counts_once_in_its_cost():
         return SimpleNamespace(key=key, spec=SimpleNamespace(task="corpus_lm"), read=lambda f: files[f])
     env = stage_environment("cpu", [rec("a", 10.0), rec("b", 5.0), rec("a", 10.0)])
     assert env["runs"] == 2 and env["run_wall_seconds"] == 15.0
+
+
+# ---------------------------------------------------------------- determinism settings (issue 44)
+
+@pytest.fixture
+def torch_settings(monkeypatch):
+    """setup_determinism changes process-wide torch settings: put them back afterwards."""
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    saved = (torch.get_num_threads(), torch.are_deterministic_algorithms_enabled(),
+             torch.is_deterministic_algorithms_warn_only_enabled(), torch.utils.deterministic.fill_uninitialized_memory)
+    yield
+    torch.set_num_threads(saved[0])
+    torch.use_deterministic_algorithms(saved[1], warn_only=saved[2])
+    torch.utils.deterministic.fill_uninitialized_memory = saved[3]
+
+
+def test_a_nondeterministic_cuda_op_fails_loudly_where_reruns_must_be_identical(torch_settings):
+    envinfo.setup_determinism(1, "cuda")
+    assert torch.are_deterministic_algorithms_enabled() and not torch.is_deterministic_algorithms_warn_only_enabled()
+    assert torch.utils.deterministic.fill_uninitialized_memory
+    envinfo.setup_determinism(1, "cpu")  # the CPU keeps the settings its committed results were made with
+    assert torch.are_deterministic_algorithms_enabled() and torch.is_deterministic_algorithms_warn_only_enabled()
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_timing_stages_fill_no_new_memory_with_nan(torch_settings, device):
+    envinfo.setup_determinism(1, device, timing=True)
+    assert not torch.utils.deterministic.fill_uninitialized_memory  # work inside every timed call otherwise
+    assert torch.are_deterministic_algorithms_enabled() and torch.is_deterministic_algorithms_warn_only_enabled()
+
+
+def test_the_timing_stages_and_only_they_pin_for_timing():
+    stages = {p.stem: p.read_text(encoding="utf-8") for p in (ROOT / "stages").glob("*.py")}
+    timing = {name for name, text in stages.items() if re.search(r"st\.pin\([^)]*timing=True", text)}
+    assert timing == {"latency", "kv_cache"}

@@ -7,7 +7,13 @@ attnrepro.measure.timing.measure (cold first call, warm-up, timed repetitions).
 
 FLOP convention: a full attention forward costs 4 n^2 d h FLOPs (QK^T and PV,
 2 FLOPs per multiply-add); the causal half is counted, 2 n^2 d h, which is the
-work a causal kernel actually does. Achieved TFLOP/s = that / mean time.
+work a causal kernel actually does. Achieved TFLOP/s = that / mean time on the CPU (as the
+committed CPU reference was made), / median time on CUDA.
+
+Fits (`exponent`): on the CPU the log-log slope of the mean time over every n; on CUDA of the
+median time over the n where the GPU is occupied, n >= OCCUPIED_FROM_N (below it a batch-1,
+8-head forward is launch-bound on a large GPU: n 512 and n 1024 cost about the same), with
+`exponent_all` the median fit over every n. CUDA points record the SDPA backend used.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import torch
 
 from attnrepro.config import require, require_positive
 from attnrepro.envinfo import environment, gpu_info
-from attnrepro.measure.timing import fit_exponent, make_qkv, measure
+from attnrepro.measure.timing import fit_exponent, make_qkv, measure, sdpa_backend
 from attnrepro.model.attention import attention, fused_attention
 from attnrepro.progress import progress
 
@@ -70,9 +76,11 @@ class LatencyConfig:
 
 # Dense (no sparsity) FP16/BF16 tensor-core peak, TFLOP/s, from the vendors' datasheets
 # (NVIDIA H200/H100/A100/RTX A6000/L40S/V100 product briefs; sparse figures halved).
-# Matched against the NVML device name, first match wins; unknown GPUs get no peak.
+# Matched against the device name (NVML's, else torch's), the longest name it contains wins
+# ("H200 NVL" over "H200"); unknown GPUs get no peak.
 PEAK_TFLOPS_FP16 = [
-    ("H200", 989.4),
+    ("H200 NVL", 835.5),  # H200 NVL product brief: 1,671 sparse
+    ("H200", 989.4),  # SXM (NVML: "NVIDIA H200"): 1,979 sparse
     ("H100 PCIe", 756.0),
     ("H100 NVL", None),  # two-GPU product brief; no per-GPU dense figure kept here
     ("H100", 989.4),  # SXM5 (NVML: "NVIDIA H100 80GB HBM3")
@@ -83,15 +91,19 @@ PEAK_TFLOPS_FP16 = [
 ]
 
 OOM_ERRORS = (torch.OutOfMemoryError, MemoryError)
+OCCUPIED_FROM_N = 2048  # the CUDA fit's first n (see the module docstring; judge/conclusions.py cuda_superlinear)
 
 
 def peak_tflops(gpu_name: str, dtype: str = "fp16") -> Optional[float]:
     if dtype == "bf16" and "V100" in gpu_name:
         return None
-    for key, peak in PEAK_TFLOPS_FP16:
-        if key in gpu_name:
-            return peak
-    return None
+    hits = [(len(key), peak) for key, peak in PEAK_TFLOPS_FP16 if key in gpu_name]
+    return max(hits)[1] if hits else None
+
+
+def gpu_name(device: str) -> str:
+    """The GPU's name: NVML's (the gpu extra), else torch's."""
+    return gpu_info(device).get("gpu_name") or torch.cuda.get_device_name(device)
 
 
 def causal_flops(n: int, d_head: int, heads: int, batch: int = 1) -> float:
@@ -121,7 +133,9 @@ def run_point(impl: str, n: int, *, heads: int, d_head: int, dtype: torch.dtype,
             row.update(measure(fn, device, warmup, reps))
         if cuda:
             row["peak_bytes"] = torch.cuda.max_memory_allocated() - base
-        row["tflops"] = causal_flops(n, d_head, heads) / (row["mean_ms"] * 1e-3) / 1e12
+            if impl == "sdpa":
+                row["backend"] = sdpa_backend(q, k, v, causal=True)
+        row["tflops"] = causal_flops(n, d_head, heads) / (row["median_ms" if cuda else "mean_ms"] * 1e-3) / 1e12
     except OOM_ERRORS:
         row = {"impl": impl, "n": n, "oom": 1}
     finally:
@@ -141,14 +155,14 @@ def sweep(cfg: LatencyConfig, device: str) -> list[dict]:
     warmup, reps = (cfg.cuda_warmup, cfg.cuda_reps) if cuda else (cfg.cpu_warmup, cfg.cpu_reps)
     # the naive path only in the first dtype: it is the memory story, not a dtype comparison
     plan = [("sdpa", dt, n) for dt in dtypes for n in ns] + [("naive", dtypes[0], n) for n in naive_ns]
-    gpu = gpu_info(device) if cuda else {}
+    name = gpu_name(device) if cuda else ""
     rows = []
     bar = progress(len(plan), f"latency {device}")
     for impl, dt, n in plan:
         row = run_point(impl, n, heads=cfg.heads, d_head=cfg.d_head, dtype=DTYPES[dt], device=device,
                         warmup=warmup, reps=reps, seed=cfg.seed)
         row["dtype"] = dt
-        peak = peak_tflops(gpu.get("gpu_name", ""), dt) if cuda and dt != "fp32" else None
+        peak = peak_tflops(name, dt) if cuda and dt != "fp32" else None
         if peak and "tflops" in row:
             row["frac_peak"] = row["tflops"] / peak
         rows.append(row)
@@ -171,8 +185,9 @@ def metrics_from(rows: list[dict], cfg: LatencyConfig, device: str, env: dict) -
         gpu = gpu_info(device)
         if "gpu_memory_bytes" in gpu:
             out["device"]["gpu_memory_bytes"] = gpu["gpu_memory_bytes"]
+        name = gpu_name(device)
         for dt in cfg.cuda_dtypes:
-            peak = peak_tflops(gpu.get("gpu_name", ""), dt) if dt != "fp32" else None
+            peak = peak_tflops(name, dt) if dt != "fp32" else None
             if peak:
                 out["device"][f"peak_tflops_{dt}"] = peak
     series: dict[str, list[dict]] = {}
@@ -188,11 +203,20 @@ def metrics_from(rows: list[dict], cfg: LatencyConfig, device: str, env: dict) -
             if p["oom"]:
                 sec[f"n{n}_oom"] = 1
                 continue
-            for k in ("mean_ms", "median_ms", "p20_ms", "p80_ms", "cv", "cold_ms", "tflops", "frac_peak", "peak_bytes"):
+            for k in ("mean_ms", "median_ms", "p20_ms", "p80_ms", "cv", "cold_ms", "tflops", "frac_peak", "peak_bytes",
+                      "calls_per_rep"):
                 if k in p:
                     sec[f"n{n}_{k}"] = p[k]
-        if len(ok) >= 2:
+        backends = sorted({p["backend"] for p in ok if "backend" in p})
+        if backends:
+            sec["backend"] = ",".join(backends)
+        if len(ok) >= 2 and cuda:
+            busy = [p for p in ok if p["n"] >= OCCUPIED_FROM_N]
+            sec["exponent"] = fit_exponent([p["n"] for p in busy], [p["median_ms"] for p in busy])
+            sec["exponent_all"] = fit_exponent([p["n"] for p in ok], [p["median_ms"] for p in ok])
+        elif len(ok) >= 2:
             sec["exponent"] = fit_exponent([p["n"] for p in ok], [p["mean_ms"] for p in ok])
+        if len(ok) >= 2:
             sec["exponent_top3"] = fit_exponent([p["n"] for p in ok[-3:]], [p["mean_ms"] for p in ok[-3:]])
             sec["ratio_last_first"] = ok[-1]["mean_ms"] / ok[0]["mean_ms"]
             sec["n_ratio_last_first"] = ok[-1]["n"] / ok[0]["n"]
@@ -219,7 +243,8 @@ class LatencyResult:
         return series_rows(self.rows)
 
     def lines(self) -> list[str]:
-        return [f"latency {name}: exponent {sec['exponent']:.2f}, x{sec['ratio_last_first']:.0f} time for "
+        fit = f" (median, n >= {OCCUPIED_FROM_N})" if self.metrics["setup"]["cuda"] else ""
+        return [f"latency {name}: exponent {sec['exponent']:.2f}{fit}, x{sec['ratio_last_first']:.0f} time for "
                 f"x{sec['n_ratio_last_first']:.0f} n, cold first call {sec['cold_first_ms']:.2f} ms, "
                 f"{sec['oom_count']} OOM" for name, sec in self.metrics.items() if "exponent" in sec]
 

@@ -19,7 +19,7 @@ A table is `{id, text, metric, columns, rows}` with `metric` a template such as
 `rows: {row: [one number per column]}` (null: nothing published); a one-row table gives
 `published: {col: number}` instead. Its cells are claims `<id>.<row>.<col>`. A table may carry
 `tol` (how close a cell must come when no seed distribution exists), `interval: [lo, hi]` (two
-key templates with {col}: our interval for the number), `requires: cuda`, `note`, and
+key templates with {col}: our interval for the number), `requires: cuda` (or `cpu`), `note`, and
 `explain: {cell or "*": {by: [metric keys], moved_by: [sensitivity rows], note: ...}}` (the
 measurement in this repository that explains a deviation; a value outside its band with no
 explanation is reported "unexplained"); a table with rows may carry `match: <regex>` (see
@@ -90,6 +90,8 @@ from attnrepro.measure.head_matching import least_cost_pairs
 from attnrepro.stats import Band, flatten, from_summary, percentile_of
 
 CLASSES = ("conclusion", "checksum", "value")
+# `requires`: the kind of device a claim means something on (its files made elsewhere: skipped, named)
+REQUIRES = {None: "", "cuda": "CUDA", "cpu": "CPU"}
 ID_RE = re.compile(r"^[a-z0-9_]+$")
 KEY_RE = re.compile(r"^[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)+$")  # a metric key: <file>.<key path>
 CONCLUSIONS = "src/attnrepro/judge/conclusions.py"  # the predicates, relative to the directory of claims.yaml
@@ -403,8 +405,8 @@ def predicates(text: str, where: str, sections: Mapping[str, str]) -> list[Claim
             raise ClaimError(f"{here}: experiment {exp!r} has no section in claims.yaml")
         if cls not in ("conclusion", "checksum"):
             raise ClaimError(f"{here}: class {cls!r}, expected conclusion or checksum (published values are tables)")
-        if e.get("requires") not in (None, "cuda"):
-            raise ClaimError(f"{here}: requires={e.get('requires')!r}, expected cuda or nothing")
+        if e.get("requires") not in REQUIRES:
+            raise ClaimError(f"{here}: requires={e.get('requires')!r}, expected cuda, cpu or nothing")
         body = node.body[1:] if ast.get_docstring(node) is not None else node.body
         sides = None
         if len(body) == 1 and isinstance(body[0], ast.Return) and isinstance(body[0].value, ast.Compare) \
@@ -464,8 +466,8 @@ def _entry(raw, cls: str, exp: str, section: str, where: str) -> list[Claim]:
         raise ClaimError(f"{where}: id {cid!r} must be lower_snake_case")
     where = f"{where} ({cid})"
     requires = raw.get("requires")
-    if requires not in (None, "cuda"):
-        raise ClaimError(f"{where}.requires: {requires!r}, expected cuda or nothing")
+    if requires not in REQUIRES:
+        raise ClaimError(f"{where}.requires: {requires!r}, expected cuda, cpu or nothing")
     text = _text(raw.get("text"), f"{where}.text")
     if "expr" in raw:
         raise ClaimError(f"{where}.expr: a claim that is not a table is a Python predicate in {CONCLUSIONS}")
@@ -579,14 +581,20 @@ def load_envs(path: str | Path = "metrics/env") -> dict[str, dict]:
     return {f.stem: read_json(f) for f in sorted(Path(path).glob("*.json"))}
 
 
+def ran_on(stage: str, envs: Mapping[str, dict]) -> Optional[str]:
+    """The kind of device `stage` ran on, "cuda" or "cpu", from the device its own record
+    (metrics/env/<stage>.json) names; None where it has none. Never what the machine has: a CPU
+    stage on a machine with a GPU ran on the CPU, and another stage's device says nothing of this one's."""
+    device = (envs.get(stage) or {}).get("device")
+    if not device:
+        return None
+    return "cuda" if str(device).startswith("cuda") else "cpu"
+
+
 def cuda_run(stage: str, envs: Mapping[str, dict]) -> Optional[bool]:
-    """Was `stage` produced with CUDA? From metrics/env/<stage>.json, else from any other stage's
-    record (one pipeline runs on one machine); None if unknown."""
-    env = envs.get(stage)
-    if env is None:
-        known = [bool(e.get("cuda_available")) for e in envs.values() if "cuda_available" in e]
-        return any(known) if known else None
-    return bool(env.get("cuda_available")) or str(env.get("device", "")).startswith("cuda")
+    """Did `stage` run on CUDA (`ran_on`)? None if unknown."""
+    where = ran_on(stage, envs)
+    return None if where is None else where == "cuda"
 
 
 def seed_values(dists: Mapping[str, dict], key: str) -> list[float]:
@@ -681,11 +689,16 @@ def _call(claim: Claim, view: View) -> tuple[bool, str]:
         return False, f"{type(e).__name__}: {e}"
 
 
-def _needs_cuda(keys, metrics: Mapping[str, float], envs: Mapping[str, dict]) -> bool:
-    """A `requires: cuda` claim reading `keys` is skipped: a file of them was made without CUDA, or no machine
-    record is known and a metric is missing."""
-    cuda = [cuda_run(k.split(".", 1)[0], envs) for k in keys]
-    return any(c is False for c in cuda) or (all(c is None for c in cuda) and any(k not in metrics for k in keys))
+def _elsewhere(claim: "Claim", keys, metrics: Mapping[str, float], envs: Mapping[str, dict]) -> Optional[ClaimResult]:
+    """A claim with `requires: <device>` reading `keys` is skipped, named, where a file of them was made on
+    another kind of device, or no machine record is known and a metric is missing; None: it is judged."""
+    if claim.requires is None:
+        return None
+    where = [ran_on(k.split(".", 1)[0], envs) for k in keys]
+    if any(w is not None and w != claim.requires for w in where) or (
+            all(w is None for w in where) and any(k not in metrics for k in keys)):
+        return ClaimResult(claim, "skipped", detail=f"needs a {REQUIRES[claim.requires]} run")
+    return None
 
 
 def printed(c: "Claim") -> str:
@@ -702,11 +715,11 @@ def evaluate_claim(claim: Claim, metrics: Mapping[str, float], dists: Mapping[st
                    envs: Mapping[str, dict]) -> ClaimResult:
     if claim.predicate is None:
         return _evaluate_table_cell(claim, metrics, dists, envs)
-    skipped = ClaimResult(claim, "skipped", detail="needs a CUDA run")
     view = View(metrics)
     try:
         ok, error = _call(claim, view)
-        if claim.requires == "cuda" and _needs_cuda(view.read, metrics, envs):
+        skipped = _elsewhere(claim, view.read, metrics, envs)
+        if skipped:
             return skipped
         res = ClaimResult(claim, "pass" if ok else "fail", detail=error, read=tuple(view.read),
                           read_values=tuple(metrics.get(k, math.nan) for k in view.read))
@@ -730,14 +743,14 @@ def evaluate_claim(claim: Claim, metrics: Mapping[str, float], dists: Mapping[st
                     res.detail = f"holds on {res.seeds_held} of {n} seeds" + ("" if mean_ok else ", not on their mean")
         return res
     except MissingMetric as e:
-        if claim.requires == "cuda" and _needs_cuda(view.read, metrics, envs):
-            return skipped
-        return ClaimResult(claim, "missing", detail=f"metric {e.key} not found")
+        return _elsewhere(claim, view.read, metrics, envs) or ClaimResult(claim, "missing",
+                                                                           detail=f"metric {e.key} not found")
 
 
 def _evaluate_table_cell(claim: Claim, metrics, dists, envs) -> ClaimResult:
-    if claim.requires == "cuda" and _needs_cuda([claim.metric], metrics, envs):
-        return ClaimResult(claim, "skipped", detail="needs a CUDA run")
+    skipped = _elsewhere(claim, [claim.metric], metrics, envs)
+    if skipped:
+        return skipped
     try:
         if claim.match is not None:
             ours = claim.match.assign(claim.row, metrics)

@@ -166,7 +166,7 @@ def _shape(c) -> tuple:
 def claims_changes(ref: Expectations, tree: Expectations) -> dict[str, dict[str, list[str]]]:
     """How the working tree's claims differ from the reference's, per file: {"claims.yaml": {loosened,
     removed, added, changed}, CONCLUSIONS: {...}} (a predicate's code compared as ast: comments, layout
-    and its text aside; a conclusion made a value, or a predicate newly skipped without CUDA, is loosened)."""
+    and its text aside; a conclusion made a value, or a predicate newly skipped on a kind of device, is loosened)."""
     old, new = {c.id: c for c in ref.claims}, {c.id: c for c in tree.claims}
     out: dict[str, list[str]] = {"loosened": [], "removed": sorted(set(old) - set(new)),
                                  "added": sorted(set(new) - set(old)), "changed": []}
@@ -176,8 +176,8 @@ def claims_changes(ref: Expectations, tree: Expectations) -> dict[str, dict[str,
             out["loosened" if b.cls == "value" else "changed"].append(f"{cid} ({a.cls} -> {b.cls})")
         elif a.tol != b.tol:
             out["loosened" if looser(a.tol, b.tol) else "changed"].append(f"{cid} ({_tol(a.tol)} -> {_tol(b.tol)})")
-        if a.requires is None and b.requires == "cuda":
-            out["loosened"].append(f"{cid} (requires cuda)")
+        if b.requires is not None and a.requires != b.requires:  # now skipped on (other) devices
+            out["loosened"].append(f"{cid} (requires {a.requires or 'nothing'} -> {b.requires})")
         elif _shape(a) != _shape(b):
             what = a.source or a.metric, b.source or b.metric
             out["changed"].append(cid if what[0] == what[1] else f"{cid} ({short(what[0], 40)} -> {short(what[1], 40)})")

@@ -28,14 +28,14 @@ def measure_init(model: TinyGPT, batches: torch.Tensor, tick: Optional[Callable[
     block = model.blocks[0]
     for x in batches:
         # only layer 0's attention is measured: skip the MLP and the output head
-        pos = torch.arange(x.shape[1])
+        pos = torch.arange(x.shape[1], device=x.device)
         block.attn(block.ln1(model.tok_emb(x) + model.pos_emb(pos)))
         last = attn.last
         stds.append(logit_std(last["logits"]))
         ents.append(normalized_entropy(last["weights"]).mean().item())
         q_vars.append(last["q"].double().var().item())
         k_vars.append(last["k"].double().var().item())
-        allowed = causal_mask(x.shape[1], x.shape[1])
+        allowed = causal_mask(x.shape[1], x.shape[1], device=x.device)
         pooled.append(last["logits"][..., allowed].double().reshape(-1))
         if tick is not None:
             tick()

@@ -2,9 +2,16 @@
 kv_cache experiments share (attnrepro.experiments.latency, attnrepro.experiments.kv_cache).
 
 Timing discipline (`measure`): the first call is timed on its own (cold: CUDA context,
-kernel selection, allocator growth), then `warmup` untimed calls, then `reps` timed calls,
-each bracketed by CUDA events with a synchronize on CUDA (time.perf_counter on CPU). We
-report median, p20, p80, mean and the coefficient of variation (std / mean).
+kernel selection, allocator growth), then a warm-up, then `reps` timed repetitions. We report
+median, p20, p80, mean and the coefficient of variation (std / mean) of the repetitions.
+
+- CPU: `warmup` untimed calls, then `reps` calls each timed by time.perf_counter.
+- CUDA (`measure_cuda`), so that the kernel is measured, not the 20-40 us of Python and SDPA
+  dispatch in front of a 5-10 us kernel on an idle GPU: the warm-up runs for at least
+  CUDA_WARMUP_S seconds (and at least `warmup` calls: clocks up, caches and allocator settled);
+  each timed repetition is a pair of CUDA events around `calls_per_rep` back-to-back calls
+  (enough for CUDA_REP_MS of GPU time, the queue kept full), with no synchronize between
+  repetitions; a call's time is the repetition's over its calls.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from typing import Callable
 
 import numpy as np
 import torch
+from torch.nn.attention import SDPBackend
 
 
 class Timer:
@@ -46,9 +54,58 @@ def summarize(times_ms: list[float]) -> dict:
             "cv": std / mean if mean > 0 else math.nan, "reps": len(times_ms)}
 
 
+CUDA_WARMUP_S = 0.25  # a CUDA warm-up lasts at least this long
+CUDA_REP_MS = 2.0  # one timed CUDA repetition spans at least this much GPU time ...
+CUDA_MAX_CALLS = 1000  # ... in at most this many back-to-back calls
+
+
+def calls_per_rep(per_call_ms: float) -> int:
+    """Back-to-back calls in one timed CUDA repetition: enough for CUDA_REP_MS, at most CUDA_MAX_CALLS."""
+    if not per_call_ms > 0:
+        return CUDA_MAX_CALLS
+    return max(1, min(CUDA_MAX_CALLS, math.ceil(CUDA_REP_MS / per_call_ms)))
+
+
+def _events() -> tuple:
+    return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+
+def measure_cuda(fn: Callable[[], object], warmup: int, reps: int, cold: bool = True) -> dict:
+    """The CUDA discipline of the module docstring: `summarize` of `reps` repetitions, each a pair of
+    events around calls_per_rep back-to-back calls, after a time-based warm-up; `calls_per_rep` and
+    `warmup_calls` are reported beside it."""
+    first = Timer("cuda")(fn) if cold else None
+    t0, calls = time.perf_counter(), 0
+    while calls < warmup or time.perf_counter() - t0 < CUDA_WARMUP_S:
+        fn()
+        torch.cuda.synchronize()
+        calls += 1
+    start, end = _events()
+    start.record()
+    for _ in range(8):  # the per-call time that sizes a repetition
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    inner = calls_per_rep(start.elapsed_time(end) / 8)
+    pairs = [_events() for _ in range(reps)]
+    for start, end in pairs:
+        start.record()
+        for _ in range(inner):
+            fn()
+        end.record()
+    torch.cuda.synchronize()
+    out = summarize([float(s.elapsed_time(e)) / inner for s, e in pairs])
+    out.update(calls_per_rep=inner, warmup_calls=calls + 8)
+    if cold:
+        out["cold_ms"] = first
+    return out
+
+
 def measure(fn: Callable[[], object], device: str, warmup: int, reps: int, cold: bool = True) -> dict:
     """Summary of `reps` timed calls after `warmup` untimed ones (`summarize`); with `cold`,
-    the first call is timed on its own before the warm-up (cold_ms)."""
+    the first call is timed on its own before the warm-up (cold_ms). On CUDA: `measure_cuda`."""
+    if device.startswith("cuda"):
+        return measure_cuda(fn, warmup, reps, cold)
     timer = Timer(device)
     first = timer(fn) if cold else None
     for _ in range(warmup):
@@ -62,6 +119,15 @@ def measure(fn: Callable[[], object], device: str, warmup: int, reps: int, cold:
 def make_qkv(n: int, heads: int, d_head: int, dtype: torch.dtype, device: str, seed: int = 0):
     g = torch.Generator(device="cpu").manual_seed(seed)
     return [torch.randn(1, heads, n, d_head, generator=g).to(device=device, dtype=dtype) for _ in range(3)]
+
+
+def sdpa_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True) -> str:
+    """The kernel F.scaled_dot_product_attention picks for these inputs (FLASH_ATTENTION,
+    EFFICIENT_ATTENTION, CUDNN_ATTENTION, MATH, ...); "unknown" where this torch does not say."""
+    try:
+        return SDPBackend(torch._fused_sdp_choice(q, k, v, None, 0.0, causal)).name
+    except (AttributeError, RuntimeError, TypeError, ValueError):
+        return "unknown"
 
 
 def fit_exponent(ns: list[int], ms: list[float]) -> float:

@@ -12,11 +12,11 @@ import torch
 from attnrepro.model.attention import causal_mask
 
 
-def visible_keys(t_q: int, t_k: int, causal: bool = True) -> torch.Tensor:
-    """Number of keys each query row can see, shape (Tq,)."""
+def visible_keys(t_q: int, t_k: int, causal: bool = True, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Number of keys each query row can see, shape (Tq,), on `device`."""
     if not causal:
-        return torch.full((t_q,), t_k)
-    return torch.arange(t_k - t_q + 1, t_k + 1)
+        return torch.full((t_q,), t_k, device=device)
+    return torch.arange(t_k - t_q + 1, t_k + 1, device=device)
 
 
 def normalized_entropy(p: torch.Tensor, causal: bool = True) -> torch.Tensor:
@@ -25,7 +25,7 @@ def normalized_entropy(p: torch.Tensor, causal: bool = True) -> torch.Tensor:
     1 means uniform over the visible keys, 0 means one-hot.
     """
     p = p.double()
-    n = visible_keys(p.shape[-2], p.shape[-1], causal).to(p.device)
+    n = visible_keys(p.shape[-2], p.shape[-1], causal, p.device)
     h = -torch.special.xlogy(p, p).sum(-1)  # 0 log 0 = 0
     keep = n > 1
     return (h[..., keep] / torch.log(n[keep].double())).mean(-1)
@@ -68,17 +68,17 @@ def position_stats(p: torch.Tensor) -> dict[str, torch.Tensor]:
     head that looks near for some queries and far for others).
 
     Rows exclude the query at absolute position 0, which can only see itself
-    (unless it is the only query).
+    (unless it is the only query). Every index is made on p's device.
     """
     p = p.double()
-    t_q, t_k = p.shape[-2], p.shape[-1]
-    pos = torch.arange(t_q) + (t_k - t_q)  # absolute position of each query
-    rows = torch.nonzero(pos >= 1).flatten() if t_k > 1 else torch.arange(t_q)
+    t_q, t_k, dev = p.shape[-2], p.shape[-1], p.device
+    pos = torch.arange(t_q, device=dev) + (t_k - t_q)  # absolute position of each query
+    rows = torch.nonzero(pos >= 1).flatten() if t_k > 1 else torch.arange(t_q, device=dev)
     pos = pos[rows]
     diag = p[..., rows, pos]
     has_prev = pos >= 1
-    prev = torch.where(has_prev, p[..., rows, (pos - 1).clamp_min(0)], torch.zeros((), dtype=p.dtype))
-    dist = (pos.unsqueeze(-1) - torch.arange(t_k)).clamp_min(0).double()
+    prev = torch.where(has_prev, p[..., rows, (pos - 1).clamp_min(0)], torch.zeros((), dtype=p.dtype, device=dev))
+    dist = (pos.unsqueeze(-1) - torch.arange(t_k, device=dev)).clamp_min(0).double()
     distance = (p[..., rows, :] * dist).sum(-1)
     return {"diag": diag.mean(-1), "prev": prev.mean(-1), "distance": distance.mean(-1),
             "distance_std": distance.std(-1, correction=0)}

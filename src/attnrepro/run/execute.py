@@ -111,12 +111,14 @@ def pinned_torch(threads: int, device: str):
     """The run's own thread count and deterministic algorithms; the caller's settings come back after."""
     old_threads, old_det = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
     old_warn = torch.is_deterministic_algorithms_warn_only_enabled()
+    old_fill = torch.utils.deterministic.fill_uninitialized_memory
     setup_determinism(threads, device)
     try:
         yield
     finally:
         torch.set_num_threads(old_threads)
         torch.use_deterministic_algorithms(old_det, warn_only=old_warn)
+        torch.utils.deterministic.fill_uninitialized_memory = old_fill
 
 
 def execute(spec: RunSpec, inputs: Mapping[str, bytes], out: Path,

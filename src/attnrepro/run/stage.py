@@ -52,11 +52,12 @@ class Stage:
         """The run engine's settings (params `engine`, the environment and --scheduler/--workers)."""
         return engine_config(self.params, self.args.scheduler, self.args.workers)
 
-    def pin(self, device: str, threads: int, key: str) -> str:
+    def pin(self, device: str, threads: int, key: str, timing: bool = False) -> str:
         """The device `device` names (`key` in messages), with this process's threads and deterministic
-        algorithms set as the runs set theirs (so environment records state what the runs used)."""
+        algorithms set as the runs set theirs (so environment records state what the runs used); `timing`
+        for a stage that times (envinfo.setup_determinism: no NaN fill inside the timed calls)."""
         resolved = resolve_device(device, key)
-        setup_determinism(threads, resolved)
+        setup_determinism(threads, resolved, timing)
         return resolved
 
 

@@ -172,7 +172,7 @@ def weight_symptoms(model: TinyGPT, batches) -> dict:
         model(x)
         for li, a in enumerate(model.attentions):
             w = a.last["weights"]
-            future = ~causal_mask(w.shape[-2], w.shape[-1])
+            future = ~causal_mask(w.shape[-2], w.shape[-1], device=w.device)
             vals = {
                 "entropy": renormalized_entropy(w, leaks).mean().item(),
                 "entropy_raw": normalized_entropy(w).mean().item(),
