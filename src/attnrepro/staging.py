@@ -125,16 +125,28 @@ class Transaction:
 @contextlib.contextmanager
 def _signals_held() -> Iterator[None]:
     """Hold Ctrl-C and SIGTERM while the outputs move in (renames: milliseconds): a stage stopped
-    then is stopped after its commit, not half-way through it (only SIGKILL can split it)."""
+    then is stopped after its commit, not half-way through it (only SIGKILL can split it).
+
+    The signals are caught, not blocked: a process-directed signal that the main thread blocks is
+    delivered to another thread (torch's and BLAS's native threads), and Python then runs its handler
+    in the main thread at once. So a caught signal is replayed through the handler it displaced
+    when the block ends."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    held = {signal.SIGINT, signal.SIGTERM}
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    caught: list[int] = []
+    old = {s: signal.signal(s, lambda signum, frame: caught.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        for s, handler in old.items():
+            signal.signal(s, handler)
+        if caught:
+            handler = old[caught[0]]
+            if callable(handler):
+                handler(caught[0], None)
+            elif handler == signal.SIG_DFL:
+                os.kill(os.getpid(), caught[0])
 
 
 def _old(staged: Path) -> Path:
