@@ -554,3 +554,15 @@ def test_a_hang_in_the_cost_check_keeps_the_gated_verdict(tmp_path, monkeypatch)
     assert diagnose.diagnose(results).verdict == "PASS"
     [c] = [r for r in results if r.name == "cost"]
     assert "no result within 15 s" in c.findings[0].symptom and c.findings[0].severity == "info"
+
+
+def module_based(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+    """An implementation with parameters of its own: its output requires grad whatever the inputs."""
+    gain = torch.nn.Parameter(torch.ones((), dtype=query.dtype))
+    return gain * F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                                                 is_causal=is_causal, scale=scale)
+
+
+def test_an_implementation_with_its_own_parameters_is_audited_not_crashed():
+    assert checks.scale_check(Impl(module_based)).status == "pass"
+    assert checks.invariants(Impl(module_based)).status == "pass"

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch.ao.nn.quantizable import MultiheadAttention as QuantizableMHA
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-NO_KERNEL = "No viable backend"
+NO_KERNEL = ("No viable backend", "No available kernel")
 
 
 def _pinned(backend, query, key, value, attn_mask, dropout_p, is_causal, scale):
@@ -31,7 +31,7 @@ def _pinned(backend, query, key, value, attn_mask, dropout_p, is_causal, scale):
             return F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
                                                   is_causal=is_causal, scale=scale)
     except RuntimeError as e:
-        if NO_KERNEL in str(e):
+        if any(text in str(e) for text in NO_KERNEL):
             raise NotImplementedError(f"{backend.name}: no kernel for this input") from None
         raise
 

@@ -75,6 +75,8 @@ class Impl:
         except Exception as e:
             first = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}".rstrip(": ")
             raise CallFailed(f"{what}: raised {first}", first) from None
+        if isinstance(out, torch.Tensor) and not any(t.requires_grad for t in (q, k, v)):
+            out = out.detach()  # a module's own parameters (nn.MultiheadAttention) need no graph here
         want = q.shape[:-1] + (v.shape[-1],)
         if not isinstance(out, torch.Tensor) or out.shape != want:
             got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
