@@ -566,3 +566,18 @@ def module_based(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fal
 def test_an_implementation_with_its_own_parameters_is_audited_not_crashed():
     assert checks.scale_check(Impl(module_based)).status == "pass"
     assert checks.invariants(Impl(module_based)).status == "pass"
+
+
+def heads_interleaved(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+    """torch.ao.nn.quantizable.MultiheadAttention's batch_first bug, planted: (B, H, L, E) read back as if
+    it were laid out (B, L, H, E)."""
+    out = F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, is_causal=is_causal, scale=scale)
+    B, H, L, E = out.shape
+    return out.reshape(B, L, H, E).transpose(1, 2)
+
+
+def test_mixed_heads_or_rows_are_named_before_the_leak_they_look_like():
+    res = checks.invariants(Impl(heads_interleaved))
+    assert {f.cause for f in res.findings if f.severity == "fail"} >= {"queries_mixed"}
+    d = diagnose.diagnose([res])
+    assert d.cause == "queries_mixed" and not any(c.startswith("future_leak") for c in d.others)

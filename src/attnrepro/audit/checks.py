@@ -254,9 +254,9 @@ FILL_LADDER = [0.0] + [-(10.0 ** p) for p in range(0, 39)] + [-torch.finfo(torch
 
 def _masked_share(impl: Impl, xs: list[float]) -> torch.Tensor:
     """(w_visible, w_masked) per row: row r has one visible key with logit xs[r] and one masked key with
-    logit 0 (E = 1, so the default scale is 1 and q = x, k = (1, 0))."""
-    q = torch.tensor(xs, dtype=torch.float32).view(1, 1, -1, 1).to(impl.device)
-    k = torch.tensor([1.0, 0.0]).view(1, 1, 2, 1).to(impl.device)
+    logit 0 (E = 2 = Ev, the values being the identity: q = (x sqrt(2), 0), k = ((1, 0), (0, 0)))."""
+    q = torch.tensor([[x * math.sqrt(2), 0.0] for x in xs], dtype=torch.float32).view(1, 1, -1, 2).to(impl.device)
+    k = torch.tensor([[1.0, 0.0], [0.0, 0.0]]).view(1, 1, 2, 2).to(impl.device)
     mask = torch.tensor([True, False], device=impl.device).expand(len(xs), 2)
     w = observed_weights(impl, q, k, {"attn_mask": mask}, "a masked key's fill value")
     return torch.zeros(len(xs), 2) if w is None else w[0, 0].double().cpu()
@@ -359,6 +359,33 @@ def _permutation(impl: Impl, res: CheckResult) -> None:
                                     cause="not_equivariant", smallest="B=1 H=1 L=S=2, keys swapped"))
 
 
+def _independence(impl: Impl, res: CheckResult) -> None:
+    """Output (b, h, i) may depend on query (b, h, i) only: perturb one query and see which outputs move.
+    Another head moving is a reshape that mixes heads; another row, one that mixes queries. Either makes
+    the per-row checks (a future leak, a permutation) measure the mixing instead."""
+    g = torch.Generator().manual_seed(10)
+    q, k, v = (torch.randn(2, 3, 8, 8, generator=g).to(impl.device) for _ in range(3))
+    base = impl.call(q, k, v, {}, "independence of heads and rows, no mask")
+    q2 = q.clone()
+    q2[1, 1, 5] += 3 * torch.randn(8, generator=g).to(impl.device)
+    moved = (impl.call(q2, k, v, {}, "one query perturbed (batch 1, head 1, row 5)").double() - base.double()).abs()
+    tol = _tol(q, k, v)
+    heads = [h for h in range(3) if h != 1 and moved[1, h].max().item() > tol]
+    rows = [i for i in range(8) if i != 5 and moved[1, 1, i].max().item() > tol]
+    batches = moved[0].max().item() > tol
+    res.details["moved_by_one_query"] = {"other_heads": heads, "other_rows": rows, "other_batch": batches}
+    if heads or batches:
+        res.findings.append(Finding("invariants", "fail", "perturbing one query (batch 1, head 1, row 5) moves the "
+                                    "output of " + ("another batch element" if batches else f"head(s) {heads}")
+                                    + ": heads (or batch elements) are mixed, a reshape or transpose of the "
+                                    "(B, H, L, E) layout", cause="heads_mixed",
+                                    smallest="B=2 H=3 L=S=8 E=8, query (1, 1, 5) perturbed"))
+    elif rows:
+        res.findings.append(Finding("invariants", "fail", f"perturbing query 5 moves output rows {rows}: queries "
+                                    "are mixed (a reshape, or a softmax or normalisation across queries)",
+                                    cause="queries_mixed", smallest="B=2 H=3 L=S=8 E=8, query (1, 1, 5) perturbed"))
+
+
 def _row_sums(impl: Impl, res: CheckResult) -> None:
     g = torch.Generator().manual_seed(9)
     bad_sums: dict[str, tuple[float, float]] = {}
@@ -407,7 +434,7 @@ def guarded(res: CheckResult, part: Callable[[], object]) -> None:
 
 def invariants(impl: Impl) -> CheckResult:
     res = CheckResult("invariants")
-    for part in (_leaks, _permutation, _row_sums):
+    for part in (_independence, _leaks, _permutation, _row_sums):
         guarded(res, lambda: part(impl, res))
     guarded(res, lambda: res.findings.extend(fully_masked_row(impl)))
     return res

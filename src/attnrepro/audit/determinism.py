@@ -23,8 +23,8 @@ Z_MAX = 6.0
 
 def uniform_weights(impl: Impl, dropout_p: float, what: str) -> torch.Tensor:
     B, H, L, S = SHAPE
-    q = torch.zeros(B, H, L, 8, device=impl.device)
-    k = torch.randn(B, H, S, 8, generator=torch.Generator().manual_seed(2)).to(impl.device)
+    q = torch.zeros(B, H, L, S, device=impl.device)  # key width = value width (= S): no Ev != E needed
+    k = torch.randn(B, H, S, S, generator=torch.Generator().manual_seed(2)).to(impl.device)
     eye = torch.eye(S, device=impl.device).expand(B, H, S, S)
     with torch.no_grad():
         return impl.call(q, k, eye, {"dropout_p": dropout_p}, what).double().cpu()

@@ -6,7 +6,8 @@ a future leak or what a fully masked row does, numerics the logit where each dty
 overflows, scale the power of d_k that divides the logits. A symptom can fit several
 causes (a leak at every offset: a mask filled with 0, or no mask at all); `SUPPORTS` says
 which. Causes are ranked before they are counted: a random output (dropout left on, a
-nondeterministic kernel) first, as it turns every other comparison into noise; then the
+nondeterministic kernel) or one whose heads or rows are mixed first, as it turns every other
+comparison into noise; then the
 functional ones (masking, scale, softmax axis, normalisation, an exception on an allowed
 input); the numerical-range ones (an overflow above some logit) last, so fixing what is
 named first never leaves a wrong cause or a false PASS behind it. Within a rank the cause
@@ -28,22 +29,27 @@ CAUSES: dict[str, str] = {
     "not_equivariant": "a positional term: the output depends on the order of the keys",
     "finite_fill": "a fully masked row averages the values it must not see (a finite fill, or a special case)",
     "dropout_on": "dropout applied with dropout_p=0: the output is random",
+    "heads_mixed": "heads mixed: one head's query moves another head's output (a reshape or transpose of the "
+                   "(B, H, L, E) layout)",
+    "queries_mixed": "queries mixed: one query moves other rows' outputs (a reshape, or a softmax across queries)",
     "nondeterministic": "nondeterministic: two identical calls with dropout_p=0 differ",
     "dropout_ignored": "dropout_p ignored: no weight is ever dropped",
     "dropout_rate": "dropout drops weights at another rate than dropout_p",
     "dropout_unscaled": "dropout keeps weights without rescaling them by 1/(1 - dropout_p)",
 }
-RANDOM = ("dropout_on", "nondeterministic")
+# outputs no per-row check can read: random, or heads or rows mixed (softmax over the queries is one way)
+RANDOM = ("dropout_on", "nondeterministic", "heads_mixed", "queries_mixed", "softmax_axis")
 NUMERICAL = ("no_stable_softmax", "scores_overflow")
 
 
 def rank(cause: str) -> int:
-    """0 a random output, 1 functional, 2 numerical range."""
+    """0 an output no per-row check can read (random, or heads or rows mixed), 1 functional, 2 numerical range."""
     return 0 if cause in RANDOM else 2 if cause in NUMERICAL else 1
 
 # a symptom -> the causes it fits (a cause always supports itself)
 SUPPORTS: dict[str, tuple[str, ...]] = {
     "future_leak_all": ("mask_zero", "causal_ignored"),
+    "queries_mixed": ("queries_mixed", "softmax_axis"),
 }
 
 

@@ -67,7 +67,7 @@ def page(target: str, identity: str, diag: Diagnosis, results: list[CheckResult]
             if len(diag.evidence) > EVIDENCE_LINES:
                 lines.append(f"    - and {len(diag.evidence) - EVIDENCE_LINES} more like these (--json has them all)")
         if rank(diag.cause) == 0:
-            lines.append("  (a random output: the other checks' failures below compare noise; fix this first)")
+            lines.append("  (the other checks' failures below follow from this one; fix it first)")
         if diag.smallest:
             lines.append(f"  smallest input that shows it: {diag.smallest}")
         if diag.others:
