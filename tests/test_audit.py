@@ -581,3 +581,26 @@ def test_mixed_heads_or_rows_are_named_before_the_leak_they_look_like():
     assert {f.cause for f in res.findings if f.severity == "fail"} >= {"queries_mixed"}
     d = diagnose.diagnose([res])
     assert d.cause == "queries_mixed" and not any(c.startswith("future_leak") for c in d.others)
+
+
+def thread_recorder(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+    SEEN.add((query.shape[-2], torch.get_num_threads()))
+    return F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                                          is_causal=is_causal, scale=scale)
+
+
+SEEN: set = set()
+
+
+def test_gated_checks_run_on_one_thread_and_the_setting_is_restored():
+    from attnrepro.audit.battery import battery
+
+    torch.set_num_threads(2)
+    try:
+        SEEN.clear()
+        battery(load.resolve("test_audit:thread_recorder"))
+        SEEN.discard((5, 2))  # the smoke call, on the caller's threads
+        assert {t for n, t in SEEN if n < 256} == {1}  # (cost: torch.utils.benchmark times on its own 1 thread)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(1)  # the suite's setting (conftest)
