@@ -6,7 +6,8 @@ inputs, and passes when
 
     max|x - r| <= C * R * (1 + Lmax) * (u + u_acc * sqrt(E + S)),   C = 4,
 
-R being max|v| for the output and max|r| for a gradient, Lmax the largest |scaled logit|
+R being max|v| for the output and max|r| for a gradient (floored at max|d_out| max|v|: a
+gradient exactly 0 in float64, one visible key, is rounding noise in any other dtype), Lmax the largest |scaled logit|
 (an absolute error u*|s| in a logit is a relative error in its weight after exp: this is
 what grows with the logits), u_acc the unit roundoff of the accumulation (float32 as every
 torch and FlashAttention kernel accumulates half types, float64 for float64), and sqrt(E + S)

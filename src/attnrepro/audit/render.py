@@ -11,7 +11,7 @@ from attnrepro.audit.diagnose import Diagnosis, cause_text, rank
 
 EVIDENCE_LINES = 4
 TOLERANCE_NOTE = (f"tolerance: max|x - ref| <= {C_TOL:g} * R * (1 + max|logit|) * (u + u_fp32 * sqrt(E + S)); "
-                  "u = eps/2 of the dtype, R = max|v| (output) or max|ref| (gradients)")
+                  "u = eps/2 of the dtype, R = max|v| (output) or max(max|ref|, max|d_out| max|v|) (gradients)")
 
 
 def _summary(r: CheckResult) -> str:
