@@ -17,7 +17,8 @@ import torch.nn.functional as F
 
 from conftest import REPO, tinygpt
 
-from attnrepro.audit import checks, cost, diagnose
+from attnrepro.audit import cases as cases_mod
+from attnrepro.audit import checks, cost, determinism, diagnose, render
 from attnrepro.model import attention_impl as load
 from attnrepro.audit.cases import Case, tolerance
 from attnrepro.audit.checks import CheckResult, Finding, Impl
@@ -26,7 +27,9 @@ from attnrepro.config import UserError
 
 sys.path.insert(0, str(REPO))  # the examples package, as `attnrepro audit` run from the root sees it
 EX = {name: importlib.import_module(f"examples.attention.{name}") for name in
-      ("chunked", "mask_zero", "no_max_subtraction", "dk_not_sqrt", "scale_after_softmax", "future_leak")}
+      ("chunked", "mask_zero", "no_max_subtraction", "dk_not_sqrt", "scale_after_softmax", "future_leak",
+       "mask_ignored_when_causal", "softmax_wrong_axis", "dropout_always_on", "mask_fill_finite", "mask_sign_flipped",
+       "bool_mask_inverted", "float_mask_typeerror", "bool_masks_only", "fp16_plain", "fp16_scaled_q")}
 CHUNKED = EX["chunked"].chunked_attention
 
 
@@ -61,7 +64,37 @@ def test_correct_implementations_pass(target, capsys):
     rc, rec = audit(target)
     assert (rc, rec["verdict"]) == (0, "PASS"), rec["headline"]
     assert capsys.readouterr().out.startswith("PASS")
-    assert all(c["status"] == "pass" for c in rec["checks"].values())
+    assert all(c["status"] == "pass" for c in rec["checks"].values()), rec["checks"]["determinism"]
+
+
+# the gallery (issue 41): each example's first line, as a user reads it
+GALLERY = [
+    ("chunked:chunked_attention", 0, "PASS: matches the float64 reference; invariants, numerics and scale hold"),
+    ("fp16_scaled_q:attention", 0, "PASS: matches the float64 reference; invariants, numerics and scale hold"),
+    ("mask_ignored_when_causal:attention", 1,
+     "FAIL: attn_mask ignored when is_causal is also set (SDPA applies both)"),
+    ("softmax_wrong_axis:attention", 1,
+     "FAIL: softmax over the queries (dim -2) instead of the keys: each key's column of weights sums to 1"),
+    ("dropout_always_on:attention", 1,
+     "FAIL: dropout applied with dropout_p=0 (about 10% of the weights zeroed): the output is random"),
+    ("mask_fill_finite:attention", 1, "FAIL: masked scores filled with -1e+04 instead of -inf (a finite fill)"),
+    ("mask_sign_flipped:attention", 1, "FAIL: float attn_mask subtracted from the scores instead of added"),
+    ("bool_mask_inverted:attention", 1, "FAIL: boolean attn_mask inverted (True taken as 'masked out')"),
+    ("float_mask_typeerror:attention", 1,
+     "FAIL: raises TypeError: attn_mask must be boolean, got torch.float32 (on B=2 H=3 L=17 S=17 E=24 Ev=24, "
+     "float mask, fp32)"),
+    ("bool_masks_only:attention", 1, "INCOMPLETE: nothing failed, but 7 cases could not run (unsupported): "
+     "the audit vouches only for what ran"),
+    ("fp16_plain:attention", 1, "FAIL: fp16 overflow above logit 1.638e+04: q k^T exceeds fp16's range before "
+     "the scale (fix: scale q before q k^T, or compute q k^T in float32)"),
+]
+
+
+@pytest.mark.parametrize("module,status,first", GALLERY, ids=[g[0].split(":")[0] for g in GALLERY])
+def test_gallery_first_lines(module, status, first, capsys):
+    rc, rec = audit(f"examples.attention.{module}")
+    assert capsys.readouterr().out.splitlines()[0] == first
+    assert rc == status
 
 
 def test_smallest_input_of_a_future_leak_is_two_tokens():
@@ -78,7 +111,7 @@ def test_json_record_and_the_subcommand(tmp_path, capsys, monkeypatch):
     assert rc == 1
     rec = json.loads(out.read_text())
     assert rec["cause"] == "dk_not_sqrt" and rec["identity"].startswith("examples.attention.dk_not_sqrt:attention@")
-    assert set(rec["checks"]) == {"parity", "invariants", "numerics", "scale"}
+    assert set(rec["checks"]) == {"determinism", "parity", "invariants", "numerics", "scale"}
     assert capsys.readouterr().out.splitlines()[0] == rec["headline"]
 
 
@@ -108,7 +141,7 @@ def wrong_backward(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=F
 def test_parity_names_the_dropped_float_mask():
     res = checks.parity(Impl(ignores_float_masks))
     [f] = [f for f in res.findings if f.severity == "fail"]
-    assert f.cause == "mask_ignored" and all("float mask" in c for c in f.data["failing"])
+    assert f.cause == "mask_ignored" and all("float" in c for c in f.data["failing"])
 
 
 def test_parity_catches_a_wrong_backward_with_a_right_forward():
@@ -136,7 +169,7 @@ def test_invariants_find_the_leak_offset():
 def test_invariants_find_a_leak_at_every_offset_and_the_finite_fill():
     res = checks.invariants(Impl(EX["mask_zero"].attention))
     causes = {f.cause for f in res.findings if f.severity == "fail"}
-    assert causes == {"future_leak_all", "finite_fill"}
+    assert causes == {"future_leak_all", "mask_zero"}  # the fully masked row: a fill of 0, named
 
 
 def positional(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
@@ -161,7 +194,7 @@ def test_fully_masked_row_behaviour_is_stated():
     [warn] = checks.fully_masked_row(Impl(EX["dk_not_sqrt"].attention))  # the textbook softmax: NaN
     assert warn.severity == "warn" and "NaN" in warn.symptom
     [fail] = checks.fully_masked_row(Impl(EX["mask_zero"].attention))
-    assert fail.cause == "finite_fill"
+    assert fail.cause == "mask_zero" and fail.data["fill"] == 0
 
 
 def test_numerics_find_the_overflow_threshold_of_each_dtype():
@@ -256,7 +289,7 @@ def _res(name, *findings):
 def test_diagnosis_combines_symptoms_into_one_cause():
     d = diagnose.diagnose([
         _res("invariants", Finding("invariants", "fail", "leak everywhere", cause="future_leak_all", smallest="a"),
-             Finding("invariants", "fail", "finite row", cause="finite_fill", smallest="b")),
+             Finding("invariants", "fail", "finite row", cause="mask_zero", smallest="b")),
         _res("numerics"),
     ])
     assert d.verdict == "FAIL" and d.cause == "mask_zero" and len(d.evidence) == 2
@@ -319,7 +352,7 @@ def test_a_check_that_hangs_later_is_stopped_by_the_time_limit(tmp_path, monkeyp
             "    return F.scaled_dot_product_attention(query, key, value)\n")
     assert main(["audit", "bi_slow_later:attn", "--time-limit", "1", "--no-cost"]) == 2
     err = capsys.readouterr().err
-    assert "check parity: no result within 1 s" in err and err.count("\n") == 1
+    assert "check determinism: no result within 1 s" in err and err.count("\n") == 1
 
 
 # ---------------------------------------------------------------- attention.impl: the pipeline key
@@ -375,3 +408,199 @@ def test_params_declare_the_attention_section_for_the_stages_that_use_it():
     for stage in ("train", "init_sweep", "heads"):
         assert "attention" in stages[stage]["params"], stage
     assert "attention" not in stages["seeds"]["params"]  # the reference distribution stays the builtin's
+
+
+# ---------------------------------------------------------------- issue 41: what a new user's functions showed
+
+def fp16_plain_mask_dropped(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+    """Two bugs at once: q k^T in the input dtype before the scale (fp16 overflow) and attn_mask dropped
+    when is_causal is set: the functional one must come first."""
+    if is_causal:
+        attn_mask = None
+    return EX["fp16_plain"].attention(query, key, value, attn_mask=attn_mask, is_causal=is_causal, scale=scale)
+
+
+def test_grid_combines_masks_with_causal_half_types_broadcasts_and_decode():
+    cases = cases_mod.grid()
+    kinds = {(c.mask, c.dtype) for c in cases}
+    assert {("causal+bool", "fp32"), ("causal+float", "fp32"), ("bool", "fp16"), ("float", "fp16"),
+            ("bool", "bf16"), ("float", "bf16")} <= kinds
+    assert {"bool_b", "float_h", "bool_lr"} <= {c.mask for c in cases}  # (B,1,L,S), (1,H,L,S), bottom-right
+    assert any(c.L == 1 and c.S > 1 and c.mask == "causal" for c in cases)  # decode, top-left (SDPA's is_causal)
+    for case in cases:  # the reference is SDPA's semantics on every one of them (where SDPA takes the input)
+        q, k, v, kw, _ = case.inputs()
+        if case.dtype == "fp32" and not (case.optional and case.E != case.Ev):  # SDPA's math path refuses those
+            assert (F.scaled_dot_product_attention(q, k, v, **kw).double() - reference(q, k, v, **kw)).abs().max() < 1e-4
+    q, k, v, kw, _ = Case(2, 3, 5, 9, 8, 8, mask="float_h").inputs()
+    assert kw["attn_mask"].shape == (1, 3, 5, 9)
+
+
+def test_a_mask_dropped_when_causal_fails_and_is_named():
+    res = checks.parity(Impl(EX["mask_ignored_when_causal"].attention))
+    [f] = [f for f in res.findings if f.severity == "fail"]
+    assert f.cause == "mask_ignored_when_causal" and all("causal+" in c for c in f.data["failing"])
+
+
+def test_the_functional_bug_outranks_the_fp16_overflow():
+    d = diagnose.diagnose([
+        _res("parity", Finding("parity", "fail", "x", cause="mask_ignored_when_causal")),
+        _res("numerics", *[Finding("numerics", "fail", f"{dt} overflow", cause="scores_overflow") for dt in ("a", "b")]),
+    ])
+    assert d.cause == "mask_ignored_when_causal" and d.others == ["scores_overflow"]
+
+
+def test_fp16_plain_with_a_dropped_mask_is_named_for_the_mask(capsys):
+    rc, rec = audit("test_audit:fp16_plain_mask_dropped")
+    assert rc == 1
+    assert rec["cause"] == "mask_ignored_when_causal" and "scores_overflow" in rec["other_causes"]
+
+
+def test_numerics_name_what_overflowed_and_both_fixes():
+    res = checks.numerics(Impl(EX["fp16_plain"].attention), dtypes=("fp16",))
+    [f] = res.findings
+    assert f.cause == "scores_overflow" and "scale q before q k^T" in f.symptom and "float32" in f.symptom
+    assert "6.55e+04" in f.symptom  # what overflowed: the raw q.k, logit x sqrt(d_k)
+    assert checks.numerics(Impl(EX["fp16_scaled_q"].attention)).status == "pass"
+
+
+def test_softmax_over_the_queries_is_not_a_scale_problem():
+    fn = EX["softmax_wrong_axis"].attention
+    assert not [f for f in checks.scale_check(Impl(fn)).findings if f.cause.startswith("scale")]
+    res = checks.invariants(Impl(fn))
+    [f] = [f for f in res.findings if f.cause == "softmax_axis"]
+    lo, hi = res.details["row_sum_none"]
+    assert f"{lo:.3g}..{hi:.3g}" in f.symptom and hi - lo > 0.1  # the range found, not the mean
+
+
+def test_dropout_left_on_is_named_dropout():
+    res = determinism.determinism(Impl(EX["dropout_always_on"].attention))
+    [f] = [f for f in res.findings if f.severity == "fail"][:1]
+    assert f.cause == "dropout_on" and "dropout" in f.symptom
+    assert 0.05 < f.data["drop_rate"] < 0.15
+
+
+def noisy(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+    out = F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, is_causal=is_causal, scale=scale)
+    return out + 1e-6 * torch.randn_like(out)  # planted: nondeterministic, no zeros
+
+
+def ignores_dropout(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+    return F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, is_causal=is_causal, scale=scale)
+
+
+def unscaled_dropout(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+    out = F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, is_causal=is_causal, scale=scale)
+    w = torch.softmax(query @ key.transpose(-2, -1) * (query.shape[-1] ** -0.5 if scale is None else scale), -1)
+    keep = (torch.rand_like(w) >= dropout_p).to(w.dtype)
+    return out if dropout_p == 0 else (w * keep) @ value  # planted: kept weights not divided by 1 - p
+
+
+@pytest.mark.parametrize("fn,cause", [(noisy, "nondeterministic"), (ignores_dropout, "dropout_ignored"),
+                                      (unscaled_dropout, "dropout_unscaled"),
+                                      (F.scaled_dot_product_attention, None), (CHUNKED, None)])
+def test_determinism_and_dropout_statistics(fn, cause):
+    res = determinism.determinism(Impl(fn))
+    assert [f.cause for f in res.findings if f.severity == "fail"] == ([cause] if cause else [])
+
+
+def test_a_finite_fill_is_named_with_its_value():
+    [f] = [f for f in checks.fully_masked_row(Impl(EX["mask_fill_finite"].attention)) if f.severity == "fail"]
+    assert f.cause == "mask_fill:-1e+04" and "-1e+04" in f.symptom
+    assert "-1e+04 instead of -inf" in diagnose.cause_text(f.cause)
+    [f] = checks.fully_masked_row(Impl(EX["mask_zero"].attention))
+    assert f.cause == "mask_zero"  # a fill of 0 is the chapter's bug
+
+
+def raises_multiline(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+    if attn_mask is not None:
+        raise RuntimeError("masks are not wired up\nsecond line of a long message")
+    return F.scaled_dot_product_attention(query, key, value, is_causal=is_causal, scale=scale)
+
+
+def test_an_exception_is_a_fail_naming_the_input_and_its_first_line():
+    res = checks.parity(Impl(raises_multiline))
+    raised = [f for f in res.findings if f.severity == "fail"]
+    assert raised and all(f.cause == "raises:RuntimeError" for f in raised)
+    assert all("second line" not in f.symptom for f in raised)
+    assert "raised" in render._summary(res) and f"of {len(cases_mod.grid())} cases" in render._summary(res)
+    d = diagnose.diagnose([res])
+    assert d.headline.startswith("FAIL: raises RuntimeError: masks are not wired up (on B=")
+
+
+def test_not_implemented_is_unsupported_in_the_readme_and_help():
+    from attnrepro.commands.audit import build_parser
+
+    readme = (REPO / "README.md").read_text()
+    assert "NotImplementedError" in readme and "NotImplementedError" in build_parser().format_help()
+
+
+def test_memory_below_resolution_is_said_and_not_fitted():
+    assert cost.mib_text(0.0, 1.0) == "below resolution (1 MiB)"
+    assert cost.mib_text(33.8, 1.0) == "33.8 MiB"
+    assert cost.growth([256, 512, 1024], [0.0, 0.5, 32.0], floor=1.0) is None  # one point above: no exponent
+    res = cost.cost(Impl(CHUNKED), lengths=(32, 64), heads=1, d_head=8, min_run_time=0.01)
+    [f] = res.findings
+    assert "below resolution" in f.symptom and "n^" not in f.symptom and "IQR" in f.symptom
+
+
+def test_a_hang_in_the_cost_check_keeps_the_gated_verdict(tmp_path, monkeypatch):
+    _module(tmp_path, monkeypatch, "bi_cost_hangs", "import time\nimport torch.nn.functional as F\n" + GOOD_SIG +
+            "    if query.shape[-2] >= 256:\n        time.sleep(3600)\n"
+            "    return F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,"
+            " is_causal=is_causal, scale=scale)\n")
+    from attnrepro.audit.battery import battery
+
+    results = battery(load.resolve("bi_cost_hangs:attn"), time_limit=15)
+    assert diagnose.diagnose(results).verdict == "PASS"
+    [c] = [r for r in results if r.name == "cost"]
+    assert "no result within 15 s" in c.findings[0].symptom and c.findings[0].severity == "info"
+
+
+def module_based(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+    """An implementation with parameters of its own: its output requires grad whatever the inputs."""
+    gain = torch.nn.Parameter(torch.ones((), dtype=query.dtype))
+    return gain * F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                                                 is_causal=is_causal, scale=scale)
+
+
+def test_an_implementation_with_its_own_parameters_is_audited_not_crashed():
+    assert checks.scale_check(Impl(module_based)).status == "pass"
+    assert checks.invariants(Impl(module_based)).status == "pass"
+
+
+def heads_interleaved(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+    """torch.ao.nn.quantizable.MultiheadAttention's batch_first bug, planted: (B, H, L, E) read back as if
+    it were laid out (B, L, H, E)."""
+    out = F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, is_causal=is_causal, scale=scale)
+    B, H, L, E = out.shape
+    return out.reshape(B, L, H, E).transpose(1, 2)
+
+
+def test_mixed_heads_or_rows_are_named_before_the_leak_they_look_like():
+    res = checks.invariants(Impl(heads_interleaved))
+    assert {f.cause for f in res.findings if f.severity == "fail"} >= {"queries_mixed"}
+    d = diagnose.diagnose([res])
+    assert d.cause == "queries_mixed" and not any(c.startswith("future_leak") for c in d.others)
+
+
+def thread_recorder(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+    SEEN.add((query.shape[-2], torch.get_num_threads()))
+    return F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                                          is_causal=is_causal, scale=scale)
+
+
+SEEN: set = set()
+
+
+def test_gated_checks_run_on_one_thread_and_the_setting_is_restored():
+    from attnrepro.audit.battery import battery
+
+    torch.set_num_threads(2)
+    try:
+        SEEN.clear()
+        battery(load.resolve("test_audit:thread_recorder"))
+        SEEN.discard((5, 2))  # the smoke call, on the caller's threads
+        assert {t for n, t in SEEN if n < 256} == {1}  # (cost: torch.utils.benchmark times on its own 1 thread)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(1)  # the suite's setting (conftest)

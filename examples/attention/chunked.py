@@ -3,7 +3,7 @@
 The keys are visited in blocks; each query row keeps a running maximum m, a running
 normaliser l and an unnormalised output acc, rescaled by exp(m_old - m_new) whenever the
 maximum grows, so the L x S weight matrix is never built (memory O(L * block) instead of
-O(L * S)). Half-precision inputs are computed in float32 (float64 in float64) and the result is rounded back, as
+O(L * S)). Dropout drops weights after the normaliser, as SDPA's. Half-precision inputs are computed in float32 (float64 in float64) and the result is rounded back, as
 FlashAttention's kernels accumulate in float32. A query with no visible key returns 0, as
 SDPA does.
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 
 BLOCK = 32  # keys per block
 
@@ -33,8 +34,6 @@ def _block_bias(rows: int, start: int, stop: int, attn_mask, is_causal: bool, de
 
 
 def chunked_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
-    if dropout_p > 0:
-        raise NotImplementedError("chunked_attention has no dropout")
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
     work = torch.promote_types(query.dtype, torch.float32)
     q, k, v = query.to(work) * scale, key.to(work), value.to(work)
@@ -53,7 +52,7 @@ def chunked_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causa
         p = torch.exp(s - shift)
         rescale = torch.exp(m - shift)
         l = l * rescale + p.sum(-1, keepdim=True)
-        acc = acc * rescale + p @ v[..., start:stop, :]
+        acc = acc * rescale + F.dropout(p, dropout_p) @ v[..., start:stop, :]  # dropped after l: kept / (1 - p)
         m = m_new
     out = acc / torch.where(l > 0, l, torch.ones_like(l))
     return out.to(query.dtype)

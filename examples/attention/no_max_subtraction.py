@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 
 
 def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
@@ -23,4 +24,4 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
     if keep is not None:
         scores = scores.masked_fill(~keep, float("-inf"))
     e = torch.exp(scores)  # BUG: should be torch.exp(scores - scores.amax(-1, keepdim=True))
-    return (e / e.sum(-1, keepdim=True)) @ value
+    return F.dropout(e / e.sum(-1, keepdim=True), dropout_p) @ value

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 
 
 def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
@@ -25,4 +26,4 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
         scores = scores + attn_mask.to(work)
     if keep is not None:
         scores = scores.masked_fill(~keep, float("-inf"))
-    return ((torch.softmax(scores, dim=-1) * scale) @ value).to(dtype)  # BUG: the scale belongs on the scores
+    return (F.dropout(torch.softmax(scores, dim=-1) * scale, dropout_p) @ value).to(dtype)  # BUG: the scale belongs on the scores

@@ -1,8 +1,10 @@
 """The battery: parity, invariants, numerics and scale, each returning a CheckResult.
 
 Every call of the implementation goes through `Impl.call`, which turns NotImplementedError
-into "unsupported" (reported, never a pass or a fail) and any other exception into a
-failure naming the case. A check never stops at its first failure: the diagnosis needs the
+into "unsupported" (reported, never a pass or a fail: the audit is INCOMPLETE) and any other
+exception into a failure naming the input and the exception's first line (cause
+`raises:<Type>`), except on the cases the contract leaves optional (is_causal with
+an attn_mask), which an implementation may decline. A check never stops at its first failure: the diagnosis needs the
 whole pattern (which cases fail, which pass).
 """
 
@@ -24,7 +26,17 @@ class Unsupported(Exception):
 
 
 class CallFailed(Exception):
-    pass
+    def __init__(self, message: str, raised: str = ""):
+        super().__init__(message)
+        self.raised = raised  # "<Type>: <first line>" for an exception, "" for a wrong output
+
+    @property
+    def cause(self) -> str:
+        return f"raises:{self.raised.split(':')[0]}" if self.raised else ""
+
+    @property
+    def data(self) -> dict:
+        return {"headline": f"raises {self.raised}"} if self.raised else {}
 
 
 @dataclass
@@ -61,7 +73,10 @@ class Impl:
         except NotImplementedError as e:
             raise Unsupported(f"{what}: {e or 'NotImplementedError'}") from None
         except Exception as e:
-            raise CallFailed(f"{what}: raised {type(e).__name__}: {e}") from None
+            first = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}".rstrip(": ")
+            raise CallFailed(f"{what}: raised {first}", first) from None
+        if isinstance(out, torch.Tensor) and not any(t.requires_grad for t in (q, k, v)):
+            out = out.detach()  # a module's own parameters (nn.MultiheadAttention) need no graph here
         want = q.shape[:-1] + (v.shape[-1],)
         if not isinstance(out, torch.Tensor) or out.shape != want:
             got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
@@ -97,10 +112,14 @@ def run_case(impl: Impl, case: Case) -> dict:
         try:
             grads = torch.autograd.grad(out, leaves, d_out)
         except Exception as e:
-            raise CallFailed(f"{case.label}: backward raised {type(e).__name__}: {e}") from None
+            first = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}".rstrip(": ")
+            raise CallFailed(f"{case.label}: backward raised {first}", f"{first} (in backward)") from None
         rleaves = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
         rgrads = torch.autograd.grad(reference(*rleaves, **kw), rleaves, d_out.double())
-        row["bwd"] = max(_err(g, r) / tolerance(dt, case.E, case.S, lmax, max(r.abs().max().item(), 1e-30))
+        # R for a gradient: max|ref|, floored at max|d_out| max|v| (the size of d(weights)), as a gradient that
+        # is exactly 0 in float64 (one visible key: the softmax is constant) is rounding noise in any other dtype
+        floor = d_out.double().abs().max().item() * v.double().abs().max().item()
+        row["bwd"] = max(_err(g, r) / tolerance(dt, case.E, case.S, lmax, max(r.abs().max().item(), floor))
                          for g, r in zip(grads, rgrads))
     return row
 
@@ -115,20 +134,27 @@ def hypothesis_ratios(out: torch.Tensor, case: Case, device: str) -> dict[str, f
 def parity(impl: Impl, full: bool = False) -> CheckResult:
     res = CheckResult("parity")
     rows = []
-    for case in grid(full):
+    cases = grid(full)
+    for case in cases:
         try:
             row = run_case(impl, case)
-        except Unsupported as e:
-            res.findings.append(Finding("parity", "unsupported", str(e)))
-            continue
-        except CallFailed as e:
-            res.findings.append(Finding("parity", "fail", str(e), smallest=case.label))
+        except (Unsupported, CallFailed) as e:
+            if case.optional:
+                res.findings.append(Finding("parity", "info", f"declines is_causal with attn_mask ({e}), as "
+                                            "SDPA's math path does: not checked"))
+            elif isinstance(e, Unsupported):
+                res.findings.append(Finding("parity", "unsupported", str(e)))
+            else:
+                res.findings.append(Finding("parity", "fail", str(e), cause=e.cause, smallest=case.label, data=e.data))
             continue
         row["hyp"] = hypothesis_ratios(row.pop("out"), case, impl.device)
         row["ok"] = row["fwd"] <= 1 and row.get("bwd", 0.0) <= 1
         row["case_obj"] = case
         rows.append(row)
     res.details["cases"] = [{k: v for k, v in r.items() if k not in ("case_obj", "hyp")} for r in rows]
+    res.details["grid_size"] = len(cases)
+    for sev, key in (("fail", "raised"), ("unsupported", "unsupported"), ("info", "declined")):
+        res.details[key] = sum(f.severity == sev for f in res.findings)
     bad = [r for r in rows if not r["ok"]]
     if bad:
         cause = consistent_hypothesis(rows)
@@ -223,6 +249,43 @@ def observed_weights(impl: Impl, q, k, kw, what: str) -> Optional[torch.Tensor]:
     return w
 
 
+FILL_LADDER = [0.0] + [-(10.0 ** p) for p in range(0, 39)] + [-torch.finfo(torch.float32).max]  # its min: a common fill
+
+
+def _masked_share(impl: Impl, xs: list[float]) -> torch.Tensor:
+    """(w_visible, w_masked) per row: row r has one visible key with logit xs[r] and one masked key with
+    logit 0 (E = 2 = Ev, the values being the identity: q = (x sqrt(2), 0), k = ((1, 0), (0, 0)))."""
+    q = torch.tensor([[x * math.sqrt(2), 0.0] for x in xs], dtype=torch.float32).view(1, 1, -1, 2).to(impl.device)
+    k = torch.tensor([[1.0, 0.0], [0.0, 0.0]]).view(1, 1, 2, 2).to(impl.device)
+    mask = torch.tensor([True, False], device=impl.device).expand(len(xs), 2)
+    w = observed_weights(impl, q, k, {"attn_mask": mask}, "a masked key's fill value")
+    return torch.zeros(len(xs), 2) if w is None else w[0, 0].double().cpu()
+
+
+def fill_value(impl: Impl, rounds: int = 40) -> Optional[float]:
+    """The finite score a masked key gets (None when none is found down to -1e38): a masked key's weight
+    over a visible one's is exp(fill - x), so fill = x + log(ratio) wherever both are positive; x is
+    bracketed on a ladder from 0 to -1e38, then bisected (the masked weight is 0 while x >> fill, the
+    visible one while x << fill)."""
+    xs = FILL_LADDER
+    for _ in range(rounds):
+        w = _masked_share(impl, xs)
+        both = (w > 0).all(-1)
+        if both.any():
+            r = int(torch.argmin((torch.log(w[:, 1] / w[:, 0]).abs() + ~both * math.inf)))
+            fill = xs[r] + math.log(w[r, 1] / w[r, 0])
+            return 0.0 if abs(fill) < 1e-3 else fill
+        above = [x for x, row in zip(xs, w) if row[1] == 0 and row[0] > 0]  # x well above the fill
+        below = [x for x, row in zip(xs, w) if row[0] == 0 and row[1] > 0]
+        if not above or not below:
+            return None
+        hi, lo = min(above), max(below)
+        if hi - lo <= max(1.0, 1e-6 * abs(lo)):
+            return (hi + lo) / 2
+        xs = [lo + (hi - lo) * t / 15 for t in range(16)]
+    return None
+
+
 def fully_masked_row(impl: Impl) -> list[Finding]:
     g = torch.Generator().manual_seed(5)
     q, k, v = (torch.randn(1, 2, 6, 8, generator=g).to(impl.device) for _ in range(3))
@@ -243,9 +306,12 @@ def fully_masked_row(impl: Impl) -> list[Finding]:
         found.append(Finding("invariants", "fail", "a fully masked row changes the other rows' outputs",
                              smallest="L=S=6, one row of attn_mask all False"))
     if torch.isfinite(row).all() and row.abs().max().item() > 0:
+        fill = fill_value(impl)
+        cause = "finite_fill" if fill is None else "mask_zero" if fill == 0 else f"mask_fill:{fill:.3g}"
         found.append(Finding("invariants", "fail", "a fully masked row returns a finite non-zero output: it "
-                             "averages values it was told not to see (masked scores filled with a finite value)",
-                             cause="finite_fill", smallest=smallest))
+                             "averages values it was told not to see (masked scores filled with "
+                             + ("a finite value" if fill is None else f"{fill:.3g}") + ")",
+                             cause=cause, smallest=smallest, data={"fill": fill}))
     elif not torch.isfinite(row).all():
         d_out = torch.ones_like(out)
         d_out[..., 2, :] = 0  # the masked row takes no part in the loss
@@ -293,9 +359,37 @@ def _permutation(impl: Impl, res: CheckResult) -> None:
                                     cause="not_equivariant", smallest="B=1 H=1 L=S=2, keys swapped"))
 
 
+def _independence(impl: Impl, res: CheckResult) -> None:
+    """Output (b, h, i) may depend on query (b, h, i) only: perturb one query and see which outputs move.
+    Another head moving is a reshape that mixes heads; another row, one that mixes queries. Either makes
+    the per-row checks (a future leak, a permutation) measure the mixing instead."""
+    g = torch.Generator().manual_seed(10)
+    q, k, v = (torch.randn(2, 3, 8, 8, generator=g).to(impl.device) for _ in range(3))
+    base = impl.call(q, k, v, {}, "independence of heads and rows, no mask")
+    q2 = q.clone()
+    q2[1, 1, 5] += 3 * torch.randn(8, generator=g).to(impl.device)
+    moved = (impl.call(q2, k, v, {}, "one query perturbed (batch 1, head 1, row 5)").double() - base.double()).abs()
+    tol = _tol(q, k, v)
+    heads = [h for h in range(3) if h != 1 and moved[1, h].max().item() > tol]
+    rows = [i for i in range(8) if i != 5 and moved[1, 1, i].max().item() > tol]
+    batches = moved[0].max().item() > tol
+    res.details["moved_by_one_query"] = {"other_heads": heads, "other_rows": rows, "other_batch": batches}
+    if heads or batches:
+        res.findings.append(Finding("invariants", "fail", "perturbing one query (batch 1, head 1, row 5) moves the "
+                                    "output of " + ("another batch element" if batches else f"head(s) {heads}")
+                                    + ": heads (or batch elements) are mixed, a reshape or transpose of the "
+                                    "(B, H, L, E) layout", cause="heads_mixed",
+                                    smallest="B=2 H=3 L=S=8 E=8, query (1, 1, 5) perturbed"))
+    elif rows:
+        res.findings.append(Finding("invariants", "fail", f"perturbing query 5 moves output rows {rows}: queries "
+                                    "are mixed (a reshape, or a softmax or normalisation across queries)",
+                                    cause="queries_mixed", smallest="B=2 H=3 L=S=8 E=8, query (1, 1, 5) perturbed"))
+
+
 def _row_sums(impl: Impl, res: CheckResult) -> None:
     g = torch.Generator().manual_seed(9)
-    bad_sums: dict[str, float] = {}
+    bad_sums: dict[str, tuple[float, float]] = {}
+    columns_sum_to_one = True
     for mask in ("none", "causal"):
         q, k = (torch.randn(1, 2, 16, 16, generator=g).to(impl.device) for _ in range(2))
         w = observed_weights(impl, q, k, {"is_causal": True} if mask == "causal" else {}, f"weights, {mask} mask")
@@ -307,18 +401,24 @@ def _row_sums(impl: Impl, res: CheckResult) -> None:
         res.details[f"row_sum_{mask}"] = [sums.min().item(), sums.max().item()]
         res.details[f"min_weight_{mask}"] = w.double().min().item()
         if (sums - 1).abs().max().item() > tol:
-            bad_sums[mask] = sums.mean().item()
+            bad_sums[mask] = (sums.min().item(), sums.max().item())
+        columns_sum_to_one &= (w.double().sum(-2) - 1).abs().max().item() <= tol or mask == "causal"
         if w.double().min().item() < -tol:
             res.findings.append(Finding("invariants", "fail", f"negative weights (min {w.min().item():.3g}, "
                                         f"{mask} mask)"))
     if bad_sums:
-        s = next(iter(bad_sums.values()))
-        after = all(abs(x * math.sqrt(16) - 1) < 0.01 for x in bad_sums.values())
-        res.findings.append(Finding("invariants", "fail", f"rows of the weights sum to {s:.4g}, not 1 ("
-                                    + " and ".join(f"{m} mask" for m in bad_sums)
-                                    + ("; 1/sqrt(d_k) at d_k = 16)" if after else ")"),
-                                    cause="scale_after_softmax" if after else "",
-                                    smallest=f"B=1 H=1 L=S=1 E=16: the single weight is {s:.4g}"))
+        lo, hi = next(iter(bad_sums.values()))
+        after = all(abs(x * math.sqrt(16) - 1) < 0.01 for pair in bad_sums.values() for x in pair)
+        axis = columns_sum_to_one and not after
+        sums = f"{lo:.4g}" if after else f"{lo:.3g}..{hi:.3g}"
+        res.findings.append(Finding(
+            "invariants", "fail", f"rows of the weights sum to {sums}, not 1 ("
+            + " and ".join(f"{m} mask" for m in bad_sums)
+            + ("; 1/sqrt(d_k) at d_k = 16)" if after else "; each column sums to 1: the softmax ran over the "
+               "queries)" if axis else ")"),
+            cause="scale_after_softmax" if after else "softmax_axis" if axis else "",
+            smallest=f"B=1 H=1 L=S=1 E=16: the single weight is {lo:.4g}" if after else
+            "B=1 H=1 L=S=2: the rows of the weights do not sum to 1"))
 
 
 def guarded(res: CheckResult, part: Callable[[], object]) -> None:
@@ -328,12 +428,13 @@ def guarded(res: CheckResult, part: Callable[[], object]) -> None:
     except Unsupported as e:
         res.findings.append(Finding(res.name, "unsupported", str(e)))
     except CallFailed as e:
-        res.findings.append(Finding(res.name, "fail", str(e)))
+        res.findings.append(Finding(res.name, "fail", str(e), cause=e.cause, smallest=str(e).split(": ")[0],
+                                    data=e.data))
 
 
 def invariants(impl: Impl) -> CheckResult:
     res = CheckResult("invariants")
-    for part in (_leaks, _permutation, _row_sums):
+    for part in (_independence, _leaks, _permutation, _row_sums):
         guarded(res, lambda: part(impl, res))
     guarded(res, lambda: res.findings.extend(fully_masked_row(impl)))
     return res
@@ -399,12 +500,18 @@ def _numerics(impl: Impl, name: str, res: CheckResult) -> None:
     cause = ("no_stable_softmax" if abs(hi / ln_max - 1) < 0.15 else
              "scores_overflow" if hi * math.sqrt(16) > 0.3 * torch.finfo(dt).max else "")
     res.details[name]["threshold"] = hi
+    head = f"{name} overflow above logit {hi:.4g}"
+    what = {"no_stable_softmax": f" (ln of {name}'s max is {ln_max:.4g}: exp without max-subtraction; fix: "
+                                 "subtract the row maximum before exp)",
+            "scores_overflow": f": q k^T (logit x sqrt(16) = {hi * math.sqrt(16):.3g}) exceeds {name}'s max "
+                               f"{torch.finfo(dt).max:.5g} before the scale; fix: scale q before q k^T, or "
+                               "compute q k^T in float32"}.get(cause, "")
     res.findings.append(Finding(
-        "numerics", "fail", f"{name} overflow above logit {hi:.4g}: inf/nan where the float64 reference "
-        f"is finite" + (f" (ln of {name}'s max is {ln_max:.4g}: exp without max-subtraction)"
-                        if cause == "no_stable_softmax" else ""),
+        "numerics", "fail", f"{head}: inf/nan where the float64 reference is finite{what}",
         cause=cause, smallest=f"B=1 H=1 L=S=8 E=16, largest logit {hi:.4g}, {name}",
-        data={"dtype": name, "threshold": hi}))
+        data={"dtype": name, "threshold": hi, "headline": f"{head}: q k^T exceeds {name}'s range before the "
+              "scale (fix: scale q before q k^T, or compute q k^T in float32)" if cause == "scores_overflow"
+              else ""}))
 
 
 # ---------------------------------------------------------------- (d) scale
@@ -448,6 +555,7 @@ def _scale(impl: Impl, d_heads, res: CheckResult) -> None:
             row[f"{label}_multiplier"] = a
             row[f"{label}_logit_std"] = a * row["raw_std"]
             row[f"{label}_row_sum"] = w.double().sum(-1).mean().item()
+            row[f"{label}_row_sum_spread"] = (w.double().sum(-1).amax() - w.double().sum(-1).amin()).item()
         rows.append(row)
     res.details["rows"] = rows
     d = np.array(d_heads, float)
@@ -457,6 +565,11 @@ def _scale(impl: Impl, d_heads, res: CheckResult) -> None:
     sums = np.array([r["default_row_sum"] for r in rows])
     after = bool(np.allclose(sums, d ** -0.5, rtol=0.02))
     tol = 0.05
+    if not after and max(abs(r["default_row_sum"] - 1) + r["default_row_sum_spread"] for r in rows) > 0.02:
+        res.findings.append(Finding("scale", "info", "the rows of the weights do not sum to 1 (see invariants): "
+                                    "no single multiplier of q.k explains them, the scale is not read"))
+        res.details["exponent_not_read"] = res.details.pop("exponent")
+        return
     if after:
         res.findings.append(Finding("scale", "fail", f"the logits are divided by d_k^{p:.2f} before the softmax and "
                                     f"the weights sum to 1/sqrt(d_k) after it ({sums[0]:.4g} at d_k={d_heads[0]}): "

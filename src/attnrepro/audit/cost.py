@@ -4,7 +4,9 @@ Latency is torch.utils.benchmark's median (blocked_autorange). Peak memory is th
 allocator's peak on CUDA; on a Linux CPU it is the rise of the process's resident
 high-water mark (VmHWM, reset through /proc/self/clear_refs) during one call, which sees
 every buffer large enough to be mapped from the OS (small ones come from malloc's pools
-and read as 0). Informational: machines are shared and noisy, nothing here is gated.
+and read as 0), so a peak under RESOLUTION_MIB is reported as "below resolution" and no
+growth exponent is fitted through such points. Latency comes with its spread (the IQR of
+blocked_autorange's blocks). Informational: machines are shared and noisy, nothing here is gated.
 """
 
 from __future__ import annotations
@@ -23,6 +25,23 @@ from attnrepro.audit.checks import CheckResult, Finding, Impl, guarded
 from attnrepro.measure.timing import fit_exponent, make_qkv
 
 LENGTHS = (256, 512, 1024)
+RESOLUTION_MIB = {"cpu": 1.0, "cuda": 2.0}  # CPU: malloc's pools and thread arenas; CUDA: the allocator's blocks
+
+
+def resolution(device: str) -> float:
+    return RESOLUTION_MIB["cuda" if device.startswith("cuda") else "cpu"]
+
+
+def mib_text(value: Optional[float], floor: float) -> str:
+    if value is None:
+        return "n/a"
+    return f"below resolution ({floor:g} MiB)" if value < floor else f"{value:.3g} MiB"
+
+
+def growth(ns, ys, floor: float) -> Optional[float]:
+    """How ys grow with n (log-log slope) over the points above `floor`; None with fewer than two."""
+    pts = [(n, y) for n, y in zip(ns, ys) if y is not None and y >= floor and y > 0]
+    return fit_exponent(*map(list, zip(*pts))) if len(pts) >= 2 else None
 
 
 def _status(key: str) -> int:
@@ -56,12 +75,6 @@ def peak_bytes(fn: Callable[[], object], device: str) -> Optional[int]:
         return None  # not Linux
 
 
-def _slope(ns, ys) -> Optional[float]:
-    """How ys grow with n (log-log slope) over the points measured; None with fewer than two."""
-    pts = [(n, y) for n, y in zip(ns, ys) if y and y > 0]
-    return fit_exponent(*map(list, zip(*pts))) if len(pts) >= 2 else None
-
-
 def cost(impl: Impl, lengths=LENGTHS, heads: int = 4, d_head: int = 64, min_run_time: float = 0.2) -> CheckResult:
     res = CheckResult("cost")
     guarded(res, lambda: _cost(impl, lengths, heads, d_head, min_run_time, res))
@@ -83,20 +96,21 @@ def _cost(impl: Impl, lengths, heads: int, d_head: int, min_run_time: float, res
                 t = benchmark.Timer("fn()", globals={"fn": fn}).blocked_autorange(min_run_time=min_run_time)
                 peak = peak_bytes(fn, impl.device)
             row[f"{name}_ms"] = t.median * 1e3
+            row[f"{name}_iqr_ms"] = t.iqr * 1e3
             row[f"{name}_peak_mib"] = None if peak is None else peak / 2**20
         row["time_ratio"] = row["impl_ms"] / row["sdpa_ms"]
         rows.append(row)
+    floor = resolution(impl.device)
     res.details.update({"device": impl.device, "dtype": str(dtype).replace("torch.", ""), "heads": heads,
-                        "d_head": d_head, "rows": rows,
-                        "time_exponent": _slope(lengths, [r["impl_ms"] for r in rows]),
-                        "memory_exponent": _slope(lengths, [r["impl_peak_mib"] for r in rows]),
-                        "sdpa_memory_exponent": _slope(lengths, [r["sdpa_peak_mib"] for r in rows])})
+                        "d_head": d_head, "rows": rows, "memory_resolution_mib": floor,
+                        "time_exponent": growth(lengths, [r["impl_ms"] for r in rows], 0.0),
+                        "memory_exponent": growth(lengths, [r["impl_peak_mib"] for r in rows], floor),
+                        "sdpa_memory_exponent": growth(lengths, [r["sdpa_peak_mib"] for r in rows], floor)})
     mem = res.details["memory_exponent"]
     last = rows[-1]
     res.findings.append(Finding(
-        "cost", "info", f"at n={last['n']}: {last['impl_ms']:.3g} ms vs SDPA {last['sdpa_ms']:.3g} ms "
-        f"({last['time_ratio']:.2g}x); peak memory "
-        + ("n/a" if last["impl_peak_mib"] is None
-           else f"{last['impl_peak_mib']:.3g} MiB vs {last['sdpa_peak_mib']:.3g}")
+        "cost", "info", f"at n={last['n']}: {last['impl_ms']:.3g} ms (IQR {last['impl_iqr_ms']:.2g}) vs SDPA "
+        f"{last['sdpa_ms']:.3g} ms (IQR {last['sdpa_iqr_ms']:.2g}), {last['time_ratio']:.2g}x; peak memory "
+        f"{mib_text(last['impl_peak_mib'], floor)} vs SDPA {mib_text(last['sdpa_peak_mib'], floor)}"
         + ("" if mem is None or math.isnan(mem) else f", growing as n^{mem:.2g}"
            + (" (it materialises the L x S weights)" if mem > 1.6 else ""))))

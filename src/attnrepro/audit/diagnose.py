@@ -5,7 +5,13 @@ whose float64 output every case matches (reference.HYPOTHESES), invariants the o
 a future leak or what a fully masked row does, numerics the logit where each dtype
 overflows, scale the power of d_k that divides the logits. A symptom can fit several
 causes (a leak at every offset: a mask filled with 0, or no mask at all); `SUPPORTS` says
-which, and the cause most findings support is the verdict's.
+which. Causes are ranked before they are counted: a random output (dropout left on, a
+nondeterministic kernel) or one whose heads or rows are mixed first, as it turns every other
+comparison into noise; then the
+functional ones (masking, scale, softmax axis, normalisation, an exception on an allowed
+input); the numerical-range ones (an overflow above some logit) last, so fixing what is
+named first never leaves a wrong cause or a false PASS behind it. Within a rank the cause
+most findings support is the verdict's.
 """
 
 from __future__ import annotations
@@ -18,20 +24,42 @@ from attnrepro.audit.float64_reference import HYPOTHESES
 CAUSES: dict[str, str] = {
     **{h: text for h, text in HYPOTHESES.items() if h != "correct"},
     "no_stable_softmax": "exp without subtracting the row maximum (the chapter's no_stable_softmax)",
-    "scores_overflow": "the scores themselves exceed the dtype's range (compute q.k in float32)",
+    "scores_overflow": "q k^T exceeds the dtype's range before the scale (fix: scale q before q k^T, or compute "
+                       "q k^T in float32)",
     "not_equivariant": "a positional term: the output depends on the order of the keys",
+    "finite_fill": "a fully masked row averages the values it must not see (a finite fill, or a special case)",
+    "dropout_on": "dropout applied with dropout_p=0: the output is random",
+    "heads_mixed": "heads mixed: one head's query moves another head's output (a reshape or transpose of the "
+                   "(B, H, L, E) layout)",
+    "queries_mixed": "queries mixed: one query moves other rows' outputs (a reshape, or a softmax across queries)",
+    "nondeterministic": "nondeterministic: two identical calls with dropout_p=0 differ",
+    "dropout_ignored": "dropout_p ignored: no weight is ever dropped",
+    "dropout_rate": "dropout drops weights at another rate than dropout_p",
+    "dropout_unscaled": "dropout keeps weights without rescaling them by 1/(1 - dropout_p)",
 }
+# outputs no per-row check can read: random, or heads or rows mixed (softmax over the queries is one way)
+RANDOM = ("dropout_on", "nondeterministic", "heads_mixed", "queries_mixed", "softmax_axis")
+NUMERICAL = ("no_stable_softmax", "scores_overflow")
+
+
+def rank(cause: str) -> int:
+    """0 an output no per-row check can read (random, or heads or rows mixed), 1 functional, 2 numerical range."""
+    return 0 if cause in RANDOM else 2 if cause in NUMERICAL else 1
 
 # a symptom -> the causes it fits (a cause always supports itself)
 SUPPORTS: dict[str, tuple[str, ...]] = {
     "future_leak_all": ("mask_zero", "causal_ignored"),
-    "finite_fill": ("mask_zero",),
+    "queries_mixed": ("queries_mixed", "softmax_axis"),
 }
 
 
 def cause_text(cause: str) -> str:
     if cause in CAUSES:
         return CAUSES[cause]
+    if cause.startswith("mask_fill:"):
+        return f"masked scores filled with {cause.partition(':')[2]} instead of -inf (a finite fill)"
+    if cause.startswith("raises:"):
+        return f"raises {cause.partition(':')[2]} on an input the signature allows"
     if cause.startswith("future_leak_"):
         return f"causal mask off by {cause.rsplit('_', 1)[1]}: future leak at offsets 1-{cause.rsplit('_', 1)[1]}"
     return cause
@@ -56,7 +84,9 @@ class Diagnosis:
                     "the audit vouches only for what ran")
         if not self.cause:
             return "FAIL: differs from the reference in a way that matches none of the known bugs" + extra
-        return f"FAIL: {cause_text(self.cause)}" + extra
+        own = next((f.data["headline"] for f in self.evidence if f.data.get("headline")), "")
+        where = f" (on {self.smallest})" if self.cause.startswith("raises:") and self.smallest else ""
+        return f"FAIL: {own or cause_text(self.cause)}{where}" + extra
 
 
 def diagnose(results: list[CheckResult]) -> Diagnosis:
@@ -74,10 +104,11 @@ def diagnose(results: list[CheckResult]) -> Diagnosis:
         return Diagnosis("FAIL", evidence=fails, smallest=fails[0].smallest, unsupported=unsupported)
     # most findings first; on a tie the cause parity's hypothesis matching named
     parity_cause = next((f.cause for f in fails if f.check == "parity" and f.cause), "")
-    ranked = sorted(score, key=lambda c: (-len(score[c]), c != parity_cause))
+    ranked = sorted(score, key=lambda c: (rank(c), -len(score[c]), c != parity_cause))
     best = ranked[0]
     evidence = score[best]
     smallest = next((f.smallest for f in evidence if f.check == "parity" and f.smallest),
                     next((f.smallest for f in evidence if f.smallest), ""))
-    others = [c for c in ranked[1:] if not set(map(id, score[c])) <= set(map(id, evidence))]
+    others = [c for c in ranked[1:] if not set(map(id, score[c])) <= set(map(id, evidence))
+              and (rank(best) > 0 or rank(c) == 0)]  # beside a random output, other symptoms are noise
     return Diagnosis("FAIL", best, evidence, others, smallest, unsupported)

@@ -3,7 +3,8 @@
 `reference` follows `torch.nn.functional.scaled_dot_product_attention`'s semantics:
 is_causal keeps key j for query i when j <= i (the mask aligned top-left, also when
 L != S); a boolean attn_mask keeps the keys that are True; a float attn_mask is added
-to the scaled scores; scale=None means 1/sqrt(E); a row with no key left returns 0
+to the scaled scores (is_causal and attn_mask together: both apply, as SDPA's
+flash kernel does); scale=None means 1/sqrt(E); a row with no key left returns 0
 (what SDPA does since torch 2.5). A `variant` other than "correct" injects one bug, so
 the diagnosis can ask which bug an implementation's output matches.
 """
@@ -28,6 +29,9 @@ HYPOTHESES: dict[str, str] = {
     "causal_ignored": "is_causal ignored: every query sees every key",
     "mask_inverted": "boolean attn_mask inverted (True taken as 'masked out')",
     "mask_ignored": "attn_mask ignored",
+    "mask_ignored_when_causal": "attn_mask ignored when is_causal is also set (SDPA applies both)",
+    "mask_sign_flipped": "float attn_mask subtracted from the scores instead of added",
+    "softmax_axis": "softmax over the queries (dim -2) instead of the keys: each key's column of weights sums to 1",
 }
 
 
@@ -41,7 +45,8 @@ def keep_mask(L: int, S: int, attn_mask, is_causal: bool, variant: str = "correc
         if variant == "causal_bottom_right":
             offset = S - L
         keep = j <= i + offset
-    if attn_mask is not None and attn_mask.dtype == torch.bool and variant != "mask_ignored":
+    if attn_mask is not None and attn_mask.dtype == torch.bool and variant != "mask_ignored" \
+            and not (is_causal and variant == "mask_ignored_when_causal"):
         m = ~attn_mask if variant == "mask_inverted" else attn_mask
         keep = m if keep is None else keep & m
     return keep
@@ -58,15 +63,17 @@ def reference(query, key, value, attn_mask=None, is_causal=False, scale=None, *,
     s = q @ k.transpose(-2, -1)
     if variant != "scale_after_softmax":
         s = s * s_mult
-    if attn_mask is not None and attn_mask.dtype != torch.bool and variant != "mask_ignored":
-        s = s + attn_mask.double()
+    if attn_mask is not None and attn_mask.dtype != torch.bool and variant != "mask_ignored" \
+            and not (is_causal and variant == "mask_ignored_when_causal"):
+        s = s - attn_mask.double() if variant == "mask_sign_flipped" else s + attn_mask.double()
     keep = keep_mask(L, S, attn_mask, is_causal, variant, q.device)
     if keep is not None:
         s = s.masked_fill(~keep, 0.0 if variant == "mask_zero" else -math.inf)
-    m = s.amax(-1, keepdim=True)
+    axis = -2 if variant == "softmax_axis" else -1
+    m = s.amax(axis, keepdim=True)
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))  # a fully masked row: exp(-inf) = 0
     e = torch.exp(s - m)
-    z = e.sum(-1, keepdim=True)
+    z = e.sum(axis, keepdim=True)
     w = e / torch.where(z > 0, z, torch.ones_like(z))
     if variant == "scale_after_softmax":
         w = w * s_mult

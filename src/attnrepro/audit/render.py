@@ -6,10 +6,12 @@ import math
 
 from attnrepro.audit.cases import C_TOL
 from attnrepro.audit.checks import CheckResult
-from attnrepro.audit.diagnose import Diagnosis, cause_text
+from attnrepro.audit.cost import mib_text
+from attnrepro.audit.diagnose import Diagnosis, cause_text, rank
 
+EVIDENCE_LINES = 4
 TOLERANCE_NOTE = (f"tolerance: max|x - ref| <= {C_TOL:g} * R * (1 + max|logit|) * (u + u_fp32 * sqrt(E + S)); "
-                  "u = eps/2 of the dtype, R = max|v| (output) or max|ref| (gradients)")
+                  "u = eps/2 of the dtype, R = max|v| (output) or max(max|ref|, max|d_out| max|v|) (gradients)")
 
 
 def _summary(r: CheckResult) -> str:
@@ -18,11 +20,20 @@ def _summary(r: CheckResult) -> str:
         cases = d.get("cases", [])
         ok = sum(c["fwd"] <= 1 and c.get("bwd", 0) <= 1 for c in cases)
         worst = max((max(c["fwd"], c.get("bwd", 0)) for c in cases), default=0.0)
-        return f"{ok} of {len(cases)} cases within tolerance, forward and backward (worst {worst:.2g}x)"
+        aside = ", ".join(f"{d[k]} {k}" for k in ("raised", "unsupported", "declined") if d.get(k))
+        return (f"{ok} of {d.get('grid_size', len(cases))} cases within tolerance, forward and backward (worst "
+                f"{worst:.2g}x)" + (f"; {aside}" if aside else ""))
+    if r.name == "determinism":
+        if "keep_rate" not in d:
+            return "repeat " + ("bit-identical" if d.get("repeat_max_diff") == 0 else
+                                f"differs by {d.get('repeat_max_diff', math.nan):.2g}")
+        return (f"repeat bit-identical; dropout_p={d['dropout_p']:g} keeps {d['keep_rate']:.3f} "
+                f"(expected {d['keep_rate_expected']:.3f}), kept weights x{d['kept_weight_ratio']:.4g} "
+                f"(expected x{d['expected_kept_weight_ratio']:.4g})")
     if r.name == "invariants":
         leak = max(d.get("future_influence_is_causal", [0.0]) + d.get("future_influence_explicit_mask", [0.0]))
         sums = d.get("row_sum_none") or d.get("row_sum_causal")
-        sums = "not observable" if not sums else f"{sums[0]:.6g}..{sums[1]:.6g}"
+        sums = "not observable" if not sums else f"{sums[0]:.3g}..{sums[1]:.3g}"
         return (f"future keys' influence {leak:.2g}x tol; key permutation {d.get('permutation_kv', math.nan):.2g}x; "
                 f"weight row sums {sums}")
     if r.name == "numerics":
@@ -31,15 +42,17 @@ def _summary(r: CheckResult) -> str:
         return "; ".join(parts)
     if r.name == "scale":
         if "exponent" not in d:
-            return "not observable"
+            return "not read: the rows of the weights do not sum to 1" if "exponent_not_read" in d else \
+                "not observable"
         return f"logits divided by d_k^{d['exponent']:.2f} (sqrt: 0.50)"
     if r.name == "cost":
         rows = d.get("rows") or []
         if not rows:
             return ""
         last = rows[-1]
+        floor = d.get("memory_resolution_mib", 0.0)
         mem = "" if last.get("impl_peak_mib") is None else \
-            f", peak {last['impl_peak_mib']:.3g} vs {last['sdpa_peak_mib']:.3g} MiB"
+            f", peak {mib_text(last['impl_peak_mib'], floor)} vs {mib_text(last['sdpa_peak_mib'], floor)}"
         return f"n={last['n']}: {last['impl_ms']:.3g} ms vs SDPA {last['sdpa_ms']:.3g} ms{mem}"
     return ""
 
@@ -50,16 +63,20 @@ def page(target: str, identity: str, diag: Diagnosis, results: list[CheckResult]
     if diag.verdict == "FAIL":
         if diag.evidence:
             lines.append("  evidence:")
-            lines += [f"    - {f.check}: {f.symptom}" for f in diag.evidence]
+            lines += [f"    - {f.check}: {f.symptom}" for f in diag.evidence[:EVIDENCE_LINES]]
+            if len(diag.evidence) > EVIDENCE_LINES:
+                lines.append(f"    - and {len(diag.evidence) - EVIDENCE_LINES} more like these (--json has them all)")
+        if rank(diag.cause) == 0:
+            lines.append("  (the other checks' failures below follow from this one; fix it first)")
         if diag.smallest:
             lines.append(f"  smallest input that shows it: {diag.smallest}")
         if diag.others:
             lines.append("  also: " + "; ".join(cause_text(c) for c in diag.others))
     lines.append("")
-    lines.append(f"  {'check':<11}{'status':<8}{'time':>7}  summary")
+    lines.append(f"  {'check':<13}{'status':<8}{'time':>7}  summary")
     for r in results:
         status = "info" if r.name == "cost" else r.status
-        lines.append(f"  {r.name:<11}{status:<8}{r.seconds:>6.1f}s  {_summary(r)}")
+        lines.append(f"  {r.name:<13}{status:<8}{r.seconds:>6.1f}s  {_summary(r)}")
     rest = [f for r in results for f in r.findings if f not in diag.evidence]
     if rest:
         lines.append("")

@@ -1,8 +1,13 @@
 """attnrepro audit package.module:function [--json PATH] [--full] [--time-limit S] [--device D]
 
-Exit status: 0 the implementation passes; 1 a check fails (the page says which and why);
-2 bad input (a path that does not import, not callable, another signature, a call that
-raises, returns the wrong shape or does not return within the time limit).
+Exit status: 0 the implementation passes; 1 a check fails (FAIL: the page says which and why)
+or some cases could not run (INCOMPLETE); 2 bad input (a path that does not import, not
+callable, another signature, a first plain call f(q, k, v) that raises or returns the wrong
+shape, a gated check that does not return within the time limit).
+
+Raise NotImplementedError for an input you do not support: those cases are reported as not
+run (INCOMPLETE), never passed. Any other exception on an input the signature allows is a
+FAIL naming the input and the exception's first line.
 """
 
 from __future__ import annotations
@@ -20,18 +25,24 @@ Run the chapter's battery against an attention implementation with the signature
 torch.nn.functional.scaled_dot_product_attention (query, key, value, attn_mask=None,
 dropout_p=0.0, is_causal=False, scale=None) and name what is wrong:
 
+  determinism two identical calls (dropout_p=0) agree bit for bit; dropout_p > 0 drops at
+              that rate and rescales the kept weights by 1/(1 - p)
   parity      forward and backward against a float64 reference: shapes with non-powers of
-              two, L != S, Ev != E; no mask, is_causal, boolean and float masks; scale=None,
-              1 and 0.3; fp32, fp16, bf16 (tolerance below)
+              two, L != S, Ev != E; no mask, is_causal, boolean and float masks, is_causal
+              with a mask, masks broadcast over heads/batch, decode; scale=None, 1 and 0.3;
+              fp32, fp16, bf16 (tolerance below)
   invariants  no influence of future keys/values on a causal row; permutation equivariance;
               rows of the weights sum to one; a fully masked row (SDPA returns 0)
   numerics    logits up to 3e4 in each dtype: no inf/nan where the reference has none
   scale       the logit std as d_head grows: which power of d_k divides the logits, where
-  cost        latency and peak memory against SDPA over sequence lengths (not gated)
+  cost        latency (median, IQR) and peak memory against SDPA over sequence lengths;
+              not gated: below the memory's resolution it says so, a hang is reported
 
 A failure is translated into the likely cause in the chapter's terms (mask_zero,
-no_stable_softmax, dk_not_sqrt, scale_after_softmax, a future leak at offset k, an overflow
-above logit L) with the smallest input that shows it. The current directory is on
+no_stable_softmax, dk_not_sqrt, scale_after_softmax, a future leak at offset k, a mask
+dropped or inverted, a finite mask fill and its value, softmax over the wrong axis, dropout
+left on, an overflow above logit L) with the smallest input that shows it; a random output
+is named first, numerical-range findings after the functional ones. The current directory is on
 sys.path, so `attnrepro audit examples.attention.chunked:chunked_attention` works from the
 repository root.
 """
@@ -45,7 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--full", action="store_true", help="a larger parity grid (longer, wider) and fp64")
     p.add_argument("--no-cost", action="store_true", help="skip the latency/memory comparison")
     p.add_argument("--time-limit", type=float, default=120.0, metavar="S",
-                   help="seconds each check may take before the implementation counts as hung (default 120)")
+                   help="seconds each check may take before the implementation counts as hung (default 120; "
+                        "a hung cost comparison is reported and the verdict stands)")
     p.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu", help="where to run (default cpu)")
     p.add_argument("--interface", choices=("sdpa", "project"), default="sdpa",
                    help="sdpa (default) or project: a function like attnrepro.model.attention.attention "

@@ -1,0 +1,30 @@
+"""The textbook attention with the softmax over the queries (dim=-2) instead of the keys.
+
+Each key's column sums to one instead of each query's row: a query's output is no longer
+an average of the values, and with L == S the shapes hide the mistake.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+
+def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+    dtype = query.dtype
+    work = torch.promote_types(dtype, torch.float32)  # half inputs computed in float32
+    query, key, value = query.to(work), key.to(work), value.to(work)
+    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+    scores = (query @ key.transpose(-2, -1)) * scale
+    L, S = scores.shape[-2], scores.shape[-1]
+    keep = torch.ones(L, S, dtype=torch.bool, device=query.device).tril() if is_causal else None
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        keep = attn_mask if keep is None else keep & attn_mask
+    elif attn_mask is not None:
+        scores = scores + attn_mask.to(work)
+    if keep is not None:
+        scores = scores.masked_fill(~keep, float("-inf"))
+    weights = torch.softmax(scores, dim=-2)  # BUG: dim=-1, over the keys
+    return (F.dropout(torch.nan_to_num(weights), dropout_p) @ value).to(dtype)
