@@ -13,6 +13,7 @@ from pathlib import Path
 
 import yaml
 
+from attnrepro.config import UserError
 from attnrepro.run.stage import stage_order
 
 REPO = Path(__file__).resolve().parents[1]
@@ -27,7 +28,12 @@ def main() -> int:
     if unknown:
         print(f"error: --skip names no stage of dvc.yaml: {', '.join(unknown)}", file=sys.stderr)
         return 2
-    for name in stage_order(stages):
+    try:
+        order = stage_order(stages)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for name in order:
         if name not in args.skip:
             print(name)
     return 0

@@ -94,7 +94,7 @@ def stage_order(stages: dict) -> list[str]:
     while len(done) < len(stages):
         ready = [name for name in stages if name not in done and needs[name] <= set(done)]
         if not ready:
-            raise SystemExit(f"error: dvc.yaml's stages depend on each other in a cycle: {sorted(set(stages) - set(done))}")
+            raise UserError(f"dvc.yaml's stages depend on each other in a cycle: {sorted(set(stages) - set(done))}")
         done.append(ready[0])
     return done
 
