@@ -11,9 +11,8 @@ import argparse
 import sys
 from pathlib import Path
 
-import yaml
-
 from attnrepro.config import UserError
+from attnrepro.files import dvc_stages
 from attnrepro.run.stage import stage_order
 
 REPO = Path(__file__).resolve().parents[1]
@@ -23,7 +22,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--skip", nargs="*", default=[], metavar="STAGE", help="stages to leave out")
     args = ap.parse_args()
-    stages = yaml.safe_load((REPO / "dvc.yaml").read_text(encoding="utf-8"))["stages"]
+    stages = dvc_stages(REPO)
     unknown = sorted(set(args.skip) - set(stages))
     if unknown:
         print(f"error: --skip names no stage of dvc.yaml: {', '.join(unknown)}", file=sys.stderr)

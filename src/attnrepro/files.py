@@ -106,14 +106,16 @@ def parse_json(text: str, name: str):
         raise UserError(f"{name}: not valid JSON ({e.msg}, line {e.lineno})") from None
 
 
-def parse_yaml(text: str, name: str) -> dict:
-    """YAML text whose top level is a mapping (empty: {}); anything else is one UserError line naming `name`."""
+def parse_yaml(text: str, name: str, error: type[UserError] = UserError) -> dict:
+    """YAML text whose top level is a mapping (empty: {}); anything else is one `error` line naming `name`."""
     try:
         data = yaml.safe_load(text) or {}
     except yaml.YAMLError as e:
-        raise UserError(f"{name}: not valid YAML ({e.__class__.__name__})") from None
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise error(f"{name}: not valid YAML{where} ({e.__class__.__name__})") from None
     if not isinstance(data, dict):
-        raise UserError(f"{name}: expected a mapping at the top level")
+        raise error(f"{name}: expected a mapping at the top level")
     return data
 
 
@@ -123,16 +125,26 @@ def read_yaml_mapping(path: str | Path, missing: str, error: type[UserError] = C
     if not path.exists():
         raise error(f"{path}: {missing}")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
         raise error(f"{path}: not UTF-8 text (byte {e.start})") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise error(f"{path}: not valid YAML{where} ({e.__class__.__name__})") from None
-    if not isinstance(data, dict):
-        raise error(f"{path}: expected a mapping at the top level")
-    return data
+    return parse_yaml(text, str(path), error)
+
+
+def dvc_stages(root: str | Path, required: bool = True) -> dict:
+    """dvc.yaml's stages under `root`: a missing or broken dvc.yaml is one UserError line, or ({}) with
+    `required` False, for callers that merely have less to say without one."""
+    path = Path(root) / "dvc.yaml"
+    data = read_yaml_mapping(path, "no dvc.yaml here", UserError) if required else read_yaml_or_none(path)
+    return (data.get("stages") or {}) if isinstance(data, dict) else {}
+
+
+def dvc_entry(entry) -> tuple[str, dict]:
+    """A dvc.yaml list entry (deps, outs, metrics, plots): a path, or {path: its options}."""
+    if isinstance(entry, dict):
+        path, opts = next(iter(entry.items()))
+        return str(path), opts or {}
+    return str(entry), {}
 
 
 def read_params(path: str | Path = "params.yaml") -> dict:

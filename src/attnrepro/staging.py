@@ -363,15 +363,20 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
             shutil.rmtree(tmp)
 
 
+def nearest_existing(path: Path) -> Path:
+    """`path`, or the nearest folder above it that exists (where a new output would be created)."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
 def check_writable(moves) -> None:
     """Raise a one-line OutputError unless every final path of `moves` ((staged, final) pairs)
     can be put in place: its nearest existing folder is a folder we may write into (and an
     existing output folder, which is moved aside, is writable itself)."""
     for _, final in moves:
         final = Path(final)
-        folder = final.parent
-        while not folder.exists() and folder != folder.parent:
-            folder = folder.parent
+        folder = nearest_existing(final.parent)
         if not folder.is_dir():
             raise OutputError(f"cannot write {_shown(final)}: {_shown(folder)} is a file, not a folder")
         blocked = [d for d in (folder, final if final.is_dir() and not final.is_symlink() else None)

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from attnrepro.config import ArgumentParser, UserError
-from attnrepro.files import parse_yaml, read_yaml_mapping
+from attnrepro.files import dvc_entry, dvc_stages, parse_yaml
 from attnrepro.staging import STAGING
 
 EXTRA = ("dvc.lock", "README.md")
@@ -49,13 +49,12 @@ def _root(arg: str) -> Path:
 
 def git_outputs(root: Path) -> list[str]:
     """Every output, metric and plot of dvc.yaml that git tracks (`cache: false`), in dvc.yaml's order."""
-    dvc = read_yaml_mapping(root / "dvc.yaml", "no dvc.yaml here")
     out: list[str] = []
-    for st in (dvc.get("stages") or {}).values():
+    for st in dvc_stages(root).values():
         for kind in ("outs", "metrics", "plots"):
             for entry in st.get(kind) or []:
-                path, opts = (next(iter(entry.items())) if isinstance(entry, dict) else (entry, {}))
-                if (opts or {}).get("cache", True) is False and path not in out:
+                path, opts = dvc_entry(entry)
+                if opts.get("cache", True) is False and path not in out:
                     out.append(path)
     return out
 
@@ -101,7 +100,7 @@ def rerun_advice(root: Path, stale: dict[str, list[str]]) -> str:
     stale sweep is named apart (its committed outputs stand with --allow-stale)."""
     from attnrepro.run.stage import stage_order  # torch: deferred so that --help answers at once
 
-    stages = read_yaml_mapping(root / "dvc.yaml", "no dvc.yaml here").get("stages") or {}
+    stages = dvc_stages(root)
     cheap = [s for s in stage_order(stages) if s in stale and s not in SWEEPS]
     sweeps = [s for s in stale if s in SWEEPS]
     parts = []

@@ -25,7 +25,7 @@ from pathlib import Path
 import yaml
 
 from attnrepro.config import ArgumentParser, UserError
-from attnrepro.files import read_params, read_yaml_mapping
+from attnrepro.files import dvc_entry, dvc_stages, read_params
 
 # stage -> params overrides (dotted key -> value), each checked against params.yaml's keys. Stages
 # not listed are already seconds-cheap (precision, kv_cache, latency run as they are) or need what a
@@ -66,8 +66,7 @@ def tiny_params(root: Path, stage: str) -> dict:
 
 def _inputs(root: Path, stage: str) -> list[str]:
     """The stage's deps in dvc.yaml that are data (not code): what the scratch folder links to."""
-    dvc = read_yaml_mapping(root / "dvc.yaml", "no dvc.yaml here")
-    deps = ((dvc.get("stages") or {}).get(stage) or {}).get("deps") or []
+    deps = [dvc_entry(d)[0] for d in (dvc_stages(root).get(stage) or {}).get("deps") or []]
     return [d for d in deps if not d.endswith(".py")]
 
 

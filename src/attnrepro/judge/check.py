@@ -44,12 +44,12 @@ from typing import Callable, Optional, Sequence
 
 from attnrepro.config import UserError
 from attnrepro.envinfo import environment
-from attnrepro.files import read_json, read_params, read_yaml_or_none
+from attnrepro.files import dvc_entry, dvc_stages, read_json, read_params, read_yaml_or_none
 from attnrepro.formatting import fmt_number
 from attnrepro.judge.claims import (CONCLUSIONS, ClaimResult, Expectations, Tol, band, counts, cuda_run, evaluate_all,
                                     evaluate_claim, load, load_dists, load_envs, load_metrics_dir, seed_values)
 from attnrepro.judge.revision import (FLOAT_ORDER, Reference, Revision, claims_changes, get_leaf, key_leaves, listed,
-                                      lock_findings, norm_param, params_changes, pipeline_stages, reference)
+                                      lock_findings, norm_param, params_changes, reference)
 from attnrepro.measure.head_matching import heads_renamed, seeds_renamed
 from attnrepro.run.execute import NUMERICS
 from attnrepro.stats import (ALPHA, FLOAT_ORDER_RATIO, FLOAT_ORDER_TOL, Band, flatten, holm_step_down, paired_t_p,
@@ -78,9 +78,9 @@ def _resolve(text: str, params: dict) -> str:
 def dist_producers(root: Path, metrics_dir: str = "metrics") -> dict[str, str]:
     """{seed distribution's file stem: the metrics file of the stage that writes it} (dvc.yaml)."""
     out = {}
-    for st in pipeline_stages(root).values():
+    for st in dvc_stages(root, required=False).values():
         st = st.get("do", st)
-        paths = [str(o if isinstance(o, str) else next(iter(o))) for k in ("outs", "metrics") for o in st.get(k) or []]
+        paths = [dvc_entry(o)[0] for k in ("outs", "metrics") for o in st.get(k) or []]
         own = [Path(p).stem for p in paths if p.startswith(f"{metrics_dir}/") and p.count("/") == 1]
         for p in paths:
             if p.startswith(f"{metrics_dir}/dist/") and own:
@@ -90,13 +90,12 @@ def dist_producers(root: Path, metrics_dir: str = "metrics") -> dict[str, str]:
 
 def file_stages(root: Path, params: dict) -> dict[str, set[str]]:
     """{metrics file: its stage and the stages upstream of it} (dvc.yaml)."""
-    stages = pipeline_stages(root)
+    stages = dvc_stages(root, required=False)
     outs, deps = {}, {}
     for name, st in stages.items():
         st = st.get("do", st)
-        outs[name] = [str(o if isinstance(o, str) else next(iter(o)))
-                      for k in ("outs", "metrics", "plots") for o in st.get(k) or []]
-        deps[name] = [_resolve(str(d if isinstance(d, str) else next(iter(d))), params) for d in st.get("deps") or []]
+        outs[name] = [dvc_entry(o)[0] for k in ("outs", "metrics", "plots") for o in st.get(k) or []]
+        deps[name] = [_resolve(dvc_entry(d)[0], params) for d in st.get("deps") or []]
 
     def upstream(name, seen):
         for other, paths in outs.items():

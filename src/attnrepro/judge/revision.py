@@ -27,7 +27,7 @@ from typing import Optional
 import yaml
 
 from attnrepro.config import UserError
-from attnrepro.files import parse_json, read_yaml_or_none
+from attnrepro.files import dvc_stages, parse_json, read_yaml_or_none
 from attnrepro.judge.claims import (CONCLUSIONS, CONCLUSIONS_BEFORE_LAYERS, METRIC_FILES_EXCLUDED, ClaimError,
                                     Expectations, Tol, load)
 from attnrepro.stats import flatten
@@ -255,12 +255,6 @@ def out_md5(path: Path) -> str:
     return hashlib.md5(json.dumps(manifest, sort_keys=True).encode("utf-8")).hexdigest() + ".dir"
 
 
-def pipeline_stages(root: Path) -> dict:
-    """dvc.yaml's stages ({} without one)."""
-    data = read_yaml_or_none(root / "dvc.yaml")
-    return (data.get("stages") or {}) if isinstance(data, dict) else {}
-
-
 _NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 _BOOL = {"true": True, "yes": True, "on": True, "false": False, "no": False, "off": False}
 
@@ -306,7 +300,7 @@ def lock_findings(root: Path, metrics_dir: str = "metrics",
     lock = read_yaml_or_none(root / "dvc.lock")
     if not isinstance(lock, dict):
         return ["dvc.lock is not valid YAML: the outputs cannot be matched with the run that made them"], []
-    stages, trees = pipeline_stages(root), {}
+    stages, trees = dvc_stages(root, required=False), {}
     current = {n: st for n, st in (lock.get("stages") or {}).items()
                if n in stages or ("@" in n and any(k in stages.get(n.split("@")[0], {}) for k in ("foreach", "matrix")))}
     problems, notes, recorded, params_seen, ran_with_now = [], [], set(), {}, {}

@@ -22,7 +22,7 @@ from typing import Callable
 from attnrepro.config import from_dict
 from attnrepro.experiments import critical, sensitivity
 from attnrepro.experiments.protocol import TrainConfig
-from attnrepro.files import read_json, read_params, read_yaml_mapping
+from attnrepro.files import dvc_entry, dvc_stages, read_json, read_params
 from attnrepro.judge.claims import load, printed
 
 BLOCKS = {
@@ -215,12 +215,12 @@ def exp_show_columns(root: Path) -> int:
     metrics file dvc.yaml declares, one per params leaf the stages name (a list is one value), one
     per dependency path. (Measured against `dvc exp show --md`: equal when HEAD and the workspace
     hold the same metrics keys; the table shows the union of both.)"""
-    dvc = read_yaml_mapping(root / "dvc.yaml", "no dvc.yaml here")
+    stages = dvc_stages(root)
     params = read_params(root / "params.yaml")
     metric_files, param_keys, deps = [], set(), set()
-    for st in (dvc.get("stages") or {}).values():
+    for st in stages.values():
         for m in st.get("metrics") or []:
-            f = next(iter(m)) if isinstance(m, dict) else m
+            f = dvc_entry(m)[0]
             if f not in metric_files:
                 metric_files.append(f)
         for p in st.get("params") or []:

@@ -28,7 +28,7 @@ from typing import Callable, Optional, TypeVar
 
 from attnrepro.config import ConfigError, UserError, from_dict
 from attnrepro.envinfo import resolve_device, setup_determinism
-from attnrepro.files import read_params, read_yaml_or_none
+from attnrepro.files import dvc_entry, dvc_stages, read_params
 from attnrepro.run.engine_settings import add_engine_args, engine_config
 from attnrepro.staging import OutputError, check_writable, os_error_line, stage_outputs
 from attnrepro.store.run_store import RunStore
@@ -78,16 +78,12 @@ def stage(main: Callable[[Stage], None], doc: Optional[str], engine: bool = Fals
     run_stage(run)
 
 
-def _path(entry) -> str:
-    return (entry if isinstance(entry, str) else next(iter(entry))).rstrip("/")
-
-
 def stage_order(stages: dict) -> list[str]:
     """A topological order of `stages` (dvc.yaml's mapping): a stage comes after every stage that
     writes one of its deps (the dep is that output or lies under it)."""
-    outs = {name: [_path(o) for o in st.get("outs", [])] for name, st in stages.items()}
+    outs = {name: [dvc_entry(o)[0].rstrip("/") for o in st.get("outs", [])] for name, st in stages.items()}
     needs = {name: {other for other in stages if other != name
-                    for dep in map(_path, st.get("deps", [])) for out in outs[other]
+                    for dep in (dvc_entry(d)[0].rstrip("/") for d in st.get("deps", [])) for out in outs[other]
                     if dep == out or dep.startswith(out + "/")}
              for name, st in stages.items()}
     done: list[str] = []
@@ -99,15 +95,13 @@ def stage_order(stages: dict) -> list[str]:
     return done
 
 
-def declared_outputs(script: str, dvc_yaml: Path = Path("dvc.yaml")) -> list[Path]:
+def declared_outputs(script: str, root: Path = Path(".")) -> list[Path]:
     """The outs, metrics and plots dvc.yaml declares for the stage whose command runs `script`
     ([] where there is no dvc.yaml or no such stage: a script run on its own)."""
-    stages = (read_yaml_or_none(dvc_yaml) or {}).get("stages") or {}
     name = Path(script).as_posix()
-    for st in stages.values():
+    for st in dvc_stages(root, required=False).values():
         if isinstance(st, dict) and str(st.get("cmd", "")).split()[-1:] == [name]:
-            entries = [*(st.get("outs") or []), *(st.get("metrics") or []), *(st.get("plots") or [])]
-            return [Path(e if isinstance(e, str) else next(iter(e))) for e in entries]
+            return [Path(dvc_entry(e)[0]) for k in ("outs", "metrics", "plots") for e in st.get(k) or []]
     return []
 
 

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Optional
 
 from attnrepro.config import UserError
-from attnrepro.staging import file_sha256, pid_alive, remove_path
+from attnrepro.staging import file_sha256, nearest_existing, pid_alive, remove_path
 
 MANIFEST = "MANIFEST.json"
 STATUSES = ("ok", "diverged")
@@ -166,10 +166,7 @@ class RunStore:
     @staticmethod
     def check_writable(root: str | os.PathLike) -> None:
         """Raise a one-line UserError unless `root` is (or can be made) a folder this process can write."""
-        root = Path(root)
-        folder = root
-        while not folder.exists() and folder != folder.parent:
-            folder = folder.parent
+        folder = nearest_existing(Path(root))
         if folder.exists() and not folder.is_dir():
             raise UserError(f"engine.store: {folder} is a file, not a folder for the run store")
         if not os.access(folder, os.W_OK | os.X_OK):
