@@ -34,11 +34,12 @@ def row(name: str, headline: dict) -> str:
     ratio = gap256 / gap32 if gap32 and gap256 is not None else None
     fall = scaled_j / unscaled_j if scaled_j is not None and unscaled_j else None
     concl = dig(headline, "claims.conclusion") or {}
-    cells = [(gap32, 8, ".3f"), (gap256, 9, ".3f"), (ratio, 6, ".1f"),
-             (_number(dig(run, "d256_unscaled.entropy_step222")), 12, ".2e"), (fall, 7, ".0f")]
-    text = " ".join(f"{'—':>{w}}" if v is None else f"{v:>{w}{f}}" + ("x" if w == 7 else "") for v, w, f in cells)
-    held = f"{concl['passed']}/{concl['n']}" if "passed" in concl and "n" in concl else "—"
-    return f"{name[:18]:<18} {text} {held:>11}"
+    held = f"{concl['passed']}/{concl['n']}" if "passed" in concl and "n" in concl else None
+    cells = [(gap32, ".3f", "", 8), (gap256, ".3f", "", 9), (ratio, ".1f", "", 6),
+             (_number(dig(run, "d256_unscaled.entropy_step222")), ".2e", "", 12), (fall, ".0f", "x", 8),
+             (held, "", "", 11)]
+    text = " ".join(f"{'—' if v is None else format(v, spec) + unit:>{width}}" for v, spec, unit, width in cells)
+    return f"{name[:18]:<18} {text}"
 
 
 def _label(entry: dict) -> str:
