@@ -143,7 +143,8 @@ MUTANTS = [
          "newline counted into the vocabulary (the pre-issue-17 rule): newline ranks second, so 1197 of the 1198 "
          "kept characters change id or drop out and the <unk> rate falls from 0.189 to 0.116 (first declared "
          "harmless, relabelled before any run once measured)",
-         "src/attnrepro/data/tokenizer.py", "counts = Counter(text.replace(\"\\n\", \"\"))", "counts = Counter(text)", DATA),
+         "src/attnrepro/data/tokenizer.py", "counts = Counter(text if count_newline else text.replace(\"\\n\", \"\"))",
+         "counts = Counter(text)", DATA),
 ]
 
 FAITHFUL = [
@@ -482,6 +483,8 @@ def caught_by(verdict: dict, golden_failed: bool) -> list[str]:
     if claims.get("conclusion", {}).get("failed", 0) > len(verdict.get("not_reproduced", [])) \
             or "holds on this run, but not on the reference's run" in problems:  # a finding that moved
         kinds.append("conclusion")
+    if any(e.get("answer") in ("DIFFERENT", "NOT A NUMBER") for e in verdict.get("endpoints", [])):
+        kinds.append("primary endpoint")
     keys = [m["key"] for m in verdict.get("failed_metrics", [])]
     if any(k.startswith(("train.", "seeds.")) for k in keys):
         kinds.append("train metric")

@@ -3,7 +3,7 @@
 # against the committed reference run (attnrepro check; its first line is the verdict).
 #
 #   bash scripts/reproduce.sh            the default pipeline: every stage but the sweeps
-#   bash scripts/reproduce.sh --sweeps   also the sweeps (seeds, critical, qknorm, sensitivity):
+#   bash scripts/reproduce.sh --sweeps   also the sweeps (seeds, critical, qknorm, choices, sensitivity):
 #                                        about 100 training runs, hours on 2 CPU cores from an
 #                                        empty run store (runs/); minutes once it holds them
 #
@@ -14,7 +14,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-SWEEPS="seeds critical qknorm sensitivity"
+SWEEPS="seeds critical qknorm choices sensitivity"
 case "${1:-}" in
     "") SKIP="$SWEEPS" ;;
     --sweeps) SKIP="" ;;

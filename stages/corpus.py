@@ -4,10 +4,6 @@ Outputs: data/corpus/{train,val}.npy, vocab.json, text.txt, raw/, provenance.jso
 and metrics/corpus.json. Nothing is written unless every check passes.
 """
 
-import json
-
-import numpy as np
-
 from attnrepro.data import corpus
 from attnrepro.envinfo import environment
 from attnrepro.files import dumps_json, write_json
@@ -21,9 +17,8 @@ def main(st: Stage) -> None:
     cfg = st.section(corpus.CorpusConfig, "corpus")
     with atomic_dir(OUT_DIR) as tmp:
         result = corpus.prepare(cfg, tmp / "raw")
-        for split, ids in result.arrays.items():
-            np.save(tmp / f"{split}.npy", ids)
-        (tmp / "vocab.json").write_text(json.dumps(result.tok.itos, ensure_ascii=False, indent=0), encoding="utf-8")
+        for name, data in corpus.input_files(result.tok, result.arrays).items():
+            (tmp / name).write_bytes(data)
         (tmp / "text.txt").write_text("\n".join(result.poems) + "\n", encoding="utf-8")
         (tmp / "provenance.json").write_text(dumps_json(result.provenance), encoding="utf-8")
     write_json("metrics/corpus.json", result.metrics)

@@ -12,23 +12,22 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
-
 from attnrepro.report import headline_metrics as headline
 from attnrepro.config import UserError
 from attnrepro.files import read_json, write_json
+from attnrepro.judge.claims import load
 from attnrepro.staging import atomic_dir
 from attnrepro.run.stage import Stage, stage
 
 
 def options(ap) -> None:
-    ap.add_argument("--claims", default="claims.yaml", help="the claims file (its headline: and timings: lists)")
+    ap.add_argument("--claims", default="claims.yaml", help="the claims file (its primary endpoints and timings)")
     ap.add_argument("--metrics-dir", default="metrics", help="where the metrics files are (default metrics)")
 
 
 def main(st: Stage) -> None:
-    claims = yaml.safe_load(Path(st.args.claims).read_text(encoding="utf-8")) or {}
-    names, timings = claims.get("headline") or [], claims.get("timings") or []
+    exp = load(st.args.claims, conclusions="")
+    names, timings = exp.headline, exp.timings
     mdir = Path(st.args.metrics_dir)
     files = {}
     for stem in sorted({n.split(".", 1)[0] for n in names}):

@@ -66,6 +66,9 @@ def test_a_claims_edit_in_the_working_tree_is_named_and_not_used(repo, capsys):
         "    added     train.new_one"], out
     assert "conclusion train.unscaled_worse fails" in out  # HEAD's conclusion, on this run
     assert "metric train.unscaled.loss_final = 3.7 drifted from 5.1 (exact)" in out  # HEAD's timings: none
+    # HEAD's endpoints: DIFFERENT, its metric's drift the one problem it makes (listed once)
+    assert "| train.unscaled.loss_final | ±0.2 | 1, 5 | 3.7 | 5.14 | -1.44 (-46 sd) | DIFFERENT |" in out
+    assert "- primary endpoint train.unscaled.loss_final" not in out
 
 
 def test_a_broken_claims_file_in_the_working_tree_is_named(repo, capsys):
@@ -126,16 +129,59 @@ def test_each_kind_of_claims_change_is_named(tmp_path):
         train["drift"] = [["train.*", "±10%", "why not"]]
         c["experiments"]["init"]["drift"].reverse()  # first match wins: ±1% now shadows the eps rule
         c["gpu_only"].append("train.*")
-        c["headline"] = c["headline"][:1]
+        c["primary"] = c["primary"][:1]  # an endpoint dropped
 
     worse, collapse = CONCLUSIONS
     edited = [(worse[0], "checksum", *worse[2:])]  # a conclusion made a checksum; collapse deleted
     assert claims_changes(expectations(), expectations()) == {}
     assert claims_changes(expectations(), expectations(edit_claims, edited)) == {
-        "claims.yaml": {"loosened": ['gpu_only "train.*"', 'drift "train.*" (new -> ±10%)'],
-                        "changed": ["drift rules reordered", "headline"]},
+        "claims.yaml": {"loosened": ['gpu_only "train.*"', 'drift "train.*" (new -> ±10%)',
+                                     "primary train.unscaled.entropy removed"],
+                        "changed": ["drift rules reordered"]},
         "src/attnrepro/judge/conclusions.py": {"removed": ["train.collapse"],
                                          "changed": ["train.unscaled_worse (conclusion -> checksum)"]}}
+
+
+def test_a_loosened_primary_margin_is_named(tmp_path):
+    """A wider margin is loosened (±x and ×x alike), a narrower one changed, a new endpoint added; `headline`, the
+    list of an old claims.yaml without `primary:`, is named only there."""
+    from attnrepro.judge.claims import load
+    from attnrepro.judge.revision import claims_changes
+
+    def expectations(margin="±0.2", factor="×2", change=lambda c: None):
+        claims = json.loads(json.dumps(CLAIMS))
+        claims["primary"][0][1], claims["primary"][1][1] = margin, factor
+        change(claims)
+        p = tmp_path / "claims.yaml"
+        p.write_text(yaml.safe_dump(claims), encoding="utf-8")
+        return load(p, predicates(*CONCLUSIONS))
+
+    assert claims_changes(expectations(), expectations("±5")) == {
+        "claims.yaml": {"loosened": ["primary train.unscaled.loss_final margin ±0.2 -> ±5"]}}
+    assert claims_changes(expectations(), expectations(factor="×3")) == {
+        "claims.yaml": {"loosened": ["primary train.unscaled.entropy margin ×2 -> ×3"]}}
+    assert claims_changes(expectations(), expectations("±0.1", "×1.5")) == {
+        "claims.yaml": {"changed": ["primary train.unscaled.loss_final margin ±0.2 -> ±0.1",
+                                    "primary train.unscaled.entropy margin ×2 -> ×1.5"]}}
+    assert claims_changes(expectations(), expectations("±0.2 ")) == {}  # the same margin as written
+    added = expectations(change=lambda c: c["primary"].append(["train.scaled.loss_final", "±0.1", "a new margin"]))
+    assert claims_changes(expectations(), added) == {"claims.yaml": {"added": ["primary train.scaled.loss_final"]}}
+    assert claims_changes(added, expectations()) == {
+        "claims.yaml": {"loosened": ["primary train.scaled.loss_final removed"]}}
+
+    def old(headline):  # a revision before the primary endpoints: a list of keys
+        def change(c):
+            del c["primary"]
+            c["headline"] = headline
+        return change
+
+    before = expectations(change=old(["train.unscaled.loss_final"]))
+    assert claims_changes(before, expectations(change=old(["train.unscaled.loss_final"]))) == {}
+    assert claims_changes(before, expectations(change=old(["train.scaled.loss_final"]))) == {
+        "claims.yaml": {"changed": ["headline"]}}
+    # against such a revision, the endpoints are new, and so is the list of their metrics
+    assert claims_changes(before, expectations()) == {"claims.yaml": {
+        "added": ["primary train.unscaled.loss_final", "primary train.unscaled.entropy"], "changed": ["headline"]}}
 
 
 def test_a_predicate_is_compared_by_its_code_not_its_layout_comments_or_text(tmp_path):
@@ -164,7 +210,7 @@ def test_a_predicate_is_compared_by_its_code_not_its_layout_comments_or_text(tmp
 
 def test_an_env_record_of_another_machine_is_refused_without_made_on(repo, capsys):
     edit(repo, "env/train", lambda d: d.update(cpu="AMD EPYC"))
-    edit(repo, "train", lambda d: d["scaled"].__setitem__("loss_final", 4.30))
+    edit(repo, "train", lambda d: d["unscaled"].__setitem__("loss_final", 5.9))  # a primary endpoint, margin ±0.2
     rc, out = check(repo, capsys)
     assert rc == 2 and out == ('error: metrics/env/train.json says the run was made on another machine (cpu AMD EPYC; '
                                'this machine: Intel Xeon): judge it here only by saying where it was made: '
@@ -173,7 +219,7 @@ def test_an_env_record_of_another_machine_is_refused_without_made_on(repo, capsy
     assert rc == 1 and first_lines(out)[1] == ("  made on: my laptop (--made-on): its env records name another "
                                                "machine (cpu AMD EPYC; this machine: Intel Xeon)")
     assert "statistical verdict (another machine (cpu: Intel Xeon -> AMD EPYC)): train" in out
-    assert "metric train.scaled.loss_final = 4.3 is outside the reference band" in out
+    assert "- primary endpoint train.unscaled.loss_final: DIFFERENT from the reference, shift +0.76" in out
 
 
 def test_an_env_record_edited_after_the_run_is_named(repo, capsys):
@@ -294,7 +340,7 @@ def test_the_runs_seed_files_cannot_rescue_a_failing_conclusion(repo, live, caps
     failing_conclusion(repo)
     if seeds == "deleted":
         (repo / "metrics/dist/train.json").unlink()
-    else:  # every seed the run itself: sd 0, the conclusion holds on "every seed"
+    else:  # every seed the run itself: sd 0, the conclusion holds on all of them
         run = json.loads((repo / "metrics/train.json").read_text(encoding="utf-8"))
         dump(repo / "metrics/dist/train.json", distribution({s: run for s in range(5)}))
     rc, out = check(repo, capsys)  # dvc.lock rewritten too: a consistent tamperer
@@ -303,19 +349,22 @@ def test_the_runs_seed_files_cannot_rescue_a_failing_conclusion(repo, live, caps
 
 
 def test_the_runs_seed_summary_is_recomputed_from_its_seeds(repo, live, capsys):
-    """Seeds 0.1 worse, with the reference's summary written over theirs: Welch sees the seeds."""
+    """The run's own seeds 0.5 worse on a primary endpoint (margin ±0.2), the run itself (seed 0) among them, with
+    the reference's summary written over theirs: the endpoint reads the seeds, not the summary."""
     live.update(AMD)
     for f in ("train", "init", "latency", "sweep"):
         dump(repo / f"metrics/env/{f}.json", AMD)
     ref = json.loads((repo / "metrics/dist/train.json").read_text(encoding="utf-8"))
     far = {s: json.loads(json.dumps(v)) for s, v in SEEDS.items()}
     for v in far.values():
-        v["scaled"]["loss_final"] += 0.1
+        v["unscaled"]["loss_final"] += 0.5
     dist = distribution(far)
     dist["stats"] = ref["stats"]
     dump(repo / "metrics/dist/train.json", dist)
+    edit(repo, "train", lambda d: d["unscaled"].__setitem__("loss_final", far[0]["unscaled"]["loss_final"]))
     rc, out = check(repo, capsys)
-    assert rc == 1 and "train.scaled.loss_final: this run's seeds differ from the reference's (Welch p =" in out
+    assert rc == 1 and "- primary endpoint train.unscaled.loss_final: DIFFERENT from the reference, shift +0.5" in out
+    assert "| train.unscaled.loss_final | ±0.2 | 5, 5 | 5.64 | 5.14 | +0.5 " in out  # the run's 5 seeds
     assert first_lines(out)[1] == ("  seed distributions differ from HEAD's (bands and conclusions use HEAD's): "
                                    "metrics/dist/train.json")
 
@@ -400,37 +449,11 @@ def test_json_and_md_forms_carry_the_same_verdict(tmp_path, capsys):
                 problems=["metric train.x = 2 drifted from 1 (exact)"], not_reproduced=["train.j"])
     d = as_json(o)
     assert d["verdict"] == "FAIL" and d["problems"] == o.problems and d["not_reproduced"] == ["train.j"]
+    assert d["endpoints"] == []  # an Outcome without primary endpoints (a reference before them)
     _json.dumps(d)  # serialisable
     md = render_md(o)
     assert md.startswith("### check: FAIL") and "drifted from 1" in md
     assert render(o).splitlines()[0] in md
-
-
-def test_holm_names_every_metric_it_can_with_bonferronis_verdict():
-    """Holm's step-down: the same PASS/FAIL as Bonferroni, but once one metric is outside it names the
-    next ones at ALPHA / (m - 1), ALPHA / (m - 2), ... (here two moved metrics of 3, the second one
-    inside Bonferroni's band)."""
-    from attnrepro.judge.check import Row, holm
-    from attnrepro.stats import ALPHA, Band, t_quantile
-
-    band = Band(n=10, mean=0.0, sd=1.0)
-
-    def at(p):  # the value whose p_new is p
-        return t_quantile(1 - p / 2, 9) * (1 + 1 / 10) ** 0.5
-
-    far, near = at(0.005), at(0.02)  # below ALPHA / 3; between ALPHA / 3 and ALPHA / 2
-    assert band.p_new(far) < ALPHA / 3 < band.p_new(near) < ALPHA / 2
-
-    def family(*values):
-        return [Row(f"train.m{i}", 0.0, v, "band", "ok", band, ALPHA / 3) for i, v in enumerate(values)]
-
-    rows = family(far, near, 0.1)
-    holm(rows, headline=[])
-    assert [r.verdict for r in rows] == ["OUTSIDE", "OUTSIDE", "ok"]
-    assert band.contains(near, ALPHA / 3) and not band.contains(near, ALPHA / 2)  # Bonferroni: far only
-    quiet = family(near, 0.1, 0.2)  # the smallest p above ALPHA / 3: nothing outside, as with Bonferroni
-    holm(quiet, headline=[])
-    assert all(r.verdict == "ok" for r in quiet)
 
 
 def test_p_new_agrees_with_the_prediction_interval():

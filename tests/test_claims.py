@@ -154,20 +154,38 @@ def seeds_dist(values: dict[int, dict]) -> dict:
     return {"train": distribution(values)}
 
 
-def test_conclusions_hold_on_every_seed_and_the_mean_or_fail(tmp_path):
+def test_conclusions_hold_on_the_run_and_more_than_half_of_the_seeds_or_fail(tmp_path):
     exp = C.load(write(tmp_path, {"train": {"section": "§2"}},
                        predicates(("train", "conclusion", "gap", "t", 'm["train.v2.loss"] > m["train.v1.loss"]'))))
     run = {"train.v1.loss": 4.0, "train.v2.loss": 4.5}
     good = seeds_dist({1: {"v1": {"loss": 4.0}, "v2": {"loss": 4.6}}, 2: {"v1": {"loss": 4.1}, "v2": {"loss": 4.3}}})
     r = C.evaluate_all(exp, run, good, {})[0]
-    assert r.passed and (r.seeds_held, r.seeds_n, r.mean_holds) == (2, 2, True)
-    # one seed where the conclusion does not hold fails it, whatever the run and the mean say
+    assert r.passed and (r.seeds_held, r.seeds_n) == (2, 2) and r.detail == ""
+    assert r.share_text() == "2 of 2 seeds (16–100%)"  # Clopper-Pearson: 0.025 ** (1 / 2) = 0.158
+    assert not hasattr(r, "mean_holds")  # the seed mean is no longer evaluated
+    # 3 of 4 seeds: a majority, it holds; the share is named, with its exact 95% interval. The seeds' mean (v2
+    # 3.825 against v1 4.0) does not hold: it is no longer evaluated
+    held = {s: {"v1": {"loss": 4.0}, "v2": {"loss": 4.1 if s < 4 else 3.0}} for s in range(1, 5)}
+    r = C.evaluate_all(exp, run, seeds_dist(held), {})[0]
+    assert r.passed and (r.seeds_held, r.seeds_n) == (3, 4)
+    assert r.detail == "holds on 3 of 4 seeds (19–99%)" and not r.gated_failure
+    # 2 of 4 seeds: exactly half is no majority, it fails, whatever the run says
+    half = {s: {"v1": {"loss": 4.0}, "v2": {"loss": 4.5 if s < 3 else 3.9}} for s in range(1, 5)}
+    r = C.evaluate_all(exp, run, seeds_dist(half), {})[0]
+    assert r.status == "fail" and r.gated_failure and (r.seeds_held, r.seeds_n) == (2, 4)
+    assert r.detail == "holds on 2 of 4 seeds (7–93%)"
+    # 1 of 2 seeds: no majority either
     bad = seeds_dist({1: {"v1": {"loss": 4.0}, "v2": {"loss": 4.9}}, 2: {"v1": {"loss": 4.3}, "v2": {"loss": 4.2}}})
     r = C.evaluate_all(exp, run, bad, {})[0]
     assert r.status == "fail" and r.gated_failure and "holds on 1 of 2 seeds" in r.detail
-    # and so does the run itself: it is recomputed from the raw metrics
+    # and the run itself must hold, whatever its seeds say: it is recomputed from the raw metrics
     r = C.evaluate_all(exp, {"train.v1.loss": 4.5, "train.v2.loss": 4.0}, good, {})[0]
+    assert r.status == "fail" and (r.seeds_held, r.seeds_n) == (2, 2)
+    r = C.evaluate_all(exp, {"train.v1.loss": 4.5, "train.v2.loss": 4.0}, seeds_dist(held), {})[0]
     assert r.status == "fail"
+    # metrics/claims.json: the share, and no seed mean
+    out = C.claims_json([C.evaluate_all(exp, run, seeds_dist(held), {})[0]])["train.gap"]
+    assert (out["pass"], out["seeds_held"], out["seeds_n"]) == (1, 3, 4) and "mean_holds" not in out
 
 
 def test_a_conclusion_is_evaluated_on_the_seeds_of_every_file_it_reads(tmp_path):

@@ -27,12 +27,15 @@ from conftest import REPO, copy_repo, run_script
 
 from attnrepro.report import headline_metrics as headline
 from attnrepro.config import UserError
+from attnrepro.judge.claims import load as load_claims
 from attnrepro.stats import flatten
 
 DVC = Path(sys.executable).parent / "dvc"
 DVC_YAML = yaml.safe_load((REPO / "dvc.yaml").read_text(encoding="utf-8"))
 PARAMS = yaml.safe_load((REPO / "params.yaml").read_text(encoding="utf-8"))
 CLAIMS = yaml.safe_load((REPO / "claims.yaml").read_text(encoding="utf-8"))
+# the headline's metrics: the primary endpoints' (claims.yaml `primary:`; `headline:` in a claims.yaml before them)
+HEADLINE = load_claims(REPO / "claims.yaml").headline
 TEMPLATES = REPO / ".dvc" / "plots"
 IMAGE = (".png", ".jpg", ".jpeg", ".svg", ".gif")
 MAX_PAGE_BYTES = 3_000_000
@@ -99,7 +102,7 @@ def test_every_other_metrics_file_stays_an_output():
 
 def test_headline_deps_cover_what_it_reads():
     deps = set(DVC_YAML["stages"]["headline"]["deps"])
-    stems = {n.split(".", 1)[0] for n in CLAIMS["headline"]}
+    stems = {n.split(".", 1)[0] for n in HEADLINE}
     assert {f"metrics/{s}.json" for s in stems} | {"metrics/seeds.json", "metrics/claims_summary.json",
                                                   "claims.yaml"} <= deps
     for view in headline.VIEWS:
@@ -115,7 +118,7 @@ def _leaves(obj, prefix=""):
 
 
 def _real_inputs() -> dict:
-    stems = sorted({n.split(".", 1)[0] for n in CLAIMS["headline"]})
+    stems = sorted({n.split(".", 1)[0] for n in HEADLINE})
     paths = [REPO / "metrics" / f"{s}.json" for s in [*stems, "seeds", "claims_summary"]]
     if not all(p.is_file() for p in paths):
         pytest.skip("the repository's metrics files are missing")
@@ -124,7 +127,7 @@ def _real_inputs() -> dict:
 
 def test_headline_is_small_and_has_no_timing():
     m = _real_inputs()
-    out = headline.headline(CLAIMS["headline"], CLAIMS["timings"], m, m["seeds"], m["claims_summary"])
+    out = headline.headline(HEADLINE, CLAIMS["timings"], m, m["seeds"], m["claims_summary"])
     leaves = dict(_leaves(out))
     assert len(leaves) < 60
     assert all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in leaves.values())
@@ -132,7 +135,7 @@ def test_headline_is_small_and_has_no_timing():
         name = key.removeprefix("run.")
         assert not any(fnmatch.fnmatchcase(name, g) or fnmatch.fnmatchcase(key, g) for g in CLAIMS["timings"]), key
         assert not any(w in key for w in ("seconds", "_ms", "time", "rss", "ram_")), key
-    for name in CLAIMS["headline"]:
+    for name in HEADLINE:
         assert leaves[f"run.{name}"] == flatten(m[name.split('.')[0]], name.split('.')[0] + ".")[name]
     for key, fields in headline.SEED_SUMMARIES.items():
         for f in fields:
@@ -156,8 +159,9 @@ def test_headline_refuses_a_timing_and_a_missing_metric():
                    "over_seeds": {"n_seeds": 3, **seeds}, "claims": {"value": {"n": 4, "passed": 3}}}
 
 
-def test_headline_stage_writes_only_its_outputs(tmp_path):
-    """stages/headline.py on a copy of the repository's inputs: metrics/headline.json and plots/views/ only."""
+def _headline_stage(tmp_path) -> tuple[Path, list[str], dict]:
+    """stages/headline.py run on a copy of the repository's inputs: (the copy, the plot tables it read, the
+    metrics files as they were before)."""
     m = _real_inputs()
     sources = sorted({s for v in headline.VIEWS for s in v.sources})
     if not all((REPO / s).is_file() for s in sources):
@@ -172,6 +176,18 @@ def test_headline_stage_writes_only_its_outputs(tmp_path):
     before = {p: p.read_bytes() for p in (repo / "metrics").rglob("*") if p.is_file()}
     proc = run_script("stages/headline.py", cwd=repo)
     assert proc.returncode == 0, proc.stderr
+    return repo, sources, before
+
+
+def test_headline_stage_writes_the_primary_endpoints_values(tmp_path):
+    repo, _, _ = _headline_stage(tmp_path)
+    leaves = dict(_leaves(json.loads((repo / headline.HEADLINE).read_text(encoding="utf-8"))))
+    assert sorted(k.removeprefix("run.") for k in leaves if k.startswith("run.")) == sorted(HEADLINE)
+
+
+def test_headline_stage_writes_only_its_outputs(tmp_path):
+    """stages/headline.py on a copy of the repository's inputs: metrics/headline.json and plots/views/ only."""
+    repo, sources, before = _headline_stage(tmp_path)
     assert {p: p.read_bytes() for p in before} == before
     new = sorted(str(p.relative_to(repo)) for p in [*(repo / "metrics").rglob("*"), *(repo / "plots").rglob("*")]
                  if p.is_file() and p not in before and str(p.relative_to(repo)) not in sources)

@@ -10,6 +10,7 @@ import pytest
 
 from attnrepro.commands import main as cli
 from attnrepro.commands.keep_restore import git_outputs
+from attnrepro.run.stage import SWEEPS
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -182,7 +183,7 @@ def test_readme_counts_are_generated():
     from attnrepro.report.readme import COUNT, ReadmeError, Sources, counts, render_counts
 
     values = counts(Sources(REPO))
-    assert values["runs_sweeps"] == sum(values[f"runs_{s}"] for s in ("seeds", "critical", "qknorm", "sensitivity"))
+    assert values["runs_sweeps"] == sum(values[f"runs_{s}"] for s in SWEEPS)
     assert render_counts("a <!--count:runs_train-->999<!--/count--> b", values) == \
         f"a <!--count:runs_train-->{values['runs_train']:,}<!--/count--> b"
     with pytest.raises(ReadmeError, match="nobody generates: 'nope'"):
@@ -202,7 +203,7 @@ def test_sweep_minutes_come_from_the_env_records(tmp_path):
         run_minutes(tmp_path, ["seeds"])
     text = (REPO / "README.md").read_text(encoding="utf-8")
     assert {m.group(1) for m in COUNT.finditer(text)} >= {f"run_minutes_{s}" for s in
-                                                           ("seeds", "critical", "qknorm", "sensitivity")}
+                                                           SWEEPS}
 
 
 def test_keep_after_a_one_knob_change_names_the_cheap_rerun_and_never_a_sweep():
@@ -218,7 +219,7 @@ def test_keep_after_a_one_knob_change_names_the_cheap_rerun_and_never_a_sweep():
 def test_the_sweeps_keep_knows_are_the_ones_reproduce_sh_skips():
     import re
 
-    from attnrepro.commands.keep_restore import SWEEPS
+    from attnrepro.run.stage import SWEEPS
 
     text = (REPO / "scripts" / "reproduce.sh").read_text(encoding="utf-8")
     assert tuple(re.search(r'^SWEEPS="([^"]*)"', text, re.M).group(1).split()) == SWEEPS

@@ -27,7 +27,7 @@ PARAMS = REPO / "params.yaml"
 
 COLUMNS = ["setting", "params.yaml", "value", "source", "the chapter says"]
 STAGES = ("corpus", "train", "seeds", "heads", "failures", "init_sweep", "precision", "kv_cache", "latency",
-          "critical", "qknorm", "sensitivity", "charlm", "reversal")
+          "critical", "qknorm", "choices", "sensitivity", "charlm", "reversal")
 NO_KEY = "—"
 STILL_SAYS = re.compile(r"params\.yaml still says `([^`]*)`")
 NOT_PROTOCOL = "Sections of params.yaml that are not protocol:"
@@ -186,8 +186,9 @@ def check(text: str, params: dict) -> list[str]:
 
     values = {}  # row line -> its params value, for the rows that name an existing key
     for r in doc.rows:
-        if r.source != "unstated" and not r.source.startswith("stated §"):
-            problems.append(f"line {r.line}: source {r.source!r} is neither 'unstated' nor 'stated §...'")
+        if r.source != "unstated" and not r.source.startswith(("stated §", "inferred §")):
+            problems.append(f"line {r.line}: source {r.source!r} is neither 'unstated', 'stated §...' nor "
+                            "'inferred §...'")
         if not r.says:
             problems.append(f"line {r.line}: the chapter-says column is empty")
         if r.key is None:
@@ -256,7 +257,7 @@ def test_every_stage_has_rows_and_every_row_a_source():
     doc = parse(doc_text())
     for stage in STAGES:
         assert any(r.section == stage for r in doc.rows), stage
-    assert all(r.source == "unstated" or r.source.startswith("stated §") for r in doc.rows)
+    assert all(r.source == "unstated" or r.source.startswith(("stated §", "inferred §")) for r in doc.rows)
 
 
 def test_decay_row_is_the_chapters_all_and_visibly_exempt():
@@ -343,3 +344,14 @@ def test_a_key_with_dots_and_yaml_numbers():
     assert same(yaml.safe_load("[-1e4, -1e9]"), params["p"]["m"])
     assert not same(yaml.safe_load("1"), params["p"]["b"])
     assert same(yaml.safe_load("3.0e-3"), 0.003) and not same(yaml.safe_load("''"), None)
+
+
+def test_every_choices_arm_changes_an_inferred_or_unstated_row():
+    """The choices stage varies only what the chapter does not state (issue 38, rule 1)."""
+    doc = parse(doc_text())
+    by_key = {r.key: r.source for r in doc.rows if r.key}
+    newline = next(r.source for r in doc.rows if r.setting == "vocabulary: how newline encodes")
+    assert newline.startswith("inferred §")
+    for name, arm in real_params()["choices"]["arms"].items():
+        sources = ([newline] if "newline" in arm else []) + [by_key[f"train.{k}"] for k in arm.get("optim", {})]
+        assert sources and all(x == "unstated" or x.startswith("inferred §") for x in sources), (name, sources)

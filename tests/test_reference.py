@@ -4,8 +4,8 @@
   the committed metrics; every checksum holds, and every conclusion that does not is listed
   in REPORT.md as not reproduced;
 - tampering with copies of the committed metrics is caught by `attnrepro check` in its
-  statistical mode (the verdict a run from another machine gets), and a change inside the
-  seed band is not.
+  statistical mode (the verdict a run from another machine gets: a primary endpoint moved far beyond its
+  margin, a conclusion or a checksum broken), and a change inside the seed band is not.
 """
 
 from __future__ import annotations
@@ -96,9 +96,14 @@ def test_tamper_unscaled_loss_to_scaled_fails_the_conclusion(reference, capsys):
 
 
 def test_tamper_collapsed_entropy_times_ten_fails(reference, capsys):
+    """entropy_step222 is a primary endpoint (claims.yaml: margin ×2, judged on the log scale): ten times the
+    reference run's value is DIFFERENT from the reference's seeds, whether or not a conclusion also fails."""
+    primary = {e.metric: e.text for e in load(reference / "claims.yaml").primary}
+    assert primary.get("train.d256_unscaled.entropy_step222") == "×2"
     tamper(reference, "d256_unscaled", "entropy_step222", lambda d: 10 * d["d256_unscaled"]["entropy_step222"])
     rc, out = check(reference, capsys)
-    assert rc == 1 and "metric train.d256_unscaled.entropy_step222" in out and "outside the reference band" in out
+    assert rc == 1 and "beyond its margin ×2" in out, out
+    assert "- primary endpoint train.d256_unscaled.entropy_step222: DIFFERENT from the reference, shift ×" in out
 
 
 def test_a_change_inside_the_seed_band_passes(reference, capsys):

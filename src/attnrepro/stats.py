@@ -22,21 +22,15 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Optional, Sequence
 
 import numpy as np
-from scipy.stats import binomtest, percentileofscore
+from scipy.optimize import brentq
+from scipy.stats import binomtest, nct, percentileofscore
 from scipy.stats import t as student_t
 
-ALPHA = 0.05  # two-sided; the check spends it family-wise (Holm's step-down, attnrepro.judge.check.families)
+ALPHA = 0.05  # two-sided; the check spends it family-wise over the primary endpoints (docs/VERDICT.md)
 
 # metrics judged on the log scale: attention statistics and scales that move by factors and,
 # collapsed, live near zero (a rule on the key, so every stage and the check agree)
 LOG_SCALE = ("entropy", "jacobian", "logit_std", "q_std", "k_std", "w_qkv", "grad_norm", "diag_weight")
-
-
-# Power from structure (issue 18): a metric that the same seed moves by at most FLOAT_ORDER_RATIO seed
-# sd between float orders (benchmarks/divergence_profile.py -> docs/float_order.json) is held, on another
-# machine, to FLOAT_ORDER_TOL seed sd of the reference run: ten times the largest drift measured.
-FLOAT_ORDER_RATIO = 0.01
-FLOAT_ORDER_TOL = 0.1
 
 
 def log_scale(key: str) -> bool:
@@ -186,6 +180,24 @@ def bootstrap_ratio(num: Sequence[float], den: Sequence[float], alpha: float = A
     return float(np.quantile(ratios, alpha / 2)), float(np.quantile(ratios, 1 - alpha / 2))
 
 
+def fieller_ratio(num: Sequence[float], den: Sequence[float], alpha: float = ALPHA) -> tuple[float, float]:
+    """Fieller's 1 - alpha interval of mean(num) / mean(den) for paired seeds (num[i], den[i] share seed i):
+    the ratios r with (mean(num) - r mean(den))^2 <= t^2 var(mean(num) - r mean(den)), t from Student's
+    t with n - 1 degrees of freedom. Unbounded, (-inf, inf), where mean(den) is not significantly
+    away from 0 (the set is then not an interval): the ratio is not determined by these seeds."""
+    a, b = np.asarray(num, dtype=float), np.asarray(den, dtype=float)
+    n = len(a)
+    c = np.cov(a, b) / n  # the covariance of the two means
+    t2 = t_quantile(1 - alpha / 2, n - 1) ** 2
+    ma, mb = a.mean(), b.mean()
+    qa, qb, qc = mb * mb - t2 * c[1, 1], ma * mb - t2 * c[0, 1], ma * ma - t2 * c[0, 0]
+    disc = qb * qb - qa * qc
+    if qa <= 0 or disc < 0:
+        return -math.inf, math.inf
+    root = math.sqrt(disc)
+    return float((qb - root) / qa), float((qb + root) / qa)
+
+
 def describe(values: Iterable[float], log: bool = False, groups: Sequence[Sequence[int]] = ()) -> dict:
     """n, mean, sd, min, max and 95% intervals (of the mean: ci95; of one new run: pi95) on the
     linear scale; on the log scale, where asked and every value is positive, the intervals come
@@ -328,6 +340,12 @@ def find_modes(values: dict, alpha: float = ALPHA, log: bool = False, statistic:
                  ratio, p, alpha)
 
 
+def share_interval(k: int, n: int, alpha: float = ALPHA) -> tuple[float, float]:
+    """The exact (Clopper-Pearson) 1 - alpha interval of a share of k in n (scipy.stats.binomtest)."""
+    ci = binomtest(k, n).proportion_ci(1 - alpha, method="exact")
+    return float(ci.low), float(ci.high)
+
+
 def percentile_of(values: Sequence[float], x: float) -> float:
     """Where x sits among values, in percent: the share below it, ties counting half
     (scipy.stats.percentileofscore, kind "mean"); 0 or 100 when outside their range."""
@@ -380,16 +398,43 @@ def holm_adjusted(pvalues: Sequence[float]) -> list[float]:
     return out
 
 
-def holm_step_down(pvalues: Sequence[float], alpha: float, m: int | None = None) -> list[tuple[float, bool]]:
-    """Holm's step-down, in the order given: each p's threshold and whether it is rejected. Sorted by
-    p, the i-th of m is rejected while p < alpha / (m - i); from the first that is not, every later
-    one is held to that same threshold and not rejected. m: the family's size (default len(pvalues))."""
-    m = len(pvalues) if m is None else m
-    out: list[tuple[float, bool]] = [(0.0, False)] * len(pvalues)
-    stopped = None
-    for i, j in enumerate(sorted(range(len(pvalues)), key=lambda j: pvalues[j])):
-        threshold = alpha / (m - i) if stopped is None else stopped
-        if stopped is None and pvalues[j] >= threshold:
-            stopped = threshold
-        out[j] = (threshold, stopped is None)
-    return out
+# ---------------------------------------------------------------- equivalence margins (docs/VERDICT.md)
+
+LOOKS = (1, 3, 5, 10)  # attnrepro check --decide: the rerun's seeds at each look (the reference's first n)
+
+
+def margin_p(diff: float, sd: float, n: int, n_ref: int, margin: float) -> tuple[float, float]:
+    """(p_same, p_different) of a rerun whose n seeds' mean lies `diff` from the reference's mean over
+    n_ref seeds, with the reference's seed sd `sd` (its n_ref - 1 degrees of freedom), against an
+    equivalence margin: p_same tests H0 |shift| >= margin (the nearer of TOST's two one-sided tests),
+    p_different tests H0 |shift| <= margin (one-sided, beyond the nearer edge). Standard error
+    sd * sqrt(1/n + 1/n_ref)."""
+    if sd <= 0:
+        return (0.0, 1.0) if abs(diff) < margin else (1.0, 0.0 if abs(diff) > margin else 1.0)
+    se = sd * math.sqrt(1 / n + 1 / n_ref)
+    df = n_ref - 1
+    return float(student_t.sf((margin - abs(diff)) / se, df)), float(student_t.sf((abs(diff) - margin) / se, df))
+
+
+def seeds_to_decide(diff: float, sd: float, n_ref: int, margin: float, alpha: float, cap: int = 100) -> Optional[int]:
+    """The fewest rerun seeds n (up to `cap`) at which a shift of `diff` would be decided (SAME or
+    DIFFERENT at one-sided level alpha, `margin_p`) were the rerun's mean to stay where it is; None
+    when no n does (|diff| too near the margin for the reference's n_ref seeds):
+    t(1 - alpha, n_ref - 1) sd sqrt(1/n + 1/n_ref) < | |diff| - margin |, solved for n."""
+    room = abs(abs(diff) - margin)
+    if sd <= 0:
+        return 1 if room > 0 else None
+    inv_n = (room / (float(student_t.isf(alpha, n_ref - 1)) * sd)) ** 2 - 1 / n_ref
+    if inv_n <= 0:
+        return None
+    n = max(1, math.floor(1 / inv_n) + 1)
+    return n if n <= cap else None
+
+
+def shift_detected(sd: float, n: int, n_ref: int, margin: float, alpha: float, power: float = 0.8) -> float:
+    """The smallest true shift (in the metric's analysis unit) that `margin_p` calls DIFFERENT at one-sided
+    level alpha with probability `power`, for n rerun seeds against n_ref reference seeds of seed sd `sd`:
+    (shift - margin) / se is noncentral t with n_ref - 1 degrees of freedom (the other tail ignored)."""
+    df, crit = n_ref - 1, float(student_t.isf(alpha, n_ref - 1))
+    ncp = brentq(lambda d: float(nct.sf(crit, df, d)) - power, 0.0, 100.0)
+    return margin + ncp * sd * math.sqrt(1 / n + 1 / n_ref)

@@ -91,14 +91,13 @@ def _existing(root: Path, paths: list[str]) -> list[str]:
                                                           for t in tracked)]
 
 
-SWEEPS = ("seeds", "critical", "qknorm", "sensitivity")  # hours from an empty store: never advised lightly
 
 
 def rerun_advice(root: Path, stale: dict[str, list[str]]) -> str:
     """The cheapest command that brings the stale stages that are not sweeps up to date: each forced
     alone (--single-item), in dvc.yaml's order, so none of them drags a sweep upstream of it along; a
     stale sweep is named apart (its committed outputs stand with --allow-stale)."""
-    from attnrepro.run.stage import stage_order  # torch: deferred so that --help answers at once
+    from attnrepro.run.stage import SWEEPS, stage_order  # torch: deferred so that --help answers at once
 
     stages = dvc_stages(root)
     cheap = [s for s in stage_order(stages) if s in stale and s not in SWEEPS]

@@ -74,28 +74,14 @@ COMMANDS = {
 }
 
 EPILOG = """\
-exit status: 0 the run reproduces the reference; 1 it does not (a metric outside its
-band or tolerance, a metric missing, an output or param edited after the run (dvc.lock),
-a conclusion or checksum that fails: each is listed); 2 bad usage or input, or a run
-whose env records describe another machine without --made-on (one line on stderr).
+exit status: 0 the run reproduces the reference; 1 it does not (a primary endpoint
+DIFFERENT, an output or param edited after the run, a metric missing or drifted, a
+conclusion or checksum that fails: each is listed); 2 bad usage or input.
 
-The reference is the revision: its claims.yaml, params, metrics, seed distributions and
-machine records. A claims.yaml or params.yaml edited in the working tree is listed in the
-first lines (loosened, removed, added) and not used.
-
-How it judges: on the reference's kind of machine (this machine, the threads the stages
-ran with) with the same params every metric must be identical (reruns are
-byte-identical). Otherwise each metric with a seed distribution (metrics/dist/) must fall
-in the prediction interval of one new run over the reference seeds (alpha = 0.05
-family-wise: Holm's step-down over the headline metrics, and again over the others), and the
-others within their drift tolerance (claims.yaml). A rerun's own seeds are tested against the
-reference's too: paired by seed where they are the reference's seeds and its float-order
-profile makes pairing the stronger test (a shift beyond the measured drift, at least 0.1 seed sd; 3 or more shared seeds), else by Welch's t-test. Where the reference's docs/float_order.json
-says the same seed drifts at most 0.01 seed sd between float orders, a rerun with the same
-params must land within 0.1 seed sd of the reference run. A sweep's summaries are informational,
-except the cell means a gated conclusion reads (Welch's test of the two sweeps' seeds).
-Conclusions are recomputed from the raw metrics, on this run and on the reference's seeds.
-Published values are reported, not gated. GPU-only metrics and claims are "skipped" on a run without CUDA, never "passed".
+Two questions: on the reference's kind of machine with its params every metric must be
+identical; everywhere, the primary endpoints of the reference's claims.yaml are judged
+SAME / DIFFERENT / INCONCLUSIVE against the reference's seeds within their equivalence
+margins (Holm, alpha 0.05). The rules: docs/VERDICT.md.
 """
 
 
@@ -118,6 +104,10 @@ def _check_parser(sub) -> None:
     p.add_argument("--mode", choices=("auto", "exact", "statistical"), default="auto",
                    help="auto (default): exact on the reference's machine with its params, else statistical")
     p.add_argument("--all", action="store_true", help="list every metric and claim, timings included")
+    p.add_argument("--decide", nargs="?", type=int, const=10, metavar="MAX_SEEDS",
+                   help="rerun the primary endpoints' runs at the reference's first 1, 3, 5, 10 seeds (the run store "
+                   "serves those already made) until each is SAME or DIFFERENT, at most MAX_SEEDS (default 10; "
+                   "docs/VERDICT.md); minutes to hours on a CPU")
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="print the verdict as JSON (for scripts)")
     fmt.add_argument("--md", action="store_true", help="print the verdict as a Markdown document (for CI comments)")
@@ -159,9 +149,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _run_check(args) -> int:
     from attnrepro.judge.check import as_json, render, render_md, run_check
+    from attnrepro.files import read_params
+    from attnrepro.run.engine_settings import engine_config
 
+    if args.decide is not None and args.decide < 1:
+        raise UserError(f"--decide: got {args.decide}, expected at least 1 seed")
+    engine = engine_config(read_params(Path(args.root) / "params.yaml")) if args.decide else None
     outcome = run_check(rev=args.rev, root=args.root, metrics_dir=args.metrics, claims_path=args.claims,
-                        mode=args.mode, made_on=args.made_on, base=args.base)
+                        mode=args.mode, made_on=args.made_on, base=args.base, decide_with=engine,
+                        max_seeds=args.decide or 10)
     if args.json:
         sys.stdout.write(json.dumps(as_json(outcome), indent=1, ensure_ascii=False) + "\n")
     else:

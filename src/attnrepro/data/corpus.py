@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import http.client
+import io
 import json
 import re
 import shutil
@@ -25,6 +26,8 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
+
+import numpy as np
 
 from attnrepro.config import UserError, require
 from attnrepro.data.tokenizer import PAD, UNK, Tokenizer  # noqa: F401  (re-exported: the corpus' tokenizer)
@@ -240,10 +243,29 @@ def load_poems(paths: list[Path]) -> list[str]:
     return poems
 
 
-def build(poems: list[str], vocab_size: int, val_fraction: float) -> tuple[Tokenizer, dict, dict]:
+# How the text keeps line breaks and how the tokenizer treats them. "unk" is the protocol (§1.18.1's
+# counting drops newline, so it encodes as <unk>); the others are the `choices` stage's arms: newline
+# its own token, no line breaks at all, and line breaks only between poems (encoded as <unk>).
+NEWLINE_RULES = ("unk", "token", "drop", "poems")
+
+
+def corpus_text(poems: list[str], newline: str = "unk") -> str:
+    """The token stream's text: each poem's lines joined by newlines, poems by newlines, unless the
+    rule drops them ("drop": none at all; "poems": only between poems)."""
+    if newline not in NEWLINE_RULES:
+        raise CorpusError(f"newline rule {newline!r}: expected one of {', '.join(NEWLINE_RULES)}")
+    if newline == "drop":
+        return "".join(p.replace("\n", "") for p in poems)
+    if newline == "poems":
+        return "\n".join(p.replace("\n", "") for p in poems)
+    return "\n".join(poems)
+
+
+def build(poems: list[str], vocab_size: int, val_fraction: float,
+          newline: str = "unk") -> tuple[Tokenizer, dict, dict]:
     """Text -> tokenizer, token arrays {train, val}, and corpus metrics."""
-    text = "\n".join(poems)
-    tok = Tokenizer.build(text, vocab_size)
+    text = corpus_text(poems, newline)
+    tok = Tokenizer.build(text, vocab_size, count_newline=newline == "token")
     ids = tok.encode(text)
     n_val = max(1, int(round(len(ids) * val_fraction)))
     if n_val >= len(ids) - 1:
@@ -264,6 +286,18 @@ def build(poems: list[str], vocab_size: int, val_fraction: float) -> tuple[Token
         "val_tokens": n_val,
     }
     return tok, {"train": ids[: len(ids) - n_val], "val": ids[len(ids) - n_val :]}, metrics
+
+
+def input_files(tok: Tokenizer, arrays: dict) -> dict[str, bytes]:
+    """The files a corpus_lm run reads, byte for byte as the corpus stage writes them:
+    {train,val}.npy and vocab.json."""
+    out = {}
+    for split, ids in arrays.items():
+        buf = io.BytesIO()
+        np.save(buf, ids)
+        out[f"{split}.npy"] = buf.getvalue()
+    out["vocab.json"] = json.dumps(tok.itos, ensure_ascii=False, indent=0).encode("utf-8")
+    return out
 
 
 @dataclass

@@ -20,14 +20,15 @@ class Tokenizer:
     itos: list[str]
 
     @classmethod
-    def build(cls, text: str, vocab_size: int) -> "Tokenizer":
+    def build(cls, text: str, vocab_size: int, count_newline: bool = False) -> "Tokenizer":
         """§1.18.1's CharTokenizer: `cnt = Counter(text.replace("\n", ""))`, then
         `keep = [c for c, _ in cnt.most_common(vocab_size - 2)]` after <pad> and <unk>.
 
         Newline is never kept, so it encodes as <unk> ("其余映射到 <unk>", the rest map to
-        <unk>); `most_common` keeps first-seen order among equal counts.
+        <unk>); `most_common` keeps first-seen order among equal counts. `count_newline`
+        counts it like any character (the `choices` stage's `newline: token` arm).
         """
-        counts = Counter(text.replace("\n", ""))
+        counts = Counter(text if count_newline else text.replace("\n", ""))
         return cls([PAD, UNK] + [c for c, _ in counts.most_common(vocab_size - 2)])
 
     @property

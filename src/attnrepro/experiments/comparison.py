@@ -20,8 +20,8 @@ from attnrepro.formatting import fmt_number
 from attnrepro.model.attention_impl import AttentionConfig
 from attnrepro.run.engine import require_ok, run_sweep
 from attnrepro.run.engine_settings import EngineConfig
-from attnrepro.stats import (ALPHA, Modes, bootstrap_ratio, describe, distribution, find_modes, gap_groups, log_scale,
-                             percentile_of)
+from attnrepro.stats import (ALPHA, Modes, bootstrap_ratio, describe, distribution, fieller_ratio, find_modes,
+                             gap_groups, log_scale, percentile_of)
 
 
 @dataclass
@@ -377,8 +377,13 @@ def headline_markdown(seeds: dict, dist: dict, exp) -> str:
     r = seeds.get("gap_ratio_of_means_loss_final")
     if r:
         p = pub.get("gap_ratio_of_means_loss_final")
-        lines.append(f"- ratio of the mean gaps: **{r['value']:.2f}×** [{r['ci95_lo']:.2f}, {r['ci95_hi']:.2f}] "
-                     f"(bootstrap over seeds; the chapter: {'—' if p is None else fmt_number(p)}×)")
+        gaps = [x["comparison"] for x in runs.values()]
+        lo, hi = fieller_ratio([g["gap_d256_loss_final"] for g in gaps], [g["gap_d32_loss_final"] for g in gaps])
+        iv = f"Fieller's 95% interval [{lo:.2f}, {hi:.2f}]" if math.isfinite(lo) else "Fieller's interval unbounded"
+        lines.append(f"- ratio of the mean gaps: **{r['value']:.2f}×** (the chapter: {'—' if p is None else fmt_number(p)}"
+                     f"×); {iv}. Ill-conditioned: its denominator, the small gap, is a noisy number near 0, so the two "
+                     "gaps above are the result, the ratio a summary of them (the bootstrap interval in "
+                     f"metrics/seeds.json, [{r['ci95_lo']:.2f}, {r['ci95_hi']:.2f}], under-covers: tests/test_endpoints.py)")
         per_seed = [x["comparison"]["gap_ratio_loss_final"] for x in runs.values()
                     if math.isfinite(x.get("comparison", {}).get("gap_ratio_loss_final", math.nan))]
         if per_seed and p is not None:  # the chapter's ratio is of one run's gaps: a per-seed ratio

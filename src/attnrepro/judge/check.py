@@ -1,36 +1,20 @@
-"""`attnrepro check`: does this run reproduce the committed reference run?
+"""`attnrepro check`: does this run reproduce the committed reference run? The rules: docs/VERDICT.md.
 
-The reference is what a git revision holds (default HEAD; attnrepro.judge.revision): claims.yaml
-and the predicates of src/attnrepro/judge/conclusions.py, metrics/*.json, the seed distributions metrics/dist/*.json, the machine records
-metrics/env/*.json, params.yaml and metrics/claims.json. The working tree supplies only the
-run: its metrics, which must still be what dvc.lock recorded (else "edited after the run"),
-and its env records, which must describe this machine (the live one) unless the user says
-where the run was made (--made-on). Claims, predicates or params edited in the working tree are
-listed in the first lines and never used. Each stage's metrics file gets one of two verdicts:
+The reference is what a git revision holds (default HEAD; judge.revision): claims.yaml and the
+predicates of judge/conclusions.py, metrics/*.json, the seed distributions metrics/dist/*.json, the
+machine records metrics/env/*.json, params.yaml and metrics/claims.json. The working tree supplies
+only the run: its metrics, which must still be what dvc.lock recorded, and its env records, which must
+describe the live machine unless --made-on says where the run was made. Claims or params edited in the
+working tree are listed in the first lines and never used.
 
-  exact        the run was made on the reference's kind of machine (same CPU model, torch,
-               Python, device as the reference's record, by the live machine; the thread
-               count the stage ran with) with the same params: every metric must be identical
-               (timings aside), as reruns on one machine are byte-identical.
-  statistical  otherwise (another CPU changes the float order; other params): a metric with
-               a seed distribution must fall in its prediction interval for one new run at
-               alpha = 0.05 family-wise (Holm's step-down over the headline metrics, and again over
-               the others; `families`), on the log scale for attention statistics
-               (attnrepro.stats); where this run has seeds of its own (the seeds rerun), they
-               must also pass a test against the reference's seeds, as MLPerf judges convergence:
-               paired by seed where they are the reference's seeds and the reference's float-order
-               profile makes pairing the stronger test (a shift beyond the drift measured between
-               float orders, at least a tenth of a seed sd; `seeds_test`), else Welch's t-test of
-               their recomputed summary; a metric without a distribution stays within its drift
-               tolerance in the reference's claims.yaml. Seeds remade by a stage judged
-               statistically are tested so even where the metrics file they belong to is judged
-               exactly (its own stage not rerun: `remade_seeds`).
-
-Then the reference's claims, recomputed from the raw metrics of this run and of the
-reference's seeds: every checksum must hold; every conclusion must come out as on the
-reference (its metrics/claims.json): one the reference reproduces must hold, one it reports
-"not reproduced" must not start to hold on this run unnoticed (something moved). Values are
-reported, never gated. The first line of the output is the verdict.
+Two questions. Is it the same computation? Each metrics file is judged exactly where the run was made
+on the reference's kind of machine with its params (every metric identical, timings aside); else a
+metric with seeds is shown with its band and z (informational) and one without keeps its drift
+tolerance. Does it still reproduce the chapter? The primary endpoints are judged SAME / DIFFERENT /
+INCONCLUSIVE against the reference's seeds (judge.endpoints; --decide reruns them at more seeds:
+judge.decide). Then the reference's claims, recomputed on this run and the reference's seeds: every
+checksum must hold, every conclusion must come out as on the reference. The first line of the output is
+the verdict.
 """
 
 from __future__ import annotations
@@ -46,16 +30,20 @@ from attnrepro.config import UserError
 from attnrepro.envinfo import environment
 from attnrepro.files import dvc_entry, dvc_stages, read_json, read_params, read_yaml_or_none
 from attnrepro.formatting import fmt_number
+from attnrepro.judge import endpoints
 from attnrepro.judge.claims import (CONCLUSIONS, ClaimResult, Expectations, Tol, band, counts, cuda_run, evaluate_all,
                                     evaluate_claim, load, load_dists, load_envs, load_metrics_dir, seed_values)
-from attnrepro.judge.revision import (FLOAT_ORDER, Reference, Revision, claims_changes, get_leaf, key_leaves, listed,
-                                      lock_findings, norm_param, params_changes, reference)
+from attnrepro.judge.decide import decide
+from attnrepro.judge.endpoints import Judgement
+from attnrepro.judge.revision import (Reference, Revision, claims_changes, get_leaf, key_leaves, listed, lock_findings,
+                                      norm_param, params_changes, reference)
 from attnrepro.measure.head_matching import heads_renamed, seeds_renamed
+from attnrepro.run.engine_settings import EngineConfig
 from attnrepro.run.execute import NUMERICS
-from attnrepro.stats import (ALPHA, FLOAT_ORDER_RATIO, FLOAT_ORDER_TOL, Band, flatten, holm_step_down, paired_t_p,
-                             t_quantile)
+from attnrepro.stats import ALPHA, Band
 from attnrepro.store.run_store import recorded_key
 
+OWN_FINDINGS = ("sensitivity",)  # experiments whose conclusions are this project's findings, not the chapter's
 # what decides whether a rerun must be byte-identical: the machine's float order and the software
 MACHINE_KEYS = ("cpu", "cpu_capability", "torch", "python", "torch_threads", "device", "cuda_available", "cuda_version",
                 "cudnn_version", "gpu_name", "runs_on")
@@ -230,12 +218,11 @@ class Row:
     key: str
     ref: Optional[float]
     cur: Optional[float]
-    how: str  # exact | band | band+welch | band+paired | the drift tolerance's text | not gated
+    how: str  # exact | band, not gated | the drift tolerance's text | not gated | sweep mean (Welch)
     verdict: str  # ok | OUTSIDE | DRIFT | MISSING | new | skipped | info
     band: Optional[Band] = None
-    alpha: float = ALPHA  # the per-metric alpha of the band (family-wise ALPHA: Holm's threshold for this row)
-    p: Optional[float] = None  # Welch's or the paired test's p-value, when this run has seeds of its own
-    seeds: str = ""  # that test (paired | welch), where this run's own seeds are tested
+    alpha: float = ALPHA
+    p: Optional[float] = None  # a sweep mean's Welch p-value (gate_sweep_means)
 
     @property
     def failure(self) -> bool:
@@ -249,85 +236,21 @@ class Row:
         if self.band is None:
             return "—"
         lo, hi = self.band.prediction_interval(self.alpha)
-        return f"{lo:.4g} – {hi:.4g} (n={self.band.n})"
+        z = self.band.z(self.cur) if isinstance(self.cur, (int, float)) and self.band.sd > 0 else None
+        return f"{lo:.4g} – {hi:.4g} (n={self.band.n})" + ("" if z is None else f", z {z:+.2g}")
 
 
 def _same(a, b) -> bool:
     return a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
 
 
-def families(keys, ref: "Reference", headline: list[str]) -> dict[str, float]:
-    """The per-metric alpha of every banded metric before Holm's step-down (`holm`): ALPHA over the
-    size of its family, the headline metrics or all the other banded metrics. Measured here: a
-    faithful rerun on another CPU moved single metrics up to 4 seed sd (Intel -> AMD, same seed), so
-    an uncorrected per-metric interval would fail faithful reruns by chance."""
-    banded = [k for k in keys if band(ref.dists, k) is not None]
-    head = [k for k in banded if k in headline]
-    rest = [k for k in banded if k not in headline]
-    return {**{k: ALPHA / len(head) for k in head}, **{k: ALPHA / len(rest) for k in rest}}
-
-
-def detectable_shifts(dists: dict, headline: list[str], float_order: dict[str, float],
-                      timing: Callable[[str], bool] = lambda k: False) -> list[dict]:
-    """The gate's power per banded metric: the smallest shift of a rerun's expected value that the check
-    fails at least half the time, in seed sd and in the metric's units, for a one-seed rerun (its
-    value against the prediction interval: t(1 - a/2, n - 1) sqrt(1 + 1/n) sd) and a five-seed rerun
-    (Welch's test of its seeds' mean: welch_shift), a = ALPHA / m at
-    the first step of Holm's within the metric's family of m (the headline, or all other banded
-    metrics of a complete rerun). A five-seed rerun at the reference's first seeds is paired by seed
-    where docs/float_order.json measured the metric's drift r (seed sd, one seed) and the paired test
-    detects less than Welch's (seeds_test): `five_reference_seeds_sd`, the smaller of paired_shift and
-    welch_shift (`paired`: which). A one-seed rerun of a metric on its float-order tolerance is held to
-    FLOAT_ORDER_TOL sd; its seeds are tested as any other's. Seeds split into modes are not modelled."""
-    keys = sorted(f"{file}.{k}" for file, d in dists.items() for k, s in (d.get("stats") or {}).items()
-                  if s and s.get("n", 0) >= 2 and s.get("sd", 0) > 0 and not timing(f"{file}.{k}"))
-    head = [k for k in keys if k in headline]
-    rest = [k for k in keys if k not in headline]
-    out = []
-    for family in (head, rest):
-        for key in family:
-            b = band(dists, key)
-            a, n = ALPHA / len(family), b.n
-            one = t_quantile(1 - a / 2, n - 1) * math.sqrt(1 + 1 / n)
-            five = welch_shift(5, n, a)
-            r = float_order.get(key)
-            at_ref = five if r is None else min(five, paired_shift(5, r, a))  # the test seeds_test picks
-            tight = r is not None and r <= FLOAT_ORDER_RATIO
-            if tight:
-                one = FLOAT_ORDER_TOL
-            out.append({"metric": key, "headline": key in headline, "n": n, "sd": b.sd, "log": b.log,
-                        "float_order": tight, "one_seed_sd": one, "five_seeds_sd": five,
-                        "five_reference_seeds_sd": at_ref, "paired": at_ref < five})
-    return out
-
-
-def holm(rows: list["Row"], headline: list[str]) -> None:
-    """Holm's step-down within each family (the headline metrics; the other banded metrics): sorted
-    by p-value, the i-th of m is outside while p < ALPHA / (m - i). Family-wise error ALPHA as
-    Bonferroni, with the same PASS or FAIL (both reject something exactly when the smallest p is
-    below ALPHA / m), but it names every metric it can once one is outside. A row's p is its band's (one new run: Band.p_new), or the
-    smaller of that and its seeds' test's (seeds_test) where this run has seeds of its own; its alpha becomes the threshold
-    it was judged at, so its band text is the interval it was held to."""
-    banded = [r for r in rows if r.how.startswith("band") or r.seeds]
-    for family in ([r for r in banded if r.key in headline], [r for r in banded if r.key not in headline]):
-        if not family:
-            continue
-        m = max(round(ALPHA / r.alpha) for r in family)  # the family's size as `families` counted it
-        # a row held exactly or to its float-order tolerance (and passing it) is in the family by its seeds alone
-        ps = {id(r): min(r.band.p_new(r.cur), r.p if r.p is not None else 1.0) if r.how.startswith("band") else r.p
-              for r in family}
-        for r, (threshold, rejected) in zip(family, holm_step_down([ps[id(r)] for r in family], ALPHA, m)):
-            r.alpha = threshold
-            r.verdict = "OUTSIDE" if rejected else "ok"
-
-
-def compare(cur: dict, ref: Reference, cur_dists: dict, exp: Expectations, modes: dict[str, str],
-            envs: dict, why: Optional[dict[str, str]] = None, producers: Optional[dict[str, str]] = None,
-            remade: Sequence[str] = ()) -> list[Row]:
-    """Every metric's row; `remade` (remade_seeds): the seed distributions whose seeds are tested."""
+def compare(cur: dict, ref: Reference, exp: Expectations, modes: dict[str, str], envs: dict,
+            cur_dists: dict, producers: Optional[dict[str, str]] = None) -> list[Row]:
+    """Every metric's row. Judged exactly: identical (timings aside). Judged statistically: a metric
+    with seeds is informational (its band and z: the primary endpoints decide, `endpoints`), one
+    without keeps its drift tolerance from claims.yaml."""
     rows = []
     keys = sorted(set(ref.metrics) | set(cur))
-    alphas = families([k for k in keys if k in cur and k in ref.metrics and not exp.is_timing(k)], ref, exp.headline)
     for key in keys:
         file = key.split(".", 1)[0]
         if exp.is_timing(key):
@@ -341,30 +264,14 @@ def compare(cur: dict, ref: Reference, cur_dists: dict, exp: Expectations, modes
             rows.append(Row(key, None, cur[key], "—", "new"))
             continue
         r, c = ref.metrics[key], cur[key]
-        b, alpha = band(ref.dists, key), alphas.get(key, ALPHA)
-        ratio, rule = ref.float_order.get(key), exp.drift_rule(key)
-        info = rule is not None and rule.tol.kind == "info"
-        # this run's own seeds of the metric, where a stage judged statistically remade them
-        mine = own_seeds(cur_dists, key, b.log) if b is not None and b.sd > 0 and file in remade and not info \
-            else None
-        if modes.get(file) == "exact":  # the values exactly, and the seeds too where they were remade elsewhere
-            rows.append(with_seeds(Row(key, r, c, "exact", "ok" if _same(r, c) else "DRIFT", b, alpha), b, mine,
-                                   cur_dists, ref.dists, ratio))
-            continue
-        if info:  # reported, never gated, whatever its seeds
+        b, rule = band(ref.dists, key), exp.drift_rule(key)
+        if modes.get(file) == "exact":
+            rows.append(Row(key, r, c, "exact", "ok" if _same(r, c) else "DRIFT", b))
+        elif rule is not None and rule.tol.kind == "info":
             rows.append(Row(key, r, c, "not gated", "info"))
-            continue
-        if b is not None and ratio is not None and ratio <= FLOAT_ORDER_RATIO and "other params" not in (why or {}).get(file, ""):
-            row = float_order_row(key, r, c, b)
-            row.alpha = alpha
-            rows.append(with_seeds(row, b, mine, cur_dists, ref.dists, ratio))
-            continue
-        if b is not None and b.sd == 0:  # the same on every seed (a count, a row sum): its drift rule, or exact,
-            b = None  # against the full-precision value (the stored summary keeps 6 significant digits, too few for a 7-digit count)
-        if b is not None:
-            row = Row(key, r, c, "band", "ok" if b.contains(c, alpha) else "OUTSIDE", b, alpha)
-            rows.append(with_seeds(row, b, mine, cur_dists, ref.dists, ratio))
-        else:
+        elif b is not None and b.sd > 0:
+            rows.append(Row(key, r, c, "band, not gated", "info", b))
+        else:  # no seeds, or the same on every seed (a count): its drift rule, or exact
             tol = rule.tol if rule is not None else Tol("exact")
             rows.append(Row(key, r, c, tol.text(), "ok" if tol.ok(c, r) else "DRIFT"))
     for file in sorted({k.split(".", 1)[0] for k in keys}):
@@ -372,8 +279,24 @@ def compare(cur: dict, ref: Reference, cur_dists: dict, exp: Expectations, modes
         if modes.get((producers or {}).get(file, file)) == "exact" and file in ref.dists \
                 and cur_dists.get(file) != ref.dists[file]:
             rows.append(Row(f"dist/{file}", None, None, "exact", "DRIFT" if file in cur_dists else "MISSING"))
-    holm(rows, exp.headline)
     return rows
+
+
+def endpoint_values(exp: Expectations, ref: Reference, cur: dict, cur_dists: dict, remade: Sequence[str],
+                    modes: dict[str, str]):
+    """(reference, run): each primary endpoint's seed values. The run's are its own seeds where a stage
+    judged statistically remade them (`remade`), with its own value where that is none of them and its
+    file was rerun too (judged exactly, the file is the reference's own run); else its one value."""
+    reference = {e.metric: seed_values(ref.dists, e.metric) for e in exp.primary}
+    run = {}
+    for e in exp.primary:
+        mine = [cur[e.metric]] if e.metric in cur else []
+        file = e.metric.split(".", 1)[0]
+        if file in remade:  # its seeds, and the run itself where it is none of them
+            seeds = seed_values(cur_dists, e.metric)
+            mine = seeds + [x for x in mine if x not in seeds and modes.get(file) != "exact"]
+        run[e.metric] = mine
+    return reference, run
 
 
 def remade_seeds(cur_dists: dict, ref_dists: dict, modes: dict[str, str], producers: dict[str, str]) -> list[str]:
@@ -382,93 +305,6 @@ def remade_seeds(cur_dists: dict, ref_dists: dict, modes: dict[str, str], produc
     to is judged exactly (its own stage not rerun)."""
     return sorted(f for f in cur_dists if modes.get(producers.get(f, f)) == "statistical"
                   and _runs(cur_dists, f) != _runs(ref_dists, f))
-
-
-def float_order_row(key: str, r: float, c: float, b: Band) -> Row:
-    """Power from structure: the same seed under other float orders moved this metric by at most
-    FLOAT_ORDER_RATIO seed sd (docs/float_order.json at the reference), so a rerun of the same run on
-    another machine must land within FLOAT_ORDER_TOL seed sd of the reference run, ten times that
-    drift, instead of anywhere in the seed band."""
-    tol = FLOAT_ORDER_TOL * b.sd
-    if b.log:
-        ok = r > 0 and c > 0 and abs(math.log(c) - math.log(r)) <= tol
-        how = f"float order: within ×{math.exp(tol):.4g} ({FLOAT_ORDER_TOL:g} seed sd, log scale)"
-    else:
-        ok = abs(c - r) <= tol
-        how = f"float order: within ±{tol:.3g} ({FLOAT_ORDER_TOL:g} seed sd)"
-    return Row(key, r, c, how, "ok" if ok else "DRIFT")
-
-
-MIN_PAIRS = 3  # seeds a run shares with the reference for the paired test (2 degrees of freedom)
-
-
-def with_seeds(row: Row, b: Optional[Band], mine: Optional[Band], cur_dists: dict, ref_dists: dict,
-               drift: Optional[float]) -> Row:
-    """`row`, and where this run has seeds of its own (`mine`; the reference's: `b`) and the row holds,
-    their test too: outside where p < its alpha (Holm's step-down then sets the threshold)."""
-    if mine is None or row.verdict != "ok":
-        return row
-    row.seeds, row.p = seeds_test(row.key, b, mine, cur_dists, ref_dists, drift, row.alpha)
-    row.how += f"+{row.seeds}"
-    row.verdict = "ok" if row.p >= row.alpha else "OUTSIDE"
-    return row
-
-
-def seeds_test(key: str, b: Band, mine: Band, cur_dists: dict, ref_dists: dict, drift: Optional[float],
-               alpha: float) -> tuple[str, float]:
-    """How a run's own seeds of a metric are tested against the reference's (paired | welch), and the
-    p-value. Paired by seed where MIN_PAIRS or more of the reference's seeds have the metric in this run
-    and the metric's measured drift between float orders (`drift`, seed sd: docs/float_order.json) makes
-    the paired test the more powerful (paired_shift below welch_shift; a choice from the reference alone,
-    never from the run): the same seed drifts far less than seeds differ on what training does not
-    scramble (a weight norm moves 0.13 seed sd), so a consistent shift that the seed spread hides from
-    Welch stands out (issue 18: cosine_to_zero moved d32_scaled ||W_qkv|| by 1.2 seed sd on 5 seeds). A
-    shift within the drift measured on one seed, or under FLOAT_ORDER_TOL seed sd, is never a finding (a
-    minimum-effect test: a float order may shift every seed alike by that much). Otherwise Welch against
-    all the reference's seeds. A log-scale metric at or below 0 fails (no band's scale fits)."""
-    if mine.log != b.log:
-        return "welch", 0.0
-    f = math.log if b.log else float
-    file, _, rest = key.partition(".")
-    ours, theirs = _runs(cur_dists, file) or {}, _runs(ref_dists, file) or {}
-    pairs = [(flatten(theirs[s]).get(rest), flatten(ours[s]).get(rest)) for s in sorted(set(ours) & set(theirs))]
-    pairs = [(a, c) for a, c in pairs if a is not None and c is not None]
-    if len(pairs) >= MIN_PAIRS and drift is not None \
-            and paired_shift(len(pairs), drift, alpha) < welch_shift(mine.n, b.n, alpha):
-        return "paired", paired_shift_p([f(a) for a, _ in pairs], [f(c) for _, c in pairs], paired_margin(drift) * b.sd)
-    return "welch", b.welch(mine)
-
-
-def welch_shift(m: int, n: int, a: float) -> float:
-    """The shift, in seed sd, that Welch's test of m new seeds against n reference seeds detects half the
-    time at alpha a (equal sd): t(1 - a/2, df) sqrt(1/m + 1/n)."""
-    va, vb = 1 / m, 1 / n
-    df = (va + vb) ** 2 / (va ** 2 / (m - 1) + vb ** 2 / (n - 1))
-    return t_quantile(1 - a / 2, df) * math.sqrt(va + vb)
-
-
-def paired_margin(drift: float) -> float:
-    """The shift, in seed sd, below which the paired test finds nothing: the drift measured on one seed
-    between float orders, at least FLOAT_ORDER_TOL."""
-    return max(FLOAT_ORDER_TOL, drift)
-
-
-def paired_shift(m: int, drift: float, a: float) -> float:
-    """The shift, in seed sd, that the paired test of m seeds detects half the time at alpha a, taking the
-    sd of a paired difference as the drift measured between float orders on one seed (rough):
-    paired_margin + t(1 - a/2, m - 1) drift / sqrt(m)."""
-    return paired_margin(drift) + t_quantile(1 - a / 2, m - 1) * drift / math.sqrt(m)
-
-
-def paired_shift_p(a: list[float], b: list[float], margin: float) -> float:
-    """Two-sided p-value of the paired t-test (a[i], b[i] share seed i) of |mean(b - a)| <= margin: a
-    minimum-effect test, so that a shift below the margin (a float order's systematic last bits) is never
-    a finding, however consistent over the seeds; conservative (twice the one-sided p beyond the margin:
-    level at most alpha): stats.paired_t_p of the differences moved back by the margin."""
-    mean = sum(y - x for x, y in zip(a, b)) / len(a)
-    if abs(mean) <= margin:
-        return 1.0
-    return paired_t_p(a, [y - math.copysign(margin, mean) for y in b])
 
 
 def _runs(dists: dict, file: str) -> Optional[dict]:
@@ -487,14 +323,6 @@ def heads_as_judged(cur: dict, cur_dists: dict, reference: dict, mode: str,
     return (cur if mode == "exact" else heads_renamed(cur, reference)), dists
 
 
-def own_seeds(dists: dict, key: str, log: bool) -> Optional[Band]:
-    """This run's own seeds of a metric, summarised from its per-seed values (never its stored summary)."""
-    vals = seed_values(dists, key)
-    if len(vals) < 2:
-        return None
-    return Band.of(vals, log=log and all(v > 0 for v in vals))
-
-
 # ---------------------------------------------------------------- the check
 
 @dataclass
@@ -504,6 +332,7 @@ class Outcome:
     modes: dict[str, str]  # metrics file -> exact | statistical
     why: dict[str, str]  # metrics file -> why statistical
     headline: list[str]
+    endpoints: list[Judgement] = field(default_factory=list)
     label: str = "HEAD"  # the reference revision, as the verdict names it
     notes: list[str] = field(default_factory=list)  # the first lines: where the run was made, what the tree changes
     problems: list[str] = field(default_factory=list)
@@ -559,7 +388,9 @@ def checkout_root(root: Path) -> Path:
 
 def run_check(rev: str = "HEAD", root: str | Path = ".", metrics_dir: str = "metrics",
               claims_path: str | Path = "claims.yaml", mode: str = "auto", made_on: Optional[str] = None,
-              base: Optional[str] = None) -> Outcome:
+              base: Optional[str] = None, decide_with: Optional[EngineConfig] = None, max_seeds: int = 10) -> Outcome:
+    """The verdict on the run in `root` against the reference at `rev` (docs/VERDICT.md); `decide_with`
+    (the run engine's settings): --decide, the primary endpoints judged by reruns at the reference's seeds."""
     root, claims_path = checkout_root(Path(root)), Path(claims_path).as_posix()
     revision = Revision(rev, root, base)
     ref = reference(revision, metrics_dir, claims_path)
@@ -584,17 +415,23 @@ def run_check(rev: str = "HEAD", root: str | Path = ".", metrics_dir: str = "met
     remade = remade_seeds(cur_dists, ref.dists, modes, producers)
 
     cur, judged_dists = heads_as_judged(cur, cur_dists, ref.metrics, modes.get("heads", "exact"), "heads" in remade)
-    rows = compare(cur, ref, judged_dists, exp, modes, envs, why, producers, remade)
+    rows = compare(cur, ref, exp, modes, envs, judged_dists, producers)
     results = evaluate_all(exp, cur, ref.dists, envs)  # conclusions: on this run and the reference's seeds
     gate_sweep_means(rows, results, cur, ref.metrics)
-    out = Outcome(rows, results, modes, why, exp.headline, ref.label)
+    judged = endpoints.judge(exp.primary, *endpoint_values(exp, ref, cur, judged_dists, remade, modes))
+    looks = decide(exp.primary, ref.dists, read_params(root / "params.yaml"), decide_with, max_seeds) \
+        if decide_with else []
+    if looks:  # the endpoints --decide reran replace their one-run answers
+        judged = [next((j for j in looks[-1].judgements if j.endpoint == e.endpoint), e) for e in judged]
+    out = Outcome(rows, results, modes, why, exp.headline, judged, ref.label)
     out.notes = m.notes + changes(revision, ref, root, claims_path, params, cur_dists, metrics_dir)
+    out.notes += [f"--decide: {look.line()}" for look in looks]
     out.notes += [f"{f}: judged exactly, and its seeds, remade by the {producers.get(f, f)} stage, against the reference's"
                   for f in remade if modes.get(f) == "exact"]
     out.provenance, numerics = provenance(envs)
     out.notes += lock_notes
     out.problems = (lock_probs + run_record_findings(root, metrics_dir) + m.problems + numerics
-                    + metric_problems(rows, ref.name))
+                    + metric_problems(rows, ref.name) + endpoint_problems(judged, rows))
     for res in results:
         c = res.claim
         if c.cls == "conclusion" and not_reproduced(c.id, ref.verdicts):
@@ -607,6 +444,22 @@ def run_check(rev: str = "HEAD", root: str | Path = ".", metrics_dir: str = "met
             detail = res.detail or (f"{fmt_number(res.value)} vs published {fmt_number(c.published)} ({c.tol.text()})"
                                     if c.is_cell else "is false")
             out.problems.append(f"{c.cls} {c.id} fails: {c.text} — {detail}" + _what_it_read(res, cur))
+    return out
+
+
+def endpoint_problems(judged: Sequence[Judgement], rows: Sequence[Row]) -> list[str]:
+    """DIFFERENT and not-a-number endpoints; one whose row failed already (missing, or drifted on the reference's
+    machine) is listed there once."""
+    failed = {r.key for r in rows if r.failure}
+    out = []
+    for j in judged:
+        if j.endpoint.metric in failed:
+            continue
+        if j.answer == endpoints.DIFFERENT:
+            out.append(f"primary endpoint {j.endpoint.metric}: DIFFERENT from the reference, shift {j.shift_text()} "
+                       f"beyond its margin {j.endpoint.text} (p {j.p_different:.2g}, Holm over {len(judged)})")
+        elif j.answer == endpoints.INVALID:
+            out.append(f"primary endpoint {j.endpoint.metric}: this run's value is not a number its scale can judge")
     return out
 
 
@@ -651,12 +504,9 @@ def metric_problems(rows: list[Row], label: str) -> list[str]:
                        + ("is missing" if r.verdict == "MISSING" else f"differs from {label}'s"))
         elif r.verdict == "MISSING":
             out.append(f"metric {r.key} is in {label} but missing from this run")
-        elif r.verdict == "OUTSIDE" and r.p is not None and r.p < r.alpha:
-            test = "paired t-test at the reference's seeds" if r.seeds == "paired" else "Welch"
-            out.append(f"metric {r.key}: this run's seeds differ from the reference's ({test} p = {r.p:.3g}, "
-                       f"alpha {r.alpha:.2g})")
         elif r.verdict == "OUTSIDE":
-            out.append(f"metric {r.key} = {fmt_number(r.cur)} is outside the reference band {r.band_text()}")
+            out.append(f"metric {r.key}: this run's seeds differ from the reference's (Welch p = {r.p:.3g}, "
+                       f"alpha {r.alpha:.2g})")
         elif r.verdict == "DRIFT":
             out.append(f"metric {r.key} = {fmt_number(r.cur)} drifted from {fmt_number(r.ref)} ({r.how})")
     return out
@@ -687,11 +537,7 @@ def changes(revision: Revision, ref: Reference, root: Path, claims_path: str, pa
     if own:
         lines.append(f"seed distributions differ from {ref.name}'s (bands and conclusions use {ref.name}'s): "
                      + ", ".join(f"{metrics_dir}/dist/{f}.json" for f in own))
-    tol_file = root / FLOAT_ORDER
-    if tol_file.exists() and read_json(tol_file).get("ratio") != ref.float_order:
-        lines.append(f"{FLOAT_ORDER} differs from {ref.name}'s (its float-order tolerances); the verdict uses "
-                     f"{ref.name}'s")
-    committed = revision.changed_since([claims_path, preds, "params.yaml", "dvc.yaml", metrics_dir, FLOAT_ORDER])
+    committed = revision.changed_since([claims_path, preds, "params.yaml", "dvc.yaml", metrics_dir])
     if committed:
         lines.append(f"HEAD's commits change the reference since {ref.name}: {listed(committed)}")
     return lines
@@ -742,6 +588,10 @@ def as_json(o: Outcome) -> dict:
     return {"verdict": "PASS" if o.ok else "FAIL", "reference": o.label, "notes": o.notes, "problems": o.problems,
             "modes": o.modes, "why_statistical": o.why, "claims": counts(o.results),
             "not_reproduced": o.not_reproduced, "provenance": o.provenance,
+            "endpoints": [{"metric": j.endpoint.metric, "margin": j.endpoint.text, "answer": j.answer, "seeds": j.n,
+                           "reference_seeds": j.n_ref, "run_mean": j.run_mean, "reference_mean": j.ref_mean,
+                           "shift": j.shift, "shift_sd": j.shift_sd, "p_same": j.p_same, "p_different": j.p_different,
+                           "seeds_needed": j.seeds_needed} for j in o.endpoints],
             "failed_metrics": [{"key": r.key, "run": r.cur, "reference": r.ref, "how": r.how, "verdict": r.verdict}
                                for r in o.rows if r.failure]}
 
@@ -765,21 +615,33 @@ def render(o: Outcome, rev: Optional[str] = None, show_all: bool = False) -> str
              + ("reproduces" if o.ok else "does not reproduce") + f" the reference ({rev or o.label})"
              + ("" if o.ok else f": {len(o.problems)} problem(s), listed below")]
     lines += [f"  {n}" for n in o.notes] + [""]
-    lines.append(f"  conclusions {c['conclusion']['passed']} of {c['conclusion']['n'] - c['conclusion']['skipped']} hold"
-                 f" (each on this run, and on every reference seed and the seed mean where a stage has seeds)"
-                 + (f", {c['conclusion']['skipped']} skipped (need a GPU)" if c['conclusion']['skipped'] else ""))
-    if o.not_reproduced:
-        lines.append(f"              {len(o.not_reproduced)} not reproduced, as on the reference: "
-                     + ", ".join(o.not_reproduced))
+    chapter = [r for r in o.results if r.claim.cls == "conclusion" and r.claim.experiment not in OWN_FINDINGS]
+    own = [r for r in o.results if r.claim.cls == "conclusion" and r.claim.experiment in OWN_FINDINGS]
+    for label, rs in (("conclusions", chapter), ("findings   ", own)):
+        judged = [r for r in rs if r.status != "skipped"]
+        if not rs:
+            continue
+        lines.append(f"  {label} {sum(r.passed for r in judged)} of {len(judged)} hold"
+                     + (" (the chapter's; each on this run and, where a stage has seeds, on most of the reference's "
+                        "seeds)" if rs is chapter else " (this project's own, pre-registered: the sensitivity sweep)")
+                     + (f", {len(rs) - len(judged)} skipped (need a GPU)" if len(rs) > len(judged) else ""))
+        missed = [r.claim.id for r in rs if r.claim.id in o.not_reproduced]
+        if missed:
+            lines.append(f"              {len(missed)} not reproduced, as on the reference: " + ", ".join(missed))
     lines.append(f"  checksums   {c['checksum']['passed']} of {c['checksum']['n'] - c['checksum']['skipped']} hold")
-    lines.append(f"  metrics     {sum(not r.failure for r in gated)} of {len(gated)} within their reference "
-                 f"({sum(r.how.startswith('band') for r in gated)} against a seed band, "
-                 f"{sum(r.how.startswith('float order') for r in gated)} to their float-order tolerance, "
+    e = endpoints.summary(o.endpoints)
+    if o.endpoints:
+        lines.append(f"  primary     {len(o.endpoints)} endpoints: {e['SAME']} SAME, {e['DIFFERENT']} DIFFERENT, "
+                     f"{e['INCONCLUSIVE']} INCONCLUSIVE" + (f", {e['MISSING']} missing" if e["MISSING"] else "")
+                     + (f", {e[endpoints.INVALID]} not a number" if e[endpoints.INVALID] else "")
+                     + f" (equivalence margins in claims.yaml, alpha {ALPHA} family-wise: docs/VERDICT.md)")
+    lines.append(f"  metrics     {sum(not r.failure for r in gated)} of {len(gated)} gated metrics hold "
+                 f"({sum(r.how.startswith('exact') for r in gated)} exact, "
                  f"{sum(r.how == 'sweep mean (Welch)' for r in gated)} sweep means read by a conclusion, "
-                 f"{sum(r.how.startswith('exact') for r in gated)} exact; "
-                 f"{sum(bool(r.seeds) for r in gated)} with this run's own seeds tested too); "
-                 f"{sum(r.how == 'timing, not gated' for r in o.rows)} timings and "
-                 f"{sum(r.how == 'not gated' for r in o.rows)} informational metrics not gated")
+                 f"the others to their drift tolerance); not gated: "
+                 f"{sum(r.how == 'band, not gated' for r in o.rows)} with seeds (band and z shown), "
+                 f"{sum(r.how == 'timing, not gated' for r in o.rows)} timings, "
+                 f"{sum(r.how == 'not gated' for r in o.rows)} informational")
     lines.append(f"  published   {c['value']['passed']} of {c['value']['n'] - c['value']['skipped']} published values "
                  f"inside our band or tolerance; of the others {c['value']['unexplained']} unexplained (informational)")
     if exact:
@@ -789,21 +651,18 @@ def render(o: Outcome, rev: Optional[str] = None, show_all: bool = False) -> str
         reasons.setdefault(o.why.get(f, ""), []).append(f)
     for why, files in reasons.items():
         lines.append(f"  statistical verdict ({why}): {', '.join(files)}")
-    if stat:
-        lines.append(f"    (prediction interval of one run, alpha = {ALPHA} family-wise: Holm's step-down over the headline "
-                     "metrics and again over the others)")
     if o.provenance:
         lines += [f"  provenance: {o.provenance[0]}"] + [f"              {x}" for x in o.provenance[1:]]
     if o.problems:
         lines += ["", "problems:"] + [f"- {p}" for p in o.problems]
-    by_key = {r.key: r for r in o.rows}
-    head = [by_key[k] for k in o.headline if k in by_key]
-    if head:
-        lines += ["", f"headline metrics (reference band: the prediction interval of one run over the reference seeds, "
-                  f"alpha = {ALPHA} over the headline family)", "",
-                  "| metric | this run | reference run | reference band | verdict |", "| --- | --- | --- | --- | --- |"]
-        lines += [f"| {r.key} | {_md_number(r.cur)} | {_md_number(r.ref)} | {r.band_text()} | {r.verdict} ({r.how}) |" for r in head]
-    shown = [r for r in o.rows if show_all or (r.failure and r.key not in o.headline)]
+    if o.endpoints:
+        lines += ["", "primary endpoints (this run's mean against the reference seeds' mean; shift on the log scale "
+                  "as a factor)", "", "| endpoint | margin | seeds (run, ref) | this run | reference | shift | answer |",
+                  "| --- | --- | --- | --- | --- | --- | --- |"]
+        lines += [f"| {j.endpoint.metric} | {j.endpoint.text} | {j.n}, {j.n_ref} | {_md_number(j.run_mean)} | "
+                  f"{_md_number(j.ref_mean)} | {j.shift_text()} | {j.answer}"
+                  + (f": {j.need_text()}" if j.need_text() else "") + " |" for j in o.endpoints]
+    shown = [r for r in o.rows if show_all or r.failure]
     if shown:
         lines += ["", "all metrics" if show_all else "other metrics that failed", "",
                   "| metric | this run | reference run | reference band | how | verdict |",
@@ -817,7 +676,7 @@ def render(o: Outcome, rev: Optional[str] = None, show_all: bool = False) -> str
         for r in claims:
             detail = r.detail or (f"{_md_number(r.value)} vs {_md_number(r.claim.published)}" if r.claim.is_cell else "")
             if r.seeds_n:
-                detail = (detail + "; " if detail else "") + f"{r.seeds_held}/{r.seeds_n} seeds, mean {'holds' if r.mean_holds else 'fails'}"
+                detail = detail if r.share_text() in detail else (detail + "; " if detail else "") + r.share_text()
             lines.append(f"| {r.claim.id} | {r.claim.cls} | {r.status} | {detail} |")
     if not show_all:
         lines += ["", "(`attnrepro check --all` lists every metric and claim, timings included)"]

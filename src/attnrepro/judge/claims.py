@@ -4,7 +4,8 @@ predicates), in one list of claims with one tolerance grammar.
 
     gpu_only: [globs]          metrics that exist only on a CUDA run ("skipped" on a CPU run)
     timings: [globs]           metrics that depend on the machine's speed and load: never compared
-    headline: [metric keys]    the rows `attnrepro check` shows first (a family of their own)
+    primary: [[metric, margin, reason]]  the primary endpoints that decide `attnrepro check`
+                               (judge/endpoints.py; a revision before them has `headline:`, a list of keys)
     experiments:
       <file>:                  one per metrics/<file>.json, in the spec's order
         section: "§2 train"
@@ -43,7 +44,8 @@ Tolerance grammar (Tol): exact | ±x | ±x% | ×x (within x times either way) |
 
 Evaluation. A conclusion is recomputed from the raw per-variant metrics, on the run in
 metrics/ and, where a file it reads has a seed distribution (metrics/dist/<file>.json), on
-every seed and on the seed means: it holds only if it holds on all of them. A predicate that
+every seed: it holds when it holds on the run and on more than half of the seeds (the share is
+reported with its exact 95% interval; a rule that does not tighten as seeds are added). A predicate that
 raises an arithmetic error (x/0, log of a negative) does not hold. A value cell
 whose metric has a seed distribution is judged by where the published figure falls in
 it: inside the 95% prediction interval of one new run, or k seed standard deviations
@@ -75,7 +77,7 @@ import fnmatch
 import math
 import re
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Callable, Mapping, Optional
@@ -86,8 +88,9 @@ from attnrepro.config import UserError
 from attnrepro.experiments.sensitivity import BASELINE, ROW_KEYS, accounts_for
 from attnrepro.files import read_json, read_yaml_mapping
 from attnrepro.formatting import fmt_number
+from attnrepro.judge.endpoints import Endpoint, EndpointError, parse_primary
 from attnrepro.measure.head_matching import least_cost_pairs
-from attnrepro.stats import Band, flatten, from_summary, percentile_of
+from attnrepro.stats import Band, flatten, from_summary, percentile_of, share_interval
 
 CLASSES = ("conclusion", "checksum", "value")
 # `requires`: the kind of device a claim means something on (its files made elsewhere: skipped, named)
@@ -272,8 +275,9 @@ class Expectations:
     drift: list[DriftRule]
     gpu_only: list[str]
     timings: list[str]  # metrics that depend on the machine's speed and load: reported, never compared
-    headline: list[str]
+    headline: list[str]  # the primary endpoints' metrics (an older claims.yaml: its `headline:` list)
     sections: dict[str, str]  # experiment -> section title
+    primary: list[Endpoint] = field(default_factory=list)
 
     def drift_rule(self, key: str) -> Optional[DriftRule]:
         return next((r for r in self.drift if fnmatch.fnmatchcase(key, r.glob)), None)
@@ -327,10 +331,10 @@ def load(path: str | Path = "claims.yaml", conclusions: str | Path | None = None
     path = Path(path)
     read_yaml_mapping(path, "claims file not found", ClaimError)  # a missing or malformed file: one line
     data = yaml.load(path.read_text(encoding="utf-8"), Loader=_PrintedLoader) or {}
-    unknown = sorted(set(data) - {"gpu_only", "timings", "headline", "experiments"})
+    unknown = sorted(set(data) - {"gpu_only", "timings", "primary", "headline", "experiments"})
     if unknown:
         raise ClaimError(f"{path}: unknown top-level key {unknown[0]!r} (known: experiments, gpu_only, timings, "
-                         "headline)")
+                         "primary)")
     exps = data.get("experiments")
     if not isinstance(exps, dict) or not exps:
         raise ClaimError(f"{path}: expected `experiments:`, a mapping of metrics file -> expectations")
@@ -368,7 +372,12 @@ def load(path: str | Path = "claims.yaml", conclusions: str | Path | None = None
     for what, val in lists.items():
         if not isinstance(val, list) or not all(isinstance(v, str) for v in val):
             raise ClaimError(f"{path}: {what}: expected a list of metric keys (globs)")
-    return Expectations(claims, drift, lists["gpu_only"], lists["timings"], lists["headline"], sections)
+    try:
+        primary = parse_primary(data["primary"], f"{path}: primary") if "primary" in data else []
+    except EndpointError as e:
+        raise ClaimError(str(e)) from None
+    headline = [e.metric for e in primary] if primary else lists["headline"]  # `headline:`: a revision before them
+    return Expectations(claims, drift, lists["gpu_only"], lists["timings"], headline, sections, primary)
 
 
 def predicates(text: str, where: str, sections: Mapping[str, str]) -> list[Claim]:
@@ -622,7 +631,6 @@ class ClaimResult:
     detail: str = ""
     seeds_held: Optional[int] = None  # conclusions: on how many seeds it holds
     seeds_n: Optional[int] = None
-    mean_holds: Optional[bool] = None
     band: Optional[Band] = None  # cells: our seed distribution of the metric
     z: Optional[float] = None  # cells: (published - our mean) / our seed sd (with modes: from the chapter's
     # mode where chapter_modes decides it, else the nearest, in within-mode sd)
@@ -639,6 +647,11 @@ class ClaimResult:
     @property
     def passed(self) -> bool:
         return self.status == "pass"
+
+    def share_text(self) -> str:
+        """On how many seeds a conclusion holds, with the exact (Clopper-Pearson) 95% interval of the share."""
+        lo, hi = share_interval(self.seeds_held, self.seeds_n)
+        return f"{self.seeds_held} of {self.seeds_n} seeds ({100 * lo:.0f}–{100 * hi:.0f}%)"
 
     @property
     def gated_failure(self) -> bool:
@@ -660,7 +673,7 @@ class ClaimResult:
 
 
 def _variants(metrics: Mapping[str, float], dists: Mapping[str, dict], files: set[str]) -> list[tuple[str, dict]]:
-    """The seed runs and the seed means of `files`, each as a full metrics mapping."""
+    """The seed runs of `files`, each as a full metrics mapping."""
     files = [f for f in sorted(files) if dists.get(f, {}).get("runs")]
     if not files:
         return []
@@ -673,10 +686,6 @@ def _variants(metrics: Mapping[str, float], dists: Mapping[str, dict], files: se
             if run is not None:
                 m.update(flatten(run, f"{f}."))
         out.append((f"seed {seed}", m))
-    mean = {k: v for k, v in metrics.items() if k.split(".", 1)[0] not in files}
-    for f in files:
-        mean.update({f"{f}.{k}": s["mean"] for k, s in dists[f]["stats"].items()})
-    out.append(("mean", mean))
     return out
 
 
@@ -736,11 +745,11 @@ def evaluate_claim(claim: Claim, metrics: Mapping[str, float], dists: Mapping[st
                     held.append(_call(claim, seen)[0])
                     reads |= seen.files()
             if held:
-                n, mean_ok = len(held) - 1, held[-1]
-                res.seeds_held, res.seeds_n, res.mean_holds = sum(held[:-1]), n, mean_ok
-                if res.seeds_held < n or not mean_ok:
+                res.seeds_held, res.seeds_n = sum(held), len(held)
+                if 2 * res.seeds_held <= res.seeds_n:
                     res.status = "fail"
-                    res.detail = f"holds on {res.seeds_held} of {n} seeds" + ("" if mean_ok else ", not on their mean")
+                if res.seeds_held < res.seeds_n:
+                    res.detail = res.detail or f"holds on {res.share_text()}"
         return res
     except MissingMetric as e:
         return _elsewhere(claim, view.read, metrics, envs) or ClaimResult(claim, "missing",
@@ -861,8 +870,6 @@ def claims_json(results: list[ClaimResult]) -> dict:
                      ("seeds_held", r.seeds_held), ("seeds_n", r.seeds_n), ("matched", r.matched)):
             if v is not None and (not isinstance(v, float) or math.isfinite(v)):
                 e[k] = v
-        if r.mean_holds is not None:
-            e["mean_holds"] = int(r.mean_holds)
         if r.band is not None:
             e["band_lo"], e["band_hi"] = r.band.prediction_interval()
         if r.explanation:

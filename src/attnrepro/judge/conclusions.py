@@ -3,8 +3,8 @@
 Each function below is one claim of claims.yaml's experiment <experiment>, registered by
 `@claim(experiment, cls, id, text, requires=None, note="")`:
 
-    conclusion   a finding of the chapter; gated: it must hold on the run, on every seed of the
-                 reference distribution of the files it reads and on their seed means
+    conclusion   a finding of the chapter; gated: it must hold on the run and on more than half
+                 of the seeds of the reference distribution of the files it reads
     checksum     true by construction (a count, an identity, an IEEE fact, an injected bug's
                  invariant); gated, counted apart
 

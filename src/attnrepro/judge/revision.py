@@ -20,7 +20,7 @@ import json
 import re
 import subprocess
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -31,10 +31,6 @@ from attnrepro.files import dvc_stages, parse_json, read_yaml_or_none
 from attnrepro.judge.claims import (CONCLUSIONS, CONCLUSIONS_BEFORE_LAYERS, METRIC_FILES_EXCLUDED, ClaimError,
                                     Expectations, Tol, load)
 from attnrepro.stats import flatten
-
-# the drift of each metric between float orders at the reference's seed, in seed sd
-# (benchmarks/divergence_profile.py; check.compare holds a rerun to it where it is tiny)
-FLOAT_ORDER = "docs/float_order.json"
 
 
 # ---------------------------------------------------------------- the revision
@@ -122,7 +118,6 @@ class Reference:
     params: dict
     verdicts: dict  # claim id -> its verdict on the reference (metrics/claims.json)
     expectations: Expectations  # its claims.yaml
-    float_order: dict = field(default_factory=dict)  # metric -> its drift between float orders, in seed sd
 
 
 def reference(r: Revision, metrics_dir: str, claims_path: str) -> Reference:
@@ -136,9 +131,7 @@ def reference(r: Revision, metrics_dir: str, claims_path: str) -> Reference:
     for name in r.files(f"{metrics_dir}/env"):
         envs[Path(name).stem] = r.json(name)
     verdicts = r.json(f"{metrics_dir}/claims.json") if f"{metrics_dir}/claims.json" in r.files(metrics_dir) else {}
-    float_order = r.json(FLOAT_ORDER)["ratio"] if FLOAT_ORDER in r.files("docs") else {}
-    return Reference(r.label, r.name, metrics, dists, envs, r.yaml("params.yaml"), verdicts, r.expectations(claims_path),
-                     float_order)
+    return Reference(r.label, r.name, metrics, dists, envs, r.yaml("params.yaml"), verdicts, r.expectations(claims_path))
 
 
 # ---------------------------------------------------------------- what the working tree changes
@@ -204,7 +197,14 @@ def claims_changes(ref: Expectations, tree: Expectations) -> dict[str, dict[str,
 
     if [(f, g) for f, _, g in order(da, db)] != [(f, g) for f, _, g in order(db, da)]:
         out["changed"].append("drift rules reordered")
-    if ref.headline != tree.headline:
+    pa, pb = ({e.metric: e for e in x.primary} for x in (ref, tree))
+    out["loosened"] += [f"primary {m} removed" for m in pa if m not in pb]
+    out["loosened"] += [f"primary {m} margin {pa[m].text} -> {pb[m].text}" for m in pa
+                        if m in pb and pb[m].margin > pa[m].margin]
+    out["changed"] += [f"primary {m} margin {pa[m].text} -> {pb[m].text}" for m in pa
+                       if m in pb and pb[m].margin < pa[m].margin]
+    out["added"] += [f"primary {m}" for m in pb if m not in pa]
+    if not pa and ref.headline != tree.headline:  # a revision before the primary endpoints
         out["changed"].append("headline")
     return {f: {k: v for k, v in d.items() if v} for f, d in files.items() if any(d.values())}
 

@@ -28,14 +28,13 @@ from typing import Optional
 from attnrepro.audit.battery import report_section
 from attnrepro.config import require
 from attnrepro.data import corpus
-from attnrepro.experiments import (charlm, comparison, critical, failures, heads, init_sweep, kv_cache, latency,
-                                   precision, qknorm, reversal, sensitivity)
+from attnrepro.experiments import (charlm, choices, comparison, critical, failures, heads, init_sweep, kv_cache,
+                                   latency, precision, qknorm, reversal, sensitivity)
 from attnrepro.experiments.comparison import diagnostics_figure, headline_markdown, loss_figure, pairs_by_dhead
 from attnrepro.files import read_json
 from attnrepro.formatting import dig, fmt, table_cell
 from attnrepro.judge.claims import (CLASSES, ClaimResult, claims_json, counts, evaluate_all, load, load_dists,
                                     load_envs, load_metrics_dir)
-from attnrepro.judge.revision import FLOAT_ORDER
 from attnrepro.model.attention_impl import BUILTIN
 from attnrepro.report.claims_tables import CLASS_WORDS, experiment_markdown, this_run_text
 from attnrepro.report.html import markdown_to_html, resolver
@@ -149,6 +148,11 @@ SECTIONS: tuple[Section, ...] = (
             "The large model with q and k normalised per head (LayerNorm, or unit L2 with a learned gain), with and "
             "without 1/√d_k, against the plain scaled and unscaled models, over seeds: had QK-norm been used, would the "
             "failed experiment have failed?"),
+    Section("choices", "Protocol choices that move the headline", "§1.18.1, §1.18.3", ("choices",),
+            "The choices the chapter does not settle that could move its headline, each an arm trained at paired "
+            "seeds against the protocol as written: how the text keeps its line breaks and how the tokenizer encodes "
+            "them, and the weight-decay value. The headline cells per arm, with intervals, and where the chapter's "
+            "figures sit in each."),
     Section("sensitivity", "Sensitivity to the source's unstated choices", "beyond the chapter", ("sensitivity",),
             "Paired changes of the settings the chapter leaves unstated (docs/PROTOCOL.md): the weight-decay value and "
             "the validation split for every run, and the failures table's schedule, block size and init for its runs "
@@ -183,6 +187,7 @@ ANSWERS = {"corpus": corpus.answer, "train": comparison.answer, "init_sweep": in
            "heads": heads.answer, "kv_cache": kv_cache.answer, "failures": failures.answer,
            "latency": latency.answer, "precision": precision.answer, "critical": critical.answer,
            "exercise3": critical.answer_exercise3, "qknorm": qknorm.answer, "sensitivity": sensitivity.answer,
+           "choices": choices.answer,
            "reversal": reversal.answer, "charlm": charlm.answer}  # each section's answer, beside its experiment
 
 
@@ -190,7 +195,7 @@ def answer(key: str, metrics: dict, dists: dict, results: list[ClaimResult]) -> 
     """The section's one-paragraph answer, written from the numbers (never typed figures); metrics a
     partial workspace lacks leave their sentence out."""
     try:
-        extra = ([r.claim for r in results],) if key == "sensitivity" else ()
+        extra = ([r.claim for r in results],) if key in ("sensitivity", "choices") else ()
         text = ANSWERS[key](metrics.get(key) or {}, metrics, dists, *extra)
     except (KeyError, TypeError, ValueError, IndexError, ZeroDivisionError):
         text = ""  # a metrics file of another layout: the claims sentence still answers
@@ -383,6 +388,7 @@ def build(claims_path: Path, metrics_dir: Path, plots_dir: Path, pairs, smooth: 
               "exercise3": lambda: heads.centroid_markdown(metrics.get("heads") or {}),
               "qknorm": lambda: qknorm.report_markdown(metrics.get("qknorm") or {}),
               "sensitivity": lambda: sensitivity.report_markdown(metrics.get("sensitivity") or {}, exp),
+              "choices": lambda: choices.report_markdown(metrics.get("choices") or {}, exp.claims),
               "train": lambda: per_seed_markdown(train_dist, metrics.get("train") or {}, exp.headline, "train"),
               "failures": lambda: per_seed_markdown(dists.get("failures", {}), metrics.get("failures") or {},
                                                     exp.headline, "failures")}
@@ -415,7 +421,7 @@ def build(claims_path: Path, metrics_dir: Path, plots_dir: Path, pairs, smooth: 
     if rest:
         md.append("## Other figures\n")
         md += [f"![{st}: {name}]({plots_href}/{st}/{name})\n" for st, name in rest]
-    md += ["## Gate power\n", power_markdown(dists, exp, read_json_or_empty(Path(FLOAT_ORDER)).get("ratio", {}))]
+    md += ["## Verdict power\n", power_markdown(dists, exp)]
     md += ["## Appendix: machine records\n", env_markdown(envs)]
     summary = {cls: {k: v for k, v in c[cls].items()} for cls in CLASSES}
     markdown = "\n".join(md).rstrip() + "\n"

@@ -29,7 +29,7 @@ def this_run_text(r: ClaimResult) -> str:
     elif 0 < len(r.read) <= 4 and not r.passed:  # no single comparison to show: the figures it read
         parts.append(", ".join(f"{k} = {fmt_number(v)}" for k, v in zip(r.read, r.read_values)))
     if r.seeds_n:
-        parts.append(f"{r.seeds_held}/{r.seeds_n} seeds" + ("" if r.mean_holds else ", not the mean"))
+        parts.append(r.share_text())
     if r.status == "missing":
         return table_cell(r.detail)
     if r.passed:

@@ -1,53 +1,31 @@
-"""The report's "Gate power" section: how large a change `attnrepro check` catches."""
+"""The report's "Verdict power" section: how large a shift of each primary endpoint the check can see."""
 
 from __future__ import annotations
 
-import math
+from attnrepro.judge.claims import seed_values
+from attnrepro.judge.endpoints import power_rows
+from attnrepro.stats import ALPHA, LOOKS
 
-from attnrepro.judge.check import detectable_shifts
 
-
-def power_markdown(dists: dict, exp, float_order: dict) -> str:
-    """How large a change the check catches (check.detectable_shifts): the headline metrics one by one,
-    the other banded metrics summarised per stage."""
-    rows = detectable_shifts(dists, exp.headline, float_order, exp.is_timing)
+def power_markdown(dists: dict, exp) -> str:
+    """Per primary endpoint, the smallest true shift called DIFFERENT with 80% power at 1, 3, 5 and 10
+    rerun seeds (judge.endpoints.power_rows), in its unit and in reference seed sd."""
+    rows = power_rows(exp.primary, {e.metric: seed_values(dists, e.metric) for e in exp.primary})
     if not rows:
-        return "No seed distributions yet (metrics/dist/).\n\n"
+        return "No primary endpoints with seeds yet (claims.yaml `primary:`, metrics/dist/).\n\n"
 
-    def units(r, k):
-        x = r[k] * r["sd"]
-        return f"×{math.exp(x):.3g}" if r["log"] else f"±{x:.3g}"
+    def cell(r, n):
+        x = r[f"shift_{n}"]
+        return f"{'×' if r['log'] else '±'}{x:.3g} ({r[f'shift_sd_{n}']:.1f} sd)"
 
-    out = ["The smallest shift of a metric's expected value that `attnrepro check` fails at least half the time, "
-           "in reference seed sd and in the metric's units (×: a factor, for metrics judged on the log scale): a "
-           "one-seed rerun against the prediction interval (metrics on their float-order tolerance, where the same "
-           "seed drifts at most 0.01 sd between float orders: 0.1 sd), a five-seed rerun at other seeds by "
-           "Welch's test of its mean, and at the reference's first five seeds by the test the check picks there: "
-           "paired by seed where the metric's drift between float orders (docs/float_order.json, measured on one "
-           "seed: a rough estimate) makes it the stronger, else Welch's; each at the first step of Holm's "
-           "correction within its family (check.detectable_shifts). "
-           f"{sum(r['float_order'] for r in rows)} of {len(rows)} metrics on their float-order tolerance, "
-           f"{sum(r['paired'] for r in rows)} paired at the reference's seeds.\n",
-           "| headline metric | seeds | 1-seed rerun: sd | units | 5 other seeds: sd | units | 5 reference seeds: sd "
-           "| units |",
-           "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for r in (r for r in rows if r["headline"]):
-        out.append(f"| {r['metric']} | {r['n']} | {r['one_seed_sd']:.2f} | {units(r, 'one_seed_sd')} | "
-                   f"{r['five_seeds_sd']:.2f} | {units(r, 'five_seeds_sd')} | "
-                   f"{r['five_reference_seeds_sd']:.2f}{' (paired)' if r['paired'] else ''} | "
-                   f"{units(r, 'five_reference_seeds_sd')} |")
-    out += ["", "| other banded metrics | count | 1-seed rerun: median sd (range) | 5 other seeds: median sd (range) "
-            "| 5 reference seeds: median sd (range) |",
-            "| --- | --- | --- | --- | --- |"]
-    by_file: dict[str, list[dict]] = {}
-    for r in (r for r in rows if not r["headline"]):
-        by_file.setdefault(r["metric"].split(".")[0], []).append(r)
-
-    def spread(rs, k):
-        x = sorted(r[k] for r in rs)
-        return f"{x[len(x) // 2]:.2f} ({x[0]:.2f}–{x[-1]:.2f})"
-
-    for file, rs in sorted(by_file.items()):
-        out.append(f"| {file} | {len(rs)} | {spread(rs, 'one_seed_sd')} | {spread(rs, 'five_seeds_sd')} | "
-                   f"{spread(rs, 'five_reference_seeds_sd')}, {sum(r['paired'] for r in rs)} paired |")
+    out = [f"The smallest true shift of each primary endpoint that `attnrepro check` calls DIFFERENT with 80% power, "
+           f"for a rerun of 1, 3, 5 or 10 seeds against the reference's seeds (one look, alpha {ALPHA} over the "
+           f"{len(exp.primary)} endpoints: Holm's first step; docs/VERDICT.md), in the endpoint's unit (×: a factor, "
+           "log scale) and in reference seed sd. A shift is seen only once it passes its margin by the error of "
+           "both means.\n",
+           "| endpoint | margin (sd) | reference seeds | " + " | ".join(f"{n} seed{'s' * (n > 1)}" for n in LOOKS) + " |",
+           "| --- | --- | --- | " + " | ".join("---" for _ in LOOKS) + " |"]
+    for r in rows:
+        out.append(f"| {r['metric']} | {r['margin']} ({r['margin_sd']:.2g}) | {r['n_ref']} | "
+                   + " | ".join(cell(r, n) for n in LOOKS) + " |")
     return "\n".join(out) + "\n\n"

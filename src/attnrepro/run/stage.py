@@ -35,6 +35,10 @@ from attnrepro.store.run_store import RunStore
 
 T = TypeVar("T")
 
+# the stages that train hours of runs from an empty run store: scripts/reproduce.sh leaves them out
+# unless asked (--sweeps), `attnrepro keep` never advises them lightly
+SWEEPS = ("seeds", "critical", "qknorm", "choices", "sensitivity")
+
 
 @dataclass
 class Stage:

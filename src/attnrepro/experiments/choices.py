@@ -1,0 +1,270 @@
+"""The protocol choices that may move the headline (params `choices`): how the text keeps its line
+breaks and how the tokenizer treats them, and AdamW's weight decay, each an arm trained at paired seeds
+with the chapter's four train variants and compared with the protocol as written at the same seeds.
+
+The baseline is the seeds stage's runs (metrics/dist/train.json holds each seed's summaries), so an
+arm trains only its own runs. At seed s every arm starts from the same init draw and batch order as
+the baseline; the text arms see a different token stream, so their batches differ in content.
+
+The headline cells of every run: the four final losses, the two gaps (unscaled - scaled), the unscaled
+d_head-256 model's layer-0 entropy at step 222, its softmax Jacobian's fall in orders of magnitude
+(log10 step 0 / step 1480) and its late scales (logit std, ||W_qkv||, the Jacobian at step 1480).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Optional, Sequence
+
+import numpy as np
+
+from attnrepro.config import ConfigError, require
+from attnrepro.data import corpus
+from attnrepro.envinfo import stage_environment
+from attnrepro.experiments.comparison import pairs_by_dhead
+from attnrepro.experiments.protocol import CORPUS, TrainConfig, model_config, optim_config
+from attnrepro.files import read_json
+from attnrepro.run.engine import require_ok, run_sweep
+from attnrepro.run.engine_settings import EngineConfig
+from attnrepro.stats import ALPHA, Band, fieller_ratio, holm_adjusted, paired_t_p, t_quantile
+
+BASELINE = "baseline"
+DIST = Path("metrics/dist/train.json")
+ARM_KEYS = ("newline", "optim")
+LATE = ("trained_logit_std_l0", "trained_w_qkv_fro_l0", "jacobian_fro_step1480")  # of the unscaled large model
+
+
+@dataclass
+class ChoicesConfig:
+    seeds: list[int]  # paired with the seeds stage's runs: a subset of seeds.seeds
+    arms: dict[str, dict]  # name -> {newline: <corpus.NEWLINE_RULES>} and/or {optim: {OptimConfig fields}}
+
+    def validate(self, prefix: str = "choices") -> None:
+        require(len(self.seeds) >= 3 and len(set(self.seeds)) == len(self.seeds), f"{prefix}.seeds", self.seeds,
+                "at least 3 different seeds")
+        require(bool(self.arms) and BASELINE not in self.arms, f"{prefix}.arms", sorted(self.arms),
+                f"at least one arm, none named '{BASELINE}'")
+        for name, arm in self.arms.items():
+            where = f"{prefix}.arms.{name}"
+            require(isinstance(arm, dict) and bool(arm) and set(arm) <= set(ARM_KEYS), where, arm,
+                    "a mapping with newline: <rule> and/or optim: {...}")
+            if "newline" in arm:
+                require(arm["newline"] in corpus.NEWLINE_RULES[1:], f"{where}.newline", arm["newline"],
+                        " | ".join(corpus.NEWLINE_RULES[1:]) + " (unk is the baseline)")
+            if "optim" in arm:
+                require(isinstance(arm["optim"], dict) and bool(arm["optim"]), f"{where}.optim", arm["optim"],
+                        "a mapping of OptimConfig fields")
+
+
+def arm_inputs(poems: list[str], vocab_size: int, val_fraction: float, newline: str) -> dict[str, bytes]:
+    """The corpus_lm inputs (as the corpus stage writes them) of a text built by rule `newline`."""
+    tok, arrays, _ = corpus.build(poems, vocab_size, val_fraction, newline)
+    return corpus.input_files(tok, arrays)
+
+
+def cells(runs: Mapping[str, Mapping], pairs: dict[int, dict[bool, str]]) -> dict[str, float]:
+    """One seed's headline cells from its variants' summaries."""
+    small, large = min(pairs), max(pairs)
+    big = runs[pairs[large][False]]
+    out = {f"{v}.loss_final": float(runs[v]["loss_final"]) for p in pairs.values() for v in p.values()}
+    for d in (small, large):
+        out[f"gap_d{d}"] = float(runs[pairs[d][False]]["loss_final"] - runs[pairs[d][True]]["loss_final"])
+    out[f"{pairs[large][False]}.entropy_step222"] = float(big["entropy_step222"])
+    out["jacobian_fall_orders"] = math.log10(big["jacobian_fro_step0"] / big["jacobian_fro_step1480"])
+    out.update({f"{pairs[large][False]}.{k}": float(big[k]) for k in LATE})
+    return out
+
+
+def log_cell(name: str) -> bool:
+    """Scales and attention statistics are compared on the log scale (a ratio), losses and gaps as they are."""
+    return name.endswith(("entropy_step222", *LATE))
+
+
+def analyse(per_seed: Mapping[str, Sequence[dict]], small: int, large: int, alpha: float = ALPHA) -> dict:
+    """per_seed[arm] = each seed's cells (seeds in one order). Per arm and cell: mean, sd and the mean's
+    1 - alpha t interval; per arm the ratio of mean gaps with Fieller's interval; per non-baseline arm and
+    cell the paired difference from the baseline (log scale where log_cell) with its t interval, p and
+    Holm's adjusted p over every (arm, cell) of the sweep, and the difference in the baseline's seed sd."""
+    out: dict = {}
+    tests = []
+    base = per_seed[BASELINE]
+    for arm, rows in per_seed.items():
+        a: dict = {}
+        for cell in rows[0]:
+            x = [r[cell] for r in rows]
+            b = Band.of(x, log=log_cell(cell))
+            lo, hi = b.confidence_interval(alpha)
+            entry = {"mean": math.exp(b.mean) if b.log else b.mean, "sd": b.sd, "ci_lo": lo, "ci_hi": hi}
+            if arm != BASELINE:
+                y = [r[cell] for r in base]
+                tr = (math.log if b.log else float)
+                d = [tr(u) - tr(v) for u, v in zip(x, y)]
+                db = Band.of(d)
+                half = t_quantile(1 - alpha / 2, db.n - 1) * db.sd / math.sqrt(db.n)
+                sd_base = Band.of(y, log=b.log).sd
+                entry.update({"diff": db.mean, "diff_lo": db.mean - half, "diff_hi": db.mean + half,
+                              "p": paired_t_p(x if not b.log else [math.log(u) for u in x],
+                                              y if not b.log else [math.log(v) for v in y]),
+                              "diff_in_base_sd": db.mean / sd_base if sd_base else math.nan})
+                tests.append((arm, cell))
+            a[cell] = entry
+        num, den = [r[f"gap_d{large}"] for r in rows], [r[f"gap_d{small}"] for r in rows]
+        lo, hi = fieller_ratio(num, den, alpha)
+        bounded = math.isfinite(lo)  # else the d_head-32 gap is not clear of 0 at these seeds: no interval
+        a["gap_ratio"] = {"value": float(np.mean(num) / np.mean(den)), "bounded": int(bounded),
+                          **({"fieller_lo": lo, "fieller_hi": hi} if bounded else {})}
+        out[arm] = a
+    for (arm, cell), p in zip(tests, holm_adjusted([out[a][c]["p"] for a, c in tests])):
+        out[arm][cell]["p_holm"] = p
+    out["design"] = {"seeds": len(base), "alpha": alpha, "tests": len(tests),
+                     "correction": "Holm over every (arm, cell) of the sweep"}
+    return out
+
+
+@dataclass
+class ChoicesResult:
+    metrics: dict  # metrics/choices.json
+    rows: list[dict]  # plots/choices/per_seed.csv: one row per (arm, seed)
+    env: dict
+
+    def lines(self) -> list[str]:
+        out = []
+        for arm, a in self.metrics.items():
+            if arm == "design":
+                continue
+            gaps = ", ".join(f"{c} {e['mean']:.3f} [{e['ci_lo']:.3f}, {e['ci_hi']:.3f}]"
+                             for c, e in a.items() if c.startswith("gap_d"))
+            r = a["gap_ratio"]
+            iv = f"Fieller {r['fieller_lo']:.2f}, {r['fieller_hi']:.2f}" if r["bounded"] else "Fieller: unbounded"
+            out.append(f"{arm}: {gaps}; ratio {r['value']:.2f} [{iv}]")
+        return out
+
+
+def run(train: TrainConfig, corpus_cfg: corpus.CorpusConfig, cfg: ChoicesConfig, device: str,
+        engine: EngineConfig) -> ChoicesResult:
+    """Every arm's runs (the train variants at cfg.seeds), one sweep per token stream; the baseline's
+    cells from the seeds stage's distribution. Params are checked before any run starts."""
+    dist = read_json(DIST)
+    missing = [s for s in cfg.seeds if str(s) not in dist.get("runs", {})]
+    if missing:
+        raise ConfigError(f"choices.seeds: {missing} not among the seeds stage's runs ({DIST}); choose from "
+                          f"seeds.seeds or run `dvc repro seeds`")
+    pairs = pairs_by_dhead(train)
+    require(len(pairs) >= 2 and all(set(p) == {True, False} for p in pairs.values()), "train.variants",
+            sorted(train.variants), "a scaled and an unscaled variant at two or more d_head")
+    for name, arm in cfg.arms.items():
+        if "optim" in arm:
+            optim_config(train, f"choices.arms.{name}.optim", **arm["optim"])
+    poems = corpus.load_poems([CORPUS / "raw" / n for n in corpus_cfg.files])
+    by_rule: dict[str, list[tuple]] = {}
+    for name, arm in cfg.arms.items():
+        rule = arm.get("newline", "unk")
+        for v in train.variants:
+            mcfg = model_config(train.models, train.variants[v], f"train.variants.{v}")
+            for s in cfg.seeds:
+                spec = train.run(mcfg, s, device, f"{v} {name} seed {s}", **arm.get("optim", {}))
+                by_rule.setdefault(rule, []).append(((name, v, s), spec))
+    summaries, records = {}, []
+    for rule, planned in by_rule.items():
+        inputs = arm_inputs(poems, corpus_cfg.vocab_size, corpus_cfg.val_fraction, rule)
+        recs = run_sweep(f"choices (newline {rule})", [spec for _, spec in planned], inputs, engine)
+        require_ok(recs, "choices")
+        records += recs
+        summaries.update({k: r.summary() for (k, _), r in zip(planned, recs)})
+    per_seed = {BASELINE: [cells(dist["runs"][str(s)], pairs) for s in cfg.seeds]}
+    for name in cfg.arms:
+        per_seed[name] = [cells({v: summaries[(name, v, s)] for v in train.variants}, pairs) for s in cfg.seeds]
+    rows = [{"arm": arm, "seed": s, **c} for arm, cs in per_seed.items() for s, c in zip(cfg.seeds, cs)]
+    return ChoicesResult(metrics=analyse(per_seed, min(pairs), max(pairs)), rows=rows,
+                         env=stage_environment(device, records))
+
+
+# ---------------------------------------------------------------- its part of the report
+
+def published_cells(claims) -> dict[str, float]:
+    """The chapter's figure for each headline cell, from claims.yaml's value tables (`claims`: its
+    Claims): train.<variant>.<metric> and the gaps; the Jacobian's fall and the ratio from two of them."""
+    pub = {c.metric: float(c.published) for c in claims if c.cls == "value" and c.published is not None}
+    out = {}
+    for metric, x in pub.items():
+        parts = metric.split(".")
+        if len(parts) == 3 and parts[0] == "train":
+            gap = parts[2].removesuffix("_loss_final") if parts[1] == "comparison" else None
+            out[gap if gap and gap.startswith("gap_d") and "val" not in gap else f"{parts[1]}.{parts[2]}"] = x
+    j0, j1 = (out.get(f"d256_unscaled.jacobian_fro_step{s}") for s in (0, 1480))
+    if j0 and j1:
+        out["jacobian_fall_orders"] = math.log10(j0 / j1)
+    gaps = sorted((k for k in out if k.startswith("gap_d")), key=lambda k: int(k[5:]))
+    if len(gaps) >= 2 and out[gaps[0]]:
+        out["gap_ratio"] = out[gaps[-1]] / out[gaps[0]]
+    return out
+
+
+def _z(published: Optional[float], entry: Mapping, log: bool) -> str:
+    """Where the published figure sits in an arm's seeds, in that arm's seed sd (log scale for log cells)."""
+    if published is None or not entry.get("sd") or (log and published <= 0):
+        return "—"
+    centre = math.log(entry["mean"]) if log else entry["mean"]
+    return f"{((math.log(published) if log else published) - centre) / entry['sd']:+.1f}"
+
+
+def _ci(e: Mapping, lo: str = "ci_lo", hi: str = "ci_hi", sign: str = "") -> str:
+    return f"[{e[lo]:{sign}.3g}, {e[hi]:{sign}.3g}]"
+
+
+def report_markdown(metrics: Mapping, claims=()) -> str:
+    """Per arm: each headline cell's baseline and arm means with 95% intervals, the paired difference
+    with its interval and Holm's p, and where the chapter's figure sits in each, in seed sd."""
+    arms = [a for a in metrics if a not in (BASELINE, "design")]
+    if not arms:
+        return ""
+    pub = published_cells(claims)
+    base = metrics[BASELINE]
+    d = metrics.get("design", {})
+    out = [f"{d.get('seeds', '?')} paired seeds; differences on the log scale (a factor) for attention statistics and "
+           f"scales; p after Holm over the sweep's {d.get('tests', '?')} tests. z: the chapter's figure from the mean, "
+           "in that arm's seed sd.\n"]
+    for arm in arms:
+        a = metrics[arm]
+        out += [f"**{arm}**\n", "| cell | chapter | baseline [95% CI] | arm [95% CI] | difference [95% CI] | p (Holm) "
+                "| z baseline | z arm |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for cell, e in a.items():
+            if cell == "gap_ratio":
+                continue
+            log = log_cell(cell)
+            diff = (f"×{math.exp(e['diff']):.3g} [×{math.exp(e['diff_lo']):.3g}, ×{math.exp(e['diff_hi']):.3g}]"
+                    if log else f"{e['diff']:+.3g} {_ci(e, 'diff_lo', 'diff_hi', '+')}")
+            p = pub.get(cell)
+            out.append(f"| {cell} | {'—' if p is None else f'{p:.4g}'} | {base[cell]['mean']:.4g} {_ci(base[cell])} | "
+                       f"{e['mean']:.4g} {_ci(e)} | {diff} | {e['p_holm']:.2g} | {_z(p, base[cell], log)} | "
+                       f"{_z(p, e, log)} |")
+        out.append("")
+    out.append("The ratio of the mean gaps (largest d_head over smallest) with Fieller's 95% interval: "
+               + "; ".join(f"{arm} {_ratio_text(metrics[arm]['gap_ratio'])}" for arm in [BASELINE, *arms])
+               + (f" (the chapter: {pub['gap_ratio']:.2f})" if "gap_ratio" in pub else "") + ".\n")
+    return "\n".join(out) + "\n"
+
+
+def _ratio_text(r: Mapping) -> str:
+    if r.get("bounded"):
+        return f"{r['value']:.2f} [{r['fieller_lo']:.2f}, {r['fieller_hi']:.2f}]"
+    return f"{r['value']:.2f} (unbounded: the smaller gap is not clear of 0 at these seeds)"
+
+
+def answer(metrics, all_metrics, dists, claims=()) -> str:
+    arms = [a for a in (metrics or {}) if a not in (BASELINE, "design")]
+    if not arms:
+        return ""
+    base = metrics[BASELINE]
+    parts = []
+    for arm in arms:
+        a = metrics[arm]
+        moved = [c for c, e in a.items() if c != "gap_ratio" and e.get("p_holm", 1) < ALPHA]
+        gaps = ", ".join(f"{c} {a[c]['mean']:.3f} (baseline {base[c]['mean']:.3f})" for c in a if c.startswith("gap_d"))
+        parts.append(f"{arm}: {len(moved)} of {len(a) - 1} headline cells move after Holm"
+                     + (f" ({', '.join(moved)})" if moved else "") + f"; gaps {gaps}")
+    return (f"Over {metrics.get('design', {}).get('seeds', '?')} paired seeds, " + "; ".join(parts) + ". An arm "
+            "closer to a published figure is not adopted for that: the protocol changes only for a reason in the "
+            "chapter's text (docs/PROTOCOL.md).")

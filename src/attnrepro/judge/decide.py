@@ -1,0 +1,113 @@
+"""`attnrepro check --decide`: rerun the primary endpoints' runs at more of the reference's seeds, in
+looks of stats.LOOKS seeds (the reference's first 1, 3, 5, 10), until no endpoint is INCONCLUSIVE, one
+is DIFFERENT, or the reference's seeds run out. Each look spends alpha / len(LOOKS) (Bonferroni over
+looks: docs/VERDICT.md); the run store serves every run already made, so no run trains twice.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
+
+from attnrepro.config import UserError, from_dict
+from attnrepro.envinfo import resolve_device, setup_determinism
+from attnrepro.experiments.comparison import comparison, pairs_by_dhead
+from attnrepro.experiments.failures import FailuresConfig
+from attnrepro.experiments.protocol import TrainConfig, corpus_inputs
+from attnrepro.judge import claims, endpoints
+from attnrepro.judge.endpoints import Endpoint, Judgement
+from attnrepro.run.engine import require_ok, run_sweep
+from attnrepro.run.engine_settings import EngineConfig
+from attnrepro.stats import ALPHA, LOOKS, flatten
+
+FILES = ("train", "failures")  # the stages whose runs --decide can rerun
+
+
+@dataclass
+class Look:
+    seeds: list[int]
+    judgements: list[Judgement]
+    runs: int  # the look's runs in all (from the store or trained now)
+    trained: int  # trained by this look
+    cpu_seconds: float  # the look's runs' own times (one thread each), trained now or earlier
+
+    def line(self) -> str:
+        c = endpoints.summary(self.judgements)
+        return (f"look at {len(self.seeds)} seed{'s' * (len(self.seeds) > 1)} {self.seeds}: {c['SAME']} SAME, "
+                f"{c['DIFFERENT']} DIFFERENT, {c['INCONCLUSIVE']} INCONCLUSIVE; {self.runs} runs "
+                f"({self.trained} trained now), {self.cpu_seconds / 60:.1f} CPU-min")
+
+
+def sequential(family: Sequence[Endpoint], reference: Mapping[str, Sequence[float]],
+               values_at: Callable[[int], tuple[dict, list, int, int, float]], max_seeds: int,
+               alpha: float = ALPHA, looks: Sequence[int] = LOOKS) -> list[Look]:
+    """The looks, in order, until decided: values_at(n) gives (each endpoint's values at the first n seeds,
+    those seeds, runs, trained, cpu seconds). Looks beyond `max_seeds` are cut to it (and stop there)."""
+    out = []
+    for n in sorted({min(n, max_seeds) for n in looks}):
+        values, seeds, runs, trained, cpu = values_at(n)
+        judged = endpoints.judge(family, reference, values, alpha, looks=len(looks))
+        out.append(Look(seeds, judged, runs, trained, cpu))
+        c = endpoints.summary(judged)
+        if c["DIFFERENT"] or not c["INCONCLUSIVE"]:
+            break
+    return out
+
+
+def _records_cost(records) -> tuple[int, int, float]:
+    cpu = sum(float(r.read("timing.json").get("seconds", 0.0)) for r in records if r.path is not None)
+    return len(records), sum(not r.cached for r in records), cpu
+
+
+def seed_values(params: Mapping, file: str, seeds: Sequence[int], engine: EngineConfig) -> tuple[dict, tuple]:
+    """({seed: the flat metrics "<file>.<key>" of that seed's runs}, (runs, trained, cpu seconds)) for
+    the train variants or the failures table's models at `seeds`, through the run store."""
+    cfg = from_dict(TrainConfig if file == "train" else FailuresConfig, params[file], prefix=file)
+    device = resolve_device(cfg.device, f"{file}.device")
+    setup_determinism(cfg.threads, device)
+    keys = [(v, s) for s in seeds for v in cfg.variants]
+    records = run_sweep(f"check --decide ({file})", [cfg.spec(v, s, device) for v, s in keys], corpus_inputs(),
+                        engine)
+    require_ok(records, f"check --decide ({file})")
+    by = dict(zip(keys, records))
+    out = {}
+    for s in seeds:
+        m = {v: by[(v, s)].summary() for v in cfg.variants}
+        if file == "train":
+            m["comparison"] = comparison(m, pairs_by_dhead(cfg))
+        out[s] = flatten(m, f"{file}.")
+    return out, _records_cost(records)
+
+
+def decide(family: Sequence[Endpoint], ref_dists: Mapping[str, dict], params: Mapping, engine: EngineConfig,
+           max_seeds: int = max(LOOKS)) -> list[Look]:
+    """The looks of --decide for the primary endpoints of FILES, at the reference's seeds in its order, up
+    to `max_seeds` (alpha is spent over all of stats.LOOKS whatever the cap: stopping early costs nothing)."""
+    family = [e for e in family if e.metric.split(".", 1)[0] in FILES]
+    files = sorted({e.metric.split(".", 1)[0] for e in family})
+    if not family:
+        raise UserError("check --decide: no primary endpoint of the train or failures stage to rerun")
+    order = {f: [int(s) for s in (ref_dists.get(f) or {}).get("seeds", [])] for f in files}
+    short = [f for f in files if not order[f]]
+    if short:
+        raise UserError(f"check --decide: the reference has no seeds of {', '.join(short)} (metrics/dist)")
+    reference = {e.metric: claims.seed_values(ref_dists, e.metric) for e in family}
+
+    def values_at(n: int):
+        values: dict[str, list[float]] = {e.metric: [] for e in family}
+        seeds: list[int] = []
+        runs = trained = 0
+        cpu = 0.0
+        t0 = time.monotonic()
+        for f in files:
+            per_seed, (r, t, c) = seed_values(params, f, order[f][:n], engine)
+            runs, trained, cpu = runs + r, trained + t, cpu + c
+            seeds += [s for s in per_seed if s not in seeds]
+            for e in family:
+                if e.metric.startswith(f + "."):
+                    values[e.metric] = [m[e.metric] for m in per_seed.values() if e.metric in m]
+        print(f"check --decide: {n} seed(s) in {time.monotonic() - t0:.0f} s", flush=True)
+        return values, seeds, runs, trained, cpu
+
+    return sequential(family, reference, values_at, min(max_seeds, max(len(v) for v in order.values())))

@@ -1,0 +1,164 @@
+"""The primary endpoints (claims.yaml `primary:`): does this run still reproduce the chapter?
+
+Each endpoint is one metric with an equivalence margin in its own unit, declared with its reason
+before any run is judged. Against the reference's seeds (mean and sd over n_ref seeds, on the log
+scale for attention statistics: stats.log_scale) a rerun of n seeds is
+
+  SAME           its shift from the reference is shown inside ±margin (TOST, `stats.margin_p`),
+  DIFFERENT      its shift is shown beyond the margin (one-sided, beyond the nearer edge),
+  INCONCLUSIVE   neither; with the rerun seeds that would decide it at the shift observed.
+
+Holm's step-down over the family spends alpha once for SAME and once for DIFFERENT, so neither
+answer is given wrongly for any endpoint with probability above alpha; `looks` > 1 (attnrepro check
+--decide) spends alpha / looks at each look (Bonferroni over looks). The rules, in words:
+docs/VERDICT.md.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Mapping, Optional, Sequence
+
+from attnrepro.config import UserError
+from attnrepro.stats import ALPHA, LOOKS, Band, holm_adjusted, log_scale, margin_p, seeds_to_decide, shift_detected
+
+SAME, DIFFERENT, INCONCLUSIVE, MISSING = "SAME", "DIFFERENT", "INCONCLUSIVE", "MISSING"
+INVALID = "NOT A NUMBER"  # the run's value is nan, inf, or not positive on a log scale: a problem
+MAX_ENDPOINTS = 20
+
+
+class EndpointError(UserError):
+    pass
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    metric: str
+    margin: float  # on the analysis scale: the unit's own, or log(factor) for a log-scale metric
+    text: str  # the margin as claims.yaml writes it: "±0.1" or "×2"
+    reason: str
+
+    @property
+    def log(self) -> bool:
+        return log_scale(self.metric)
+
+    @classmethod
+    def parse(cls, entry, where: str) -> "Endpoint":
+        if not (isinstance(entry, list) and len(entry) == 3 and all(isinstance(x, str) for x in entry)):
+            raise EndpointError(f"{where}: expected [metric key, margin (±x or ×x), reason]")
+        metric, text, reason = (x.strip() for x in entry)
+        log = log_scale(metric)
+        sign = "×" if log else "±"
+        try:
+            value = float(text[1:]) if text.startswith(sign) else math.nan
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and value > (1 if log else 0)):
+            raise EndpointError(f"{where}: margin {text!r} of {metric}: expected {sign}x with x > {1 if log else 0} "
+                                + ("(a factor: the metric is judged on the log scale)" if log else "(in its unit)"))
+        if not reason:
+            raise EndpointError(f"{where}: {metric} needs the reason for its margin")
+        return cls(metric, math.log(value) if log else value, text, reason)
+
+
+def parse_primary(entries, where: str) -> list[Endpoint]:
+    if not isinstance(entries, list) or not 0 < len(entries) <= MAX_ENDPOINTS:
+        raise EndpointError(f"{where}: expected a list of 1 to {MAX_ENDPOINTS} endpoints")
+    out = [Endpoint.parse(e, f"{where}[{i}]") for i, e in enumerate(entries)]
+    seen = [e.metric for e in out]
+    dup = next((m for m in seen if seen.count(m) > 1), None)
+    if dup:
+        raise EndpointError(f"{where}: {dup} is declared twice")
+    return out
+
+
+@dataclass
+class Judgement:
+    endpoint: Endpoint
+    answer: str
+    n: int = 0  # this run's seeds
+    n_ref: int = 0
+    ref_mean: Optional[float] = None  # on the metric's own scale (the geometric mean on the log scale)
+    run_mean: Optional[float] = None
+    shift: Optional[float] = None  # run - reference, on the analysis scale
+    ref_sd: float = 0.0  # the reference's seed sd, on the analysis scale
+    shift_sd: Optional[float] = None  # the shift in that sd
+    p_same: float = 1.0
+    p_different: float = 1.0
+    seeds_needed: Optional[int] = None  # INCONCLUSIVE: the rerun seeds that would decide it
+
+    def shift_text(self) -> str:
+        if self.shift is None:
+            return "—"
+        unit = f"×{math.exp(self.shift):.3g}" if self.endpoint.log else f"{self.shift:+.3g}"
+        return unit + ("" if self.shift_sd is None else f" ({self.shift_sd:+.2g} sd)")
+
+    def need_text(self) -> str:
+        if self.answer != INCONCLUSIVE:
+            return ""
+        if self.seeds_needed is None:
+            return f"not decidable against {self.n_ref} reference seeds at this shift"
+        return f"{self.seeds_needed} seeds would decide it"
+
+
+def _mean(values: Sequence[float], log: bool) -> float:
+    return math.exp(sum(map(math.log, values)) / len(values)) if log else sum(values) / len(values)
+
+
+def judge(endpoints: Sequence[Endpoint], reference: Mapping[str, Sequence[float]],
+          run: Mapping[str, Sequence[float]], alpha: float = ALPHA, looks: int = 1) -> list[Judgement]:
+    """Every endpoint's answer: `reference[metric]` its reference seeds' values, `run[metric]` this
+    run's (one value per seed). Holm over the endpoints judged, at alpha / looks."""
+    a = alpha / looks
+    out = []
+    for e in endpoints:
+        ref, mine = list(reference.get(e.metric) or []), list(run.get(e.metric) or [])
+        ok = lambda xs: len(xs) > 0 and all(isinstance(x, (int, float)) and math.isfinite(x) and (x > 0 or not e.log)
+                                           for x in xs)
+        if len(ref) < 2 or not ok(ref) or not mine:
+            out.append(Judgement(e, MISSING, len(mine), len(ref)))
+            continue
+        if not ok(mine):
+            out.append(Judgement(e, INVALID, len(mine), len(ref)))
+            continue
+        b, r = Band.of(ref, log=e.log), Band.of(mine, log=e.log)
+        shift = r.mean - b.mean
+        p_same, p_diff = margin_p(shift, b.sd, r.n, b.n, e.margin)
+        out.append(Judgement(e, INCONCLUSIVE, r.n, b.n, _mean(ref, e.log), _mean(mine, e.log), shift, b.sd,
+                             shift / b.sd if b.sd > 0 else None, p_same, p_diff))
+    judged = [j for j in out if j.answer not in (MISSING, INVALID)]
+    for kind, ps in ((SAME, [j.p_same for j in judged]), (DIFFERENT, [j.p_different for j in judged])):
+        for j, p in zip(judged, holm_adjusted(ps)):
+            if p < a:
+                j.answer = kind
+    for j in judged:
+        if j.answer == INCONCLUSIVE:
+            j.seeds_needed = seeds_to_decide(j.shift, j.ref_sd, j.n_ref, j.endpoint.margin, a / len(judged))
+    return out
+
+
+def summary(judgements: Sequence[Judgement]) -> dict[str, int]:
+    return {k: sum(j.answer == k for j in judgements) for k in (SAME, DIFFERENT, INCONCLUSIVE, MISSING, INVALID)}
+
+
+def power_rows(endpoints: Sequence[Endpoint], reference: Mapping[str, Sequence[float]], alpha: float = ALPHA,
+               seeds: Sequence[int] = LOOKS) -> list[dict]:
+    """Per endpoint: the smallest true shift a rerun of n seeds calls DIFFERENT with 80% power, for n in
+    `seeds`, in the endpoint's unit and in the reference's seed sd (one look, Holm's first step:
+    alpha / the family's size, the conservative end)."""
+    rows = []
+    a = alpha / max(1, len(endpoints))
+    for e in endpoints:
+        ref = list(reference.get(e.metric) or [])
+        if len(ref) < 2:
+            continue
+        b = Band.of(ref, log=e.log)
+        row = {"metric": e.metric, "margin": e.text, "n_ref": b.n, "sd": b.sd, "log": e.log,
+               "margin_sd": e.margin / b.sd if b.sd > 0 else math.inf}
+        for n in seeds:
+            shift = shift_detected(b.sd, n, b.n, e.margin, a) if b.sd > 0 else e.margin
+            row[f"shift_{n}"] = math.exp(shift) if e.log else shift
+            row[f"shift_sd_{n}"] = shift / b.sd if b.sd > 0 else math.inf
+        rows.append(row)
+    return rows

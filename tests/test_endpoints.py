@@ -1,0 +1,202 @@
+"""The primary endpoints' verdict (judge.endpoints, stats.margin_p): answers, parsing, and its error
+rates and power checked by simulation before it judges real runs (docs/VERDICT.md)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from attnrepro.judge import endpoints as E
+from attnrepro.judge.claims import load, seed_values, load_dists
+from attnrepro.stats import ALPHA, bootstrap_ratio, fieller_ratio, margin_p, seeds_to_decide, shift_detected
+
+
+def ep(metric="train.a.loss_final", margin="±1", reason="r"):
+    return E.Endpoint.parse([metric, margin, reason], "t")
+
+
+REF = [0.3, -0.2, 1.1, -0.9, 0.4, -0.5, 0.8, -1.2, 0.1, 0.1]  # mean 0, sd about 0.72
+
+
+def test_parse_margins_and_errors():
+    assert ep().margin == 1 and not ep().log
+    lg = ep("train.a.entropy_final", "×2")
+    assert lg.log and lg.margin == pytest.approx(math.log(2))
+    for bad, msg in ((["train.a.loss_final", "×2", "r"], "±x"), (["train.a.entropy", "±0.1", "r"], "×x"),
+                     (["train.a.loss_final", "±0", "r"], "x > 0"), (["train.a.loss_final", "±1", ""], "reason"),
+                     ("train.a.loss_final", r"expected \[metric")):
+        with pytest.raises(E.EndpointError, match=msg):
+            E.Endpoint.parse(bad, "t")
+    with pytest.raises(E.EndpointError, match="twice"):
+        E.parse_primary([["m.a", "±1", "r"], ["m.a", "±2", "r"]], "t")
+    with pytest.raises(E.EndpointError, match="1 to 20"):
+        E.parse_primary([[f"m.a{i}", "±1", "r"] for i in range(21)], "t")
+
+
+def test_three_answers():
+    e = [ep("m.same", "±5"), ep("m.diff", "±0.5"), ep("m.inc", "±1"), ep("m.gone", "±1"), ep("m.nan", "±1")]
+    ref = {k.metric: REF for k in e}
+    run = {"m.same": [0.0] * 10, "m.diff": [9.0], "m.inc": [0.9], "m.gone": [], "m.nan": [0.0, math.nan]}
+    got = {j.endpoint.metric: j for j in E.judge(e, ref, run)}
+    assert [got[k].answer for k in ("m.same", "m.diff", "m.inc", "m.gone", "m.nan")] == [
+        "SAME", "DIFFERENT", "INCONCLUSIVE", "MISSING", "NOT A NUMBER"]
+    assert E.INVALID == "NOT A NUMBER"
+    assert got["m.inc"].need_text() and got["m.diff"].shift == pytest.approx(9.0)
+    assert (got["m.nan"].n, got["m.nan"].n_ref, got["m.nan"].shift) == (2, 10, None)
+    assert E.summary(got.values()) == {"SAME": 1, "DIFFERENT": 1, "INCONCLUSIVE": 1, "MISSING": 1, "NOT A NUMBER": 1}
+
+
+def test_log_scale_endpoint_and_nonpositive_value():
+    e = [ep("m.entropy", "×2")]
+    ref = {"m.entropy": [math.exp(x) for x in REF]}
+    j = E.judge(e, ref, {"m.entropy": [math.exp(8.0)]})[0]
+    assert j.answer == "DIFFERENT" and j.shift_text().startswith("×")
+    for bad in (0.0, -1.0, math.nan, math.inf):  # no log scale fits: not a number its scale can judge
+        assert E.judge(e, ref, {"m.entropy": [bad]})[0].answer == "NOT A NUMBER", bad
+    assert E.judge(e, ref, {"m.entropy": []})[0].answer == "MISSING"  # no value at all
+    assert E.judge(e, {"m.entropy": [0.0] * 10}, {"m.entropy": [1.0]})[0].answer == "MISSING"  # nor a reference
+    # on its own unit scale a value <= 0 is a number like another
+    assert E.judge([ep("m.loss", "±1")], {"m.loss": REF}, {"m.loss": [-0.5]})[0].answer != "NOT A NUMBER"
+
+
+def test_seeds_to_decide_and_floor():
+    # at zero shift, SAME is reachable only once the margin exceeds t * s / sqrt(n_ref)
+    assert seeds_to_decide(0.0, 1.0, 10, 3.0, 0.05) == 1
+    assert seeds_to_decide(0.0, 1.0, 10, 0.5, 0.05) is None
+    n = seeds_to_decide(0.0, 1.0, 10, 1.0, 0.05)
+    assert n is not None and min(margin_p(0.0, 1.0, n, 10, 1.0)) < 0.05 <= min(margin_p(0.0, 1.0, n - 1, 10, 1.0))
+
+
+def simulate(shift_sd: float, margin_sd: float, n: int, k: int = 10, n_ref: int = 10, reps: int = 3000,
+             looks: int = 1, seed: int = 0) -> dict[str, float]:
+    """Share of simulated checks with any endpoint SAME / DIFFERENT: k endpoints, each reference drawn
+    from N(0, 1) over n_ref seeds, the rerun's n seeds from N(shift, 1)."""
+    rng = np.random.default_rng(seed)
+    family = [E.Endpoint(f"m.x{i}", margin_sd, f"±{margin_sd}", "sim") for i in range(k)]
+    any_same = any_diff = 0
+    for _ in range(reps):
+        ref = {e.metric: rng.normal(0, 1, n_ref).tolist() for e in family}
+        run = {e.metric: rng.normal(shift_sd, 1, n).tolist() for e in family}
+        got = E.judge(family, ref, run, looks=looks)
+        any_same += any(j.answer == "SAME" for j in got)
+        any_diff += any(j.answer == "DIFFERENT" for j in got)
+    return {"SAME": any_same / reps, "DIFFERENT": any_diff / reps}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n", [1, 3, 10])
+def test_family_wise_error_at_most_alpha(n):
+    """Worst cases: every endpoint exactly at its margin. Called DIFFERENT (all within) or SAME (none
+    within) for any endpoint at most alpha of the time (binomial slack: 3 se over 3000 draws)."""
+    slack = 3 * math.sqrt(ALPHA * (1 - ALPHA) / 3000)
+    at_edge = simulate(shift_sd=1.5, margin_sd=1.5, n=n)
+    assert at_edge["DIFFERENT"] <= ALPHA + slack and at_edge["SAME"] <= ALPHA + slack
+
+
+@pytest.mark.slow
+def test_power_matches_shift_detected():
+    """The power table's shift is called DIFFERENT about 80% of the time for one endpoint (k = 1)."""
+    for n in (1, 5):
+        shift = shift_detected(1.0, n, 10, 1.0, ALPHA)
+        got = simulate(shift_sd=shift, margin_sd=1.0, n=n, k=1, reps=3000, seed=n)["DIFFERENT"]
+        assert 0.75 <= got <= 0.85, (n, shift, got)
+
+
+def test_power_grows_with_seeds_and_null_is_quiet():
+    s1, s10 = (shift_detected(1.0, n, 10, 0.5, ALPHA / 15) for n in (1, 10))
+    assert s10 < s1
+    quiet = simulate(shift_sd=0.0, margin_sd=1.0, n=1, reps=1000)
+    assert quiet["DIFFERENT"] < ALPHA / 2  # far inside the margin: rarely DIFFERENT (a small reference sd by chance)
+
+
+@pytest.mark.slow
+def test_fieller_covers_where_the_bootstrap_does_not():
+    """Fieller's 95% interval of a ratio of paired means covers the true ratio about 95% of the time
+    with a noisy denominator (coefficient of variation 0.25 per seed, 10 seeds, as the d_head-32 gap)."""
+    rng = np.random.default_rng(1)
+    fieller = boot = 0
+    n = 1000
+    for i in range(n):
+        den = rng.normal(0.17, 0.135, 10)
+        num = rng.normal(0.85, 0.10, 10)
+        lo, hi = fieller_ratio(num, den)
+        fieller += lo <= 0.85 / 0.17 <= hi
+        lo, hi = bootstrap_ratio(num, den, reps=2000, seed=i)
+        boot += lo <= 0.85 / 0.17 <= hi
+    assert 0.94 <= fieller / n <= 0.98  # measured 0.961
+    assert boot / n < 0.93  # measured 0.913: the percentile bootstrap under-covers
+
+
+def test_fieller_matches_a_clear_denominator():
+    num, den = [2.0, 2.1, 1.9, 2.05, 1.95], [1.0, 1.02, 0.98, 1.01, 0.99]
+    lo, hi = fieller_ratio(num, den)
+    assert lo < 2.0 < hi and hi - lo < 0.3
+    assert fieller_ratio([1.0, 2.0, 3.0], [-1.0, 0.1, 1.0]) == (-math.inf, math.inf)
+
+
+def test_claims_declare_at_most_20_endpoints_with_reference_seeds():
+    exp = load("claims.yaml")
+    assert 0 < len(exp.primary) <= E.MAX_ENDPOINTS
+    dists = load_dists("metrics/dist")
+    assert all(len(seed_values(dists, e.metric)) >= 2 for e in exp.primary), "every endpoint needs reference seeds"
+    assert exp.headline == [e.metric for e in exp.primary]
+
+
+def sequential_sim(shift_sd: float, margin_sd: float, k: int = 5, reps: int = 1500, seed: int = 2):
+    """--decide's looks (stats.LOOKS, alpha / 4 each) on simulated endpoints: (share with any SAME, any
+    DIFFERENT, mean seeds used), the rerun's seeds nested across looks as the run store nests them."""
+    from attnrepro.judge.decide import sequential
+
+    rng = np.random.default_rng(seed)
+    family = [E.Endpoint(f"m.x{i}", margin_sd, f"±{margin_sd}", "sim") for i in range(k)]
+    same = diff = used = 0
+    for _ in range(reps):
+        ref = {e.metric: rng.normal(0, 1, 10).tolist() for e in family}
+        draws = {e.metric: rng.normal(shift_sd, 1, 10).tolist() for e in family}
+        looks = sequential(family, ref, lambda n: ({m: v[:n] for m, v in draws.items()}, list(range(n)), 0, 0, 0.0), 10)
+        last = looks[-1].judgements
+        same += any(j.answer == "SAME" for j in last)
+        diff += any(j.answer == "DIFFERENT" for j in last)
+        used += len(looks[-1].seeds)
+    return same / reps, diff / reps, used / reps
+
+
+@pytest.mark.slow
+def test_sequential_looks_keep_the_family_wise_error_and_stop_early():
+    slack = 3 * math.sqrt(ALPHA * (1 - ALPHA) / 1500)
+    same, diff, _ = sequential_sim(shift_sd=1.5, margin_sd=1.5)  # every endpoint at its margin: the worst case
+    assert same <= ALPHA + slack and diff <= ALPHA + slack
+    _, diff, used = sequential_sim(shift_sd=8.0, margin_sd=1.0, reps=300)  # far beyond: found early
+    assert diff > 0.95 and used < 3
+
+
+def test_decide_reruns_at_the_reference_seeds_until_decided(monkeypatch):
+    """decide() asks for the reference's first 1, 3, ... seeds, in its order, and stops once decided."""
+    from attnrepro.judge import decide as D
+
+    asked = []
+    ref_seeds = [7, 1, 2, 3, 4, 5]
+    ref = {"train": {"seeds": ref_seeds, "runs": {str(s): {"a": {"loss_final": v}} for s, v in zip(ref_seeds, REF)}}}
+
+    def fake(params, file, seeds, engine):
+        asked.append(list(seeds))
+        return {s: {"train.a.loss_final": 9.0} for s in seeds}, (len(seeds), len(seeds), 60.0 * len(seeds))
+
+    monkeypatch.setattr(D, "seed_values", fake)
+    looks = D.decide([ep("train.a.loss_final", "±0.5")], ref, {}, None)
+    assert asked == [[7]] and looks[-1].judgements[0].answer == "DIFFERENT"  # decided at the first look
+    asked.clear()
+    looks = D.decide([ep("train.a.loss_final", "±8.95")], ref, {}, None)  # at the edge: never decided
+    assert asked == [[7], [7, 1, 2], [7, 1, 2, 3, 4], ref_seeds] and len(looks) == 4
+    assert "INCONCLUSIVE" in looks[-1].line() and "CPU-min" in looks[-1].line()
+
+
+@pytest.mark.slow
+def test_sequential_against_a_fixed_ten_seed_design():
+    """One endpoint 3 seed sd out, margin 1 sd: the looks find it about as often as ten fixed seeds do
+    (both above 90%; spending alpha over four looks costs a little power) with half the seeds or fewer."""
+    _, seq, used = sequential_sim(shift_sd=3.0, margin_sd=1.0, k=1, reps=600)
+    fixed = simulate(shift_sd=3.0, margin_sd=1.0, n=10, k=1, reps=600)["DIFFERENT"]
+    assert 0.9 <= seq <= fixed and used <= 5
