@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create (or reuse) .venv and install attnrepro with everything it needs (torch, dvc, dask
 # and distributed for the sweeps, ...; pyproject.toml) and its test extras, at the versions of
-# requirements.lock: the tested environment, every package pinned (README "Pins and exact verdicts").
+# requirements.lock: the tested environment, every package pinned (docs/INSTALL.md, "Pins and exact verdicts").
 # The lock is used as pip constraints, so a reused .venv is moved to the locked versions too.
 #
 # torch's pin is the lock's (torch==2.13.0). From the default package index, on an ordinary Linux

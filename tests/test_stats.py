@@ -263,3 +263,23 @@ def test_z_from_a_given_mode_and_modes_need_a_degree_of_freedom():
     assert b.z(3.05, mode=0) == pytest.approx((3.05 - 1.0) / sd)  # the mode asked for, not the nearest
     with pytest.raises(ValueError, match="no degree of freedom"):
         stats.describe([1.0, 2.0], groups=[[0], [1]])
+
+
+def test_modes_power_is_the_rate_find_modes_finds_two_modes():
+    """stats.modes_power against find_modes itself on the same kind of draws, the null rate at most alpha,
+    and power growing with the separation (issue 38: "1 mode" is no evidence of a second, at its power)."""
+    import numpy as np
+
+    from attnrepro.stats import find_modes, modes_power
+
+    alpha = 0.0125
+    assert modes_power(10, 0.0, 0.0, alpha) <= alpha
+    p4, p8 = modes_power(10, 0.2, 4, alpha), modes_power(10, 0.2, 8, alpha)
+    assert 0.05 < p4 < p8 < 0.95
+    rng = np.random.default_rng(5)
+    found = 0
+    for _ in range(300):
+        k = rng.binomial(10, 0.2)
+        x = rng.standard_normal(10) + 8 * (np.arange(10) < k)
+        found += len(find_modes(dict(enumerate(x)), alpha).groups) == 2
+    assert abs(found / 300 - p8) < 0.08

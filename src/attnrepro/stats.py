@@ -284,15 +284,30 @@ def gap_ratio(values: Sequence[float]) -> tuple[float, int]:
     return float(gaps[i] / sw), i + 1
 
 
-@functools.lru_cache(maxsize=None)
-def _gap_null(n: int) -> "np.ndarray":
-    x = np.sort(np.random.default_rng(0).standard_normal((GAP_REPS, n)), axis=1)
+def _gap_ratios(x: "np.ndarray") -> "np.ndarray":
+    """gap_ratio of each row of x (rows sorted ascending), vectorized."""
+    n = x.shape[1]
     gaps = np.diff(x, axis=1)
     i = gaps.argmax(1)
     below = np.arange(n) <= i[:, None]
     ss = sum(np.where(side, (x - (np.where(side, x, 0).sum(1) / side.sum(1))[:, None]) ** 2, 0).sum(1)
              for side in (below, ~below))
-    return np.sort(gaps[np.arange(GAP_REPS), i] / np.sqrt(ss / (n - 2)))
+    return gaps[np.arange(len(x)), i] / np.sqrt(ss / (n - 2))
+
+
+@functools.lru_cache(maxsize=None)
+def _gap_null(n: int) -> "np.ndarray":
+    return np.sort(_gap_ratios(np.sort(np.random.default_rng(0).standard_normal((GAP_REPS, n)), axis=1)))
+
+
+def modes_power(n: int, share: float, separation: float, alpha: float, reps: int = 4000, seed: int = 0) -> float:
+    """How often find_modes finds two modes among n seeds when a minority mode of `share` (each seed
+    in it with that probability) lies `separation` within-mode sd from the rest: simulated."""
+    rng = np.random.default_rng(seed)
+    k = rng.binomial(n, share, reps)
+    x = rng.standard_normal((reps, n)) + separation * (np.arange(n) < k[:, None])
+    critical = np.quantile(_gap_null(n), 1 - alpha)
+    return float((_gap_ratios(np.sort(x, axis=1)) > critical).mean())
 
 
 def gap_p(ratio: float, n: int) -> float:

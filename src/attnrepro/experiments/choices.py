@@ -77,12 +77,19 @@ def cells(runs: Mapping[str, Mapping], pairs: dict[int, dict[bool, str]]) -> dic
     return out
 
 
+def cell_order(name: str) -> tuple:
+    """The report's order: the losses, the gaps, the collapse, the Jacobian's fall, the late scales."""
+    groups = ("loss_final", "gap_d", "entropy_step222", "jacobian_fall", *LATE)
+    return next((i for i, g in enumerate(groups) if g in name), len(groups)), name
+
+
 def log_cell(name: str) -> bool:
     """Scales and attention statistics are compared on the log scale (a ratio), losses and gaps as they are."""
     return name.endswith(("entropy_step222", *LATE))
 
 
-def analyse(per_seed: Mapping[str, Sequence[dict]], small: int, large: int, alpha: float = ALPHA) -> dict:
+def analyse(per_seed: Mapping[str, Sequence[dict]], small: int, large: int, alpha: float = ALPHA,
+            runs: int = 0) -> dict:
     """per_seed[arm] = each seed's cells (seeds in one order). Per arm and cell: mean, sd and the mean's
     1 - alpha t interval; per arm the ratio of mean gaps with Fieller's interval; per non-baseline arm and
     cell the paired difference from the baseline (log scale where log_cell) with its t interval, p and
@@ -118,7 +125,7 @@ def analyse(per_seed: Mapping[str, Sequence[dict]], small: int, large: int, alph
         out[arm] = a
     for (arm, cell), p in zip(tests, holm_adjusted([out[a][c]["p"] for a, c in tests])):
         out[arm][cell]["p_holm"] = p
-    out["design"] = {"seeds": len(base), "alpha": alpha, "tests": len(tests),
+    out["design"] = {"seeds": len(base), "alpha": alpha, "tests": len(tests), "runs": runs,
                      "correction": "Holm over every (arm, cell) of the sweep"}
     return out
 
@@ -177,7 +184,7 @@ def run(train: TrainConfig, corpus_cfg: corpus.CorpusConfig, cfg: ChoicesConfig,
     for name in cfg.arms:
         per_seed[name] = [cells({v: summaries[(name, v, s)] for v in train.variants}, pairs) for s in cfg.seeds]
     rows = [{"arm": arm, "seed": s, **c} for arm, cs in per_seed.items() for s, c in zip(cfg.seeds, cs)]
-    return ChoicesResult(metrics=analyse(per_seed, min(pairs), max(pairs)), rows=rows,
+    return ChoicesResult(metrics=analyse(per_seed, min(pairs), max(pairs), runs=len(records)), rows=rows,
                          env=stage_environment(device, records))
 
 
@@ -227,7 +234,7 @@ def report_markdown(metrics: Mapping, claims=()) -> str:
            f"scales; p after Holm over the sweep's {d.get('tests', '?')} tests. z: the chapter's figure from the mean, "
            "in that arm's seed sd.\n"]
     for arm in arms:
-        a = metrics[arm]
+        a = {c: metrics[arm][c] for c in sorted(metrics[arm], key=cell_order)}
         out += [f"**{arm}**\n", "| cell | chapter | baseline [95% CI] | arm [95% CI] | difference [95% CI] | p (Holm) "
                 "| z baseline | z arm |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
         for cell, e in a.items():

@@ -54,14 +54,19 @@ def d256_unscaled_behind(m):
     return m["train.d256_unscaled.loss_final"] > m["train.d256_scaled.loss_final"]
 
 
+NO_EFFECT_NATS = 0.1  # "no effect" on a loss, declared before the test: as the primary endpoints' loss margin
+
+
 @claim("train", "conclusion", "d32_no_effect",
        "At d_head 32 removing the scaling does not affect training: 我们换了三个种子重跑，小模型上的差距都在 0.1–0.2 "
        "之间浮动，量级与训练本身的随机性相当。在这个配置下，去掉缩放因子不影响训练 (three seeds, gaps 0.1-0.2, of the order of training's own "
-       "randomness: no effect; §1.2). Tested as it is worded, no effect, on the final training loss: the 95% "
-       "interval of the mean gap over our seeds includes 0 (the chapter's own three gaps of 0.1-0.2 would not "
-       "pass this; the next conclusion tests its evidence)")
+       "randomness: no effect; §1.2). Tested as it is worded, no effect, on the final training loss, as an equivalence: "
+       "the 95% interval of the mean gap over our seeds lies within ±0.1 nats (the primary endpoints' loss margin; "
+       "two one-sided tests at 2.5% each). Fewer seeds make it harder to show, never easier; the chapter's own "
+       "three gaps of 0.1-0.2 would not pass it (the next conclusion tests its evidence)")
 def d32_no_effect(m):
-    return m["seeds.gap_d32_loss_final.ci95_lo"] <= 0 <= m["seeds.gap_d32_loss_final.ci95_hi"]
+    return -NO_EFFECT_NATS <= m["seeds.gap_d32_loss_final.ci95_lo"] <= m["seeds.gap_d32_loss_final.ci95_hi"] \
+        <= NO_EFFECT_NATS
 
 
 @claim("train", "conclusion", "d32_gap_of_the_order_of_noise",
@@ -73,10 +78,11 @@ def d32_gap_of_the_order_of_noise(m):
 
 
 @claim("train", "conclusion", "d32_no_effect_val",
-       "... and on the final validation loss (the chapter's gaps are of the training loss): the 95% "
-       "interval of the mean gap over our seeds includes 0")
+       "... and on the final validation loss (the chapter's gaps are of the training loss): the 95% interval of "
+       "the mean gap over our seeds lies within ±0.1 nats")
 def d32_no_effect_val(m):
-    return m["seeds.gap_d32_val_loss_final.ci95_lo"] <= 0 <= m["seeds.gap_d32_val_loss_final.ci95_hi"]
+    return -NO_EFFECT_NATS <= m["seeds.gap_d32_val_loss_final.ci95_lo"] <= m["seeds.gap_d32_val_loss_final.ci95_hi"] \
+        <= NO_EFFECT_NATS
 
 
 @claim("train", "conclusion", "start_uniform",

@@ -239,6 +239,12 @@ def runs_count(key: str, metrics: dict, dists: dict) -> tuple[int | None, str]:
             return d["runs"], (f"{d['protocols']} protocols (the baseline, choices, combinations) × the variants each "
                                f"applies to × {d['seeds']} paired seeds; the baseline's runs at shared seeds are the "
                                "seeds and failures stages' own")
+    if key == "choices":
+        d = m.get("design") or {}
+        arms = [a for a in m if a not in ("baseline", "design")]
+        if arms and d.get("runs"):
+            return d["runs"], (f"{len(arms)} arms × the train variants × {d['seeds']} paired seeds; the baseline's "
+                               "runs are the seeds stage's")
     if key == "reversal":
         models = [k for k, v in m.items() if isinstance(v, dict) and "digit_acc" in v]
         return (len(models), f"{len(models)} models of {dig(m, 'config.steps')} steps") if models else (None, "")
