@@ -184,7 +184,7 @@ def test_decide_reruns_at_the_reference_seeds_until_decided(monkeypatch):
         asked.append(list(seeds))
         return {s: {"train.a.loss_final": 9.0} for s in seeds}, (len(seeds), len(seeds), 60.0 * len(seeds))
 
-    monkeypatch.setattr(D, "seed_values", fake)
+    monkeypatch.setattr(D, "rerun_values", fake)
     looks = D.decide([ep("train.a.loss_final", "±0.5")], ref, {}, None)
     assert asked == [[7]] and looks[-1].judgements[0].answer == "DIFFERENT"  # decided at the first look
     asked.clear()

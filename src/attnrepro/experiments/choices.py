@@ -25,10 +25,11 @@ from attnrepro.data import corpus
 from attnrepro.envinfo import stage_environment
 from attnrepro.experiments.comparison import pairs_by_dhead
 from attnrepro.experiments.protocol import CORPUS, TrainConfig, model_config, optim_config
+from attnrepro.experiments.sensitivity import paired_effect
 from attnrepro.files import read_json
 from attnrepro.run.engine import require_ok, run_sweep
 from attnrepro.run.engine_settings import EngineConfig
-from attnrepro.stats import ALPHA, Band, fieller_ratio, holm_adjusted, paired_t_p, t_quantile
+from attnrepro.stats import ALPHA, Band, fieller_ratio, holm_adjusted
 
 BASELINE = "baseline"
 DIST = Path("metrics/dist/train.json")
@@ -106,15 +107,10 @@ def analyse(per_seed: Mapping[str, Sequence[dict]], small: int, large: int, alph
             entry = {"mean": math.exp(b.mean) if b.log else b.mean, "sd": b.sd, "ci_lo": lo, "ci_hi": hi}
             if arm != BASELINE:
                 y = [r[cell] for r in base]
-                tr = (math.log if b.log else float)
-                d = [tr(u) - tr(v) for u, v in zip(x, y)]
-                db = Band.of(d)
-                half = t_quantile(1 - alpha / 2, db.n - 1) * db.sd / math.sqrt(db.n)
+                e = paired_effect(x, y, b.log, alpha)
                 sd_base = Band.of(y, log=b.log).sd
-                entry.update({"diff": db.mean, "diff_lo": db.mean - half, "diff_hi": db.mean + half,
-                              "p": paired_t_p(x if not b.log else [math.log(u) for u in x],
-                                              y if not b.log else [math.log(v) for v in y]),
-                              "diff_in_base_sd": db.mean / sd_base if sd_base else math.nan})
+                entry.update({"diff": e["diff"], "diff_lo": e["ci_lo"], "diff_hi": e["ci_hi"], "p": e["p"],
+                              "diff_in_base_sd": e["diff"] / sd_base if sd_base else math.nan})
                 tests.append((arm, cell))
             a[cell] = entry
         num, den = [r[f"gap_d{large}"] for r in rows], [r[f"gap_d{small}"] for r in rows]

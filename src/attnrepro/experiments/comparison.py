@@ -350,6 +350,13 @@ def diagnostics_figure(series: dict[str, dict], pairs) -> bytes | None:
     return fg.save(fig)
 
 
+def ratio_interval(dist: dict) -> tuple[float, float]:
+    """Fieller's 95% interval of the ratio of the mean loss gaps (d_head 256 over 32) from the seed
+    distribution's per-seed comparison (metrics/dist/train.json)."""
+    gaps = [run["comparison"] for run in dist["runs"].values()]
+    return fieller_ratio([g["gap_d256_loss_final"] for g in gaps], [g["gap_d32_loss_final"] for g in gaps])
+
+
 def headline_markdown(seeds: dict, dist: dict, exp) -> str:
     """This repository's measured gaps with their seed intervals, next to the chapter's: where the
     chapter's figure sits among our seeds (its percentile), and each variant's modes."""
@@ -377,8 +384,7 @@ def headline_markdown(seeds: dict, dist: dict, exp) -> str:
     r = seeds.get("gap_ratio_of_means_loss_final")
     if r:
         p = pub.get("gap_ratio_of_means_loss_final")
-        gaps = [x["comparison"] for x in runs.values()]
-        lo, hi = fieller_ratio([g["gap_d256_loss_final"] for g in gaps], [g["gap_d32_loss_final"] for g in gaps])
+        lo, hi = ratio_interval(dist)
         iv = f"Fieller's 95% interval [{lo:.2f}, {hi:.2f}]" if math.isfinite(lo) else "Fieller's interval unbounded"
         lines.append(f"- ratio of the mean gaps: **{r['value']:.2f}×** (the chapter: {'—' if p is None else fmt_number(p)}"
                      f"×); {iv}. Ill-conditioned: its denominator, the small gap, is a noisy number near 0, so the two "

@@ -287,7 +287,7 @@ def endpoint_values(exp: Expectations, ref: Reference, cur: dict, cur_dists: dic
     """(reference, run): each primary endpoint's seed values. The run's are its own seeds where a stage
     judged statistically remade them (`remade`), with its own value where that is none of them and its
     file was rerun too (judged exactly, the file is the reference's own run); else its one value."""
-    reference = {e.metric: seed_values(ref.dists, e.metric) for e in exp.primary}
+    reference = endpoints.reference_values(exp.primary, ref.dists)
     run = {}
     for e in exp.primary:
         mine = [cur[e.metric]] if e.metric in cur else []

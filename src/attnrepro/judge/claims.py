@@ -88,7 +88,7 @@ from attnrepro.config import UserError
 from attnrepro.experiments.sensitivity import BASELINE, ROW_KEYS, accounts_for
 from attnrepro.files import read_json, read_yaml_mapping
 from attnrepro.formatting import fmt_number
-from attnrepro.judge.endpoints import Endpoint, EndpointError, parse_primary
+from attnrepro.judge.endpoints import Endpoint, EndpointError, parse_primary, seed_values
 from attnrepro.measure.head_matching import least_cost_pairs
 from attnrepro.stats import Band, flatten, from_summary, percentile_of, share_interval
 
@@ -604,13 +604,6 @@ def cuda_run(stage: str, envs: Mapping[str, dict]) -> Optional[bool]:
     """Did `stage` run on CUDA (`ran_on`)? None if unknown."""
     where = ran_on(stage, envs)
     return None if where is None else where == "cuda"
-
-
-def seed_values(dists: Mapping[str, dict], key: str) -> list[float]:
-    """Each seed's value of metric `<file>.<key>`, where its stage has a seed distribution."""
-    file, _, rest = key.partition(".")
-    runs = dists.get(file, {}).get("runs", {})
-    return [v for v in (flatten(r).get(rest) for r in runs.values()) if v is not None]
 
 
 def band(dists: Mapping[str, dict], key: str) -> Optional[Band]:

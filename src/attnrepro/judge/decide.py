@@ -15,7 +15,7 @@ from attnrepro.envinfo import resolve_device, setup_determinism
 from attnrepro.experiments.comparison import comparison, pairs_by_dhead
 from attnrepro.experiments.failures import FailuresConfig
 from attnrepro.experiments.protocol import TrainConfig, corpus_inputs
-from attnrepro.judge import claims, endpoints
+from attnrepro.judge import endpoints
 from attnrepro.judge.endpoints import Endpoint, Judgement
 from attnrepro.run.engine import require_ok, run_sweep
 from attnrepro.run.engine_settings import EngineConfig
@@ -60,7 +60,7 @@ def _records_cost(records) -> tuple[int, int, float]:
     return len(records), sum(not r.cached for r in records), cpu
 
 
-def seed_values(params: Mapping, file: str, seeds: Sequence[int], engine: EngineConfig) -> tuple[dict, tuple]:
+def rerun_values(params: Mapping, file: str, seeds: Sequence[int], engine: EngineConfig) -> tuple[dict, tuple]:
     """({seed: the flat metrics "<file>.<key>" of that seed's runs}, (runs, trained, cpu seconds)) for
     the train variants or the failures table's models at `seeds`, through the run store."""
     cfg = from_dict(TrainConfig if file == "train" else FailuresConfig, params[file], prefix=file)
@@ -92,7 +92,7 @@ def decide(family: Sequence[Endpoint], ref_dists: Mapping[str, dict], params: Ma
     short = [f for f in files if not order[f]]
     if short:
         raise UserError(f"check --decide: the reference has no seeds of {', '.join(short)} (metrics/dist)")
-    reference = {e.metric: claims.seed_values(ref_dists, e.metric) for e in family}
+    reference = endpoints.reference_values(family, ref_dists)
 
     def values_at(n: int):
         values: dict[str, list[float]] = {e.metric: [] for e in family}
@@ -101,7 +101,7 @@ def decide(family: Sequence[Endpoint], ref_dists: Mapping[str, dict], params: Ma
         cpu = 0.0
         t0 = time.monotonic()
         for f in files:
-            per_seed, (r, t, c) = seed_values(params, f, order[f][:n], engine)
+            per_seed, (r, t, c) = rerun_values(params, f, order[f][:n], engine)
             runs, trained, cpu = runs + r, trained + t, cpu + c
             seeds += [s for s in per_seed if s not in seeds]
             for e in family:

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence
 
 from attnrepro.config import UserError
-from attnrepro.stats import ALPHA, LOOKS, Band, holm_adjusted, log_scale, margin_p, seeds_to_decide, shift_detected
+from attnrepro.stats import (ALPHA, LOOKS, Band, flatten, holm_adjusted, log_scale, margin_p, seeds_to_decide,
+                             shift_detected)
 
 SAME, DIFFERENT, INCONCLUSIVE, MISSING = "SAME", "DIFFERENT", "INCONCLUSIVE", "MISSING"
 INVALID = "NOT A NUMBER"  # the run's value is nan, inf, or not positive on a log scale: a problem
@@ -102,6 +103,18 @@ class Judgement:
         return f"{self.seeds_needed} seeds would decide it"
 
 
+def seed_values(dists: Mapping[str, dict], key: str) -> list[float]:
+    """Each seed's value of metric `<file>.<key>`, where its stage has a seed distribution."""
+    file, _, rest = key.partition(".")
+    runs = dists.get(file, {}).get("runs", {})
+    return [v for v in (flatten(r).get(rest) for r in runs.values()) if v is not None]
+
+
+def reference_values(family: Sequence[Endpoint], dists: Mapping[str, dict]) -> dict[str, list[float]]:
+    """Each endpoint's values over the seeds of a seed distribution (metrics/dist)."""
+    return {e.metric: seed_values(dists, e.metric) for e in family}
+
+
 def _mean(values: Sequence[float], log: bool) -> float:
     return math.exp(sum(map(math.log, values)) / len(values)) if log else sum(values) / len(values)
 
@@ -142,15 +155,16 @@ def summary(judgements: Sequence[Judgement]) -> dict[str, int]:
     return {k: sum(j.answer == k for j in judgements) for k in (SAME, DIFFERENT, INCONCLUSIVE, MISSING, INVALID)}
 
 
-def power_rows(endpoints: Sequence[Endpoint], reference: Mapping[str, Sequence[float]], alpha: float = ALPHA,
+def power_rows(endpoints: Sequence[Endpoint], dists: Mapping[str, dict], alpha: float = ALPHA,
                seeds: Sequence[int] = LOOKS) -> list[dict]:
     """Per endpoint: the smallest true shift a rerun of n seeds calls DIFFERENT with 80% power, for n in
     `seeds`, in the endpoint's unit and in the reference's seed sd (one look, Holm's first step:
     alpha / the family's size, the conservative end)."""
     rows = []
     a = alpha / max(1, len(endpoints))
+    reference = reference_values(endpoints, dists)
     for e in endpoints:
-        ref = list(reference.get(e.metric) or [])
+        ref = reference[e.metric]
         if len(ref) < 2:
             continue
         b = Band.of(ref, log=e.log)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from attnrepro.judge.claims import seed_values
 from attnrepro.judge.endpoints import power_rows
 from attnrepro.stats import ALPHA, LOOKS
 
@@ -10,7 +9,7 @@ from attnrepro.stats import ALPHA, LOOKS
 def power_markdown(dists: dict, exp) -> str:
     """Per primary endpoint, the smallest true shift called DIFFERENT with 80% power at 1, 3, 5 and 10
     rerun seeds (judge.endpoints.power_rows), in its unit and in reference seed sd."""
-    rows = power_rows(exp.primary, {e.metric: seed_values(dists, e.metric) for e in exp.primary})
+    rows = power_rows(exp.primary, dists)
     if not rows:
         return "No primary endpoints with seeds yet (claims.yaml `primary:`, metrics/dist/).\n\n"
 
