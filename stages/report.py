@@ -6,7 +6,7 @@ distributions), metrics/env/*.json (machine records), plots/train/<variant>.csv
 (per claim: class, verdict, value, published, band, z; a plain output),
 metrics/claims_summary.json (counts per class: the DVC metric) and report/
 (REPORT.md, laid out like a paper in the chapter's order, with the figures drawn here
-and links to the stages' own PNGs; REPORT.html, the same report with every figure
+and links to the stages' own PNGs; APPENDIX.md, the tables behind it; REPORT.html, the same report with every figure
 embedded). With params attention.impl set, the report ends with that implementation's audit.
 Deterministic: same metrics -> byte-identical outputs.
 
@@ -41,6 +41,7 @@ def main(st: Stage) -> None:
         for name, data in sorted(rep.figures.items()):
             (tmp / "figures" / name).write_bytes(data)
         (tmp / "REPORT.md").write_text(rep.markdown, encoding="utf-8")
+        (tmp / "APPENDIX.md").write_text(rep.appendix, encoding="utf-8")
         (tmp / "REPORT.html").write_text(rep.html, encoding="utf-8")
     write_json(st.args.claims_json, rep.claims_json)
     write_json(Path(st.args.claims_json).with_name("claims_summary.json"), rep.summary)

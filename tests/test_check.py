@@ -622,10 +622,10 @@ def test_decide_prints_its_looks_in_order_and_its_last_answers_decide(repo, live
 
 
 def test_the_projects_own_findings_are_counted_apart_from_the_chapters_conclusions():
-    """judge.check.OWN_FINDINGS (the sensitivity sweep's pre-registered entries): their own "findings" line, never in
+    """judge.claims.OWN_FINDINGS (the sensitivity sweep's pre-registered entries): their own "findings" line, never in
     the chapter's "conclusions" count; one the reference does not reproduce is named under its own line."""
-    from attnrepro.judge.check import OWN_FINDINGS, Outcome, render
-    from attnrepro.judge.claims import Claim, ClaimResult
+    from attnrepro.judge.check import Outcome, render
+    from attnrepro.judge.claims import OWN_FINDINGS, Claim, ClaimResult
 
     def result(experiment, cid, status):
         return ClaimResult(Claim(f"{experiment}.{cid}", experiment, "§", "conclusion", "t"), status)

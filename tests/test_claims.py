@@ -363,3 +363,35 @@ def test_timing_conclusions_state_their_device_and_size_range():
     # the KV-cache speed-up is a CPU finding: about 1x on CUDA is no failure, and is named as skipped
     r = C.evaluate_claim(kv, {"kv_cache.latency.speedup_n1024": 1.1}, {}, gpu)
     assert r.status == "skipped" and "CPU" in r.detail
+
+
+CAUSE_PRED = '''
+CLAIMS = []
+def claim(experiment, cls, id, text, requires=None, note=""):
+    def register(fn):
+        CLAIMS.append({"experiment": experiment, "cls": cls, "id": id, "text": text, "requires": requires,
+                       "note": note, "fn": fn})
+        return fn
+    return register
+@claim("train", "conclusion", "c", "a conclusion")
+def c(m):
+    return m["train.x"] > 1
+'''
+
+
+@pytest.mark.parametrize("causes,msg", [
+    ({"train.nope": {"says": "s", "metrics": []}}, "causes.train.nope: not a conclusion of claims.yaml"),
+    ({"train.c": {"says": "s"}}, "causes.train.c: expected {says: <sentence>, metrics: [<metric key>, ...]}"),
+    ({"train.c": {"says": "s", "metrics": "train.x"}}, "expected {says"),
+    (["train.c"], "causes: expected a mapping"),
+])
+def test_a_bad_cause_is_a_one_line_load_error(tmp_path, causes, msg):
+    with pytest.raises(C.ClaimError) as e:
+        C.load(write(tmp_path, {"train": {"section": "s"}}, CAUSE_PRED, causes=causes))
+    assert msg in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_cause_prints_the_metrics_it_rests_on(tmp_path):
+    exp = C.load(write(tmp_path, {"train": {"section": "s"}}, CAUSE_PRED,
+                       causes={"train.c": {"says": "because", "metrics": ["train.x", "train.y"]}}))
+    assert exp.causes["train.c"].text({"train.x": 0.123456}) == "because (train.x = 0.123; train.y missing)"

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from attnrepro.judge.claims import claims_json, counts, evaluate_all, load, load_dists, load_envs, load_metrics_dir
+from attnrepro.judge.claims import claims_json, counts, evaluate_all, kind, load, load_dists, load_envs, load_metrics_dir
 from attnrepro.commands.main import main
 from attnrepro.stats import from_summary
 from test_check_lock import relock
@@ -47,8 +47,8 @@ def test_every_checksum_holds_and_each_failing_conclusion_is_reported_not_reprod
     results = evaluate()
     assert not [(r.claim.id, r.detail) for r in results if r.claim.cls == "checksum" and r.gated_failure]
     report = (REPO / "report/REPORT.md").read_text(encoding="utf-8")
-    listed = report.split("**not reproduced** here", 1)[1].split("\n\n", 2)[1] if "**not reproduced**" in report else ""
-    failing = [r.claim.id for r in results if r.claim.cls == "conclusion" and r.gated_failure]
+    listed = report.split("**Not reproduced, and why**", 1)[1].split("\n\n", 2)[1] if "**Not reproduced" in report else ""
+    failing = [r.claim.id for r in results if kind(r.claim) == "conclusion" and r.gated_failure]
     assert all(f"`{c}`" in listed for c in failing) and listed.count("\n- ") + listed.startswith("- ") == len(failing)
 
 

@@ -74,19 +74,20 @@ def test_report_stage_is_deterministic_and_complete(tmp_path):
     assert p.returncode == 0, p.stderr
     assert snapshot(root) == first  # byte-identical, figures and the HTML included
 
-    assert {"report/REPORT.md", "report/REPORT.html", "report/figures/train_loss.png", "report/figures/train_diagnostics.png",
-            "metrics/claims.json", "metrics/claims_summary.json"} <= set(first)
+    assert {"report/REPORT.md", "report/APPENDIX.md", "report/REPORT.html", "report/figures/train_loss.png",
+            "report/figures/train_diagnostics.png", "metrics/claims.json", "metrics/claims_summary.json"} <= set(first)
     md = first["report/REPORT.md"].decode()
     for name in ("train_loss.png", "train_diagnostics.png"):
         assert f"(figures/{name})" in md
     # a stage's figure is linked where it lies, and the link resolves from report/
     assert "(../plots/init_sweep/sweep.png)" in md and (root / "report" / "../plots/init_sweep/sweep.png").is_file()
     assert not any(f.startswith("report/figures/init_sweep") for f in first)
-    # laid out like a paper: verdict and headline first, one numbered section per experiment in the chapter's
-    # order (no heading twice), each with its design, cost and answer; the machine in one line and an appendix
+    # laid out like a paper: the verdict first, one numbered section per experiment in the chapter's order (no
+    # heading twice), each with its design, cost and answer; the machine in one line, the tables in the appendix
     headings = [line for line in md.splitlines() if line.startswith("## ")]
     assert len(headings) == len(set(headings)), headings
-    assert headings[0] == "## Verdict" and headings[-1] == "## Appendix: machine records"
+    appendix = first["report/APPENDIX.md"].decode()
+    assert headings[0] == "## Verdict" and appendix.rstrip().split("\n## ")[-1].startswith("Machine records")
     numbered = [h for h in headings if h[3].isdigit()]
     assert [int(h[3:].split(".")[0]) for h in numbered] == list(range(1, len(numbered) + 1))
     order = [next(i for i, h in enumerate(numbered) if word in h) for word in
@@ -96,11 +97,12 @@ def test_report_stage_is_deterministic_and_complete(tmp_path):
     assert md.count("**Design.**") == md.count("**Cost.**") == md.count("**Answer.**") == len(numbered)
     assert "**Machine:** Test CPU" in md and "`attnrepro check`" in md
     train = md.split(next(h for h in numbered if "controlled comparison" in h), 1)[1].split("\n## ", 1)[0]
-    assert "(figures/train_loss.png)" in train and "| d32_unscaled.params |" in train  # figure and table inline
+    assert "(figures/train_loss.png)" in train and "| d32_unscaled.params |" not in train  # the figure inline
+    assert "](APPENDIX.md#2-the-controlled-comparison" in train and "| d32_unscaled.params |" in appendix  # its table
     init = md.split(next(h for h in numbered if "initialisation" in h), 1)[1].split("\n## ", 1)[0]
     assert "(../plots/init_sweep/sweep.png)" in init  # a stage's figure in its own section
-    assert "| class | claims | hold / inside | fail / outside | skipped |" in md
-    assert "❌" in md and "✅" in md and "unexplained" in md
+    assert "**Does the chapter reproduce?**" in md and "**Does this run match the reference?**" in md
+    assert "❌" in md and "✅" in appendix and "unexplained" in appendix
 
     claims = json.loads(first["metrics/claims.json"])
     # the fixture's losses (4.0 .. 4.3) break the d256 gap conclusion, recomputed from the raw losses
@@ -109,7 +111,7 @@ def test_report_stage_is_deterministic_and_complete(tmp_path):
                                                         "value": 425984, "published": 425984}
     assert claims["corpus.pinned.poems"]["pass"] == 1
     summary = json.loads(first["metrics/claims_summary.json"])
-    assert set(summary) == {"conclusion", "checksum", "value"}
+    assert set(summary) == {"conclusion", "finding", "checksum", "value"}
     for cls, c in summary.items():
         assert c["n"] == c["passed"] + c["failed"] + c["skipped"], cls
     assert summary["conclusion"]["failed"] > 0
@@ -209,7 +211,49 @@ def test_report_per_seed_table_from_the_distribution(tmp_path):
     (root / "metrics" / "dist" / "train.json").write_text(json.dumps(distribution({int(s): r for s, r in runs.items()})))
     p = run_stage(root)
     assert p.returncode == 0, p.stderr
-    md = (root / "report" / "REPORT.md").read_text(encoding="utf-8")
+    md = (root / "report" / "APPENDIX.md").read_text(encoding="utf-8")
     assert "| metric | this run | seed 1 | seed 2 | seed 20261014 | mean | sd |" in md
     row = next(line for line in md.splitlines() if line.startswith("| d32_unscaled.loss_final |"))
     assert row == "| d32_unscaled.loss_final | 4 | 4.01 | 4.02 | 4 | 4.01 | 0.01 |"
+
+
+def test_one_verdict_rendered_twice():
+    """The report's verdict and `attnrepro check` print the same counts, made by the same code
+    (judge.claims.tally_lines, judge.endpoints.summary_line), for the same results; and the committed
+    report says them (the committed run's counts)."""
+    from attnrepro.judge.check import Outcome, render
+    from attnrepro.judge.claims import counts, tally_lines
+    from attnrepro.report.assemble import build
+
+    rep = build(REPO / "claims.yaml", REPO / "metrics", REPO / "plots", pairs=[])
+    check = render(Outcome([], rep.results, {}, {}, [])).splitlines()
+    tally = tally_lines(counts(rep.results))
+    assert set(tally) == {"conclusion", "finding", "checksum", "value"}
+    for line in tally.values():
+        assert f"  {line}" in check and line in rep.markdown.splitlines()
+        assert line in (REPO / "report" / "REPORT.md").read_text(encoding="utf-8").splitlines()
+    assert sum(line.startswith("primary     15 endpoints: ") for line in rep.markdown.splitlines()) == 1
+
+
+def test_the_committed_reports_first_screen_answers():
+    """REPORT.md's first 40 lines: both answers in words, the two gaps and the ratio, every conclusion of the
+    chapter this run does not reproduce (metrics/claims.json) with its measured cause or "No measured cause",
+    and the compute spent; the report at most about 550 lines, its tables at most 8 columns."""
+    from attnrepro.judge.claims import OWN_FINDINGS
+
+    md = (REPO / "report" / "REPORT.md").read_text(encoding="utf-8").splitlines()
+    first = "\n".join(md[:40])
+    for words in ("**Does the chapter reproduce?**", "**Does this run match the reference?**",
+                  "loss gap at d_head 32: **", "loss gap at d_head 256: **", "ratio of the mean gaps: **",
+                  "Fieller's 95% interval", "**Not reproduced, and why**", "**Compute spent:**"):
+        assert words in first, words
+    claims = json.loads((REPO / "metrics" / "claims.json").read_text(encoding="utf-8"))
+    failed = [k for k, c in claims.items() if c["class"] == "conclusion" and not c["pass"] and not c["skipped"]
+              and k.split(".")[0] not in OWN_FINDINGS]
+    assert failed
+    for cid in failed:
+        line = next(x for x in md[:40] if x.startswith(f"- `{cid}` "))
+        assert "Measured cause: " in line or line.endswith("No measured cause."), line
+    assert len(md) <= 550
+    widths = {line.count("|") - 1 for line in md if line.startswith("|")}
+    assert widths and max(widths) <= 8, widths

@@ -18,7 +18,7 @@ from test_report import make_workspace, run_stage  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 PNG = b"\x89PNG\r\n\x1a\n"
-IMG = re.compile(r'<img src="([^"]*)" alt="([^"]*)">')
+IMG = re.compile(r'<img src="([^"]*)" alt="([^"]*)"')
 
 
 def chromium() -> str | None:
@@ -33,7 +33,7 @@ def test_converter_renders_the_report_markup():
     assert "<code>code | span</code>" in page and "<strong>bold</strong>" in page and "&lt;tag&gt; &amp;" in page
     assert '<a href="x.md">a link</a>' in page and "<ul>\n<li>one</li>\n<li>two</li>\n</ul>" in page
     assert "<th>b | c</th>" in page and "<td><code>x | y</code></td>" in page
-    assert "<pre><code>raw &lt;b&gt;</code></pre>" in page
+    assert "<pre><code>raw &lt;b&gt;\n</code></pre>" in page
     (src, alt), = IMG.findall(page)
     assert alt == "a figure" and base64.b64decode(src.split(",", 1)[1]) == PNG + b"0"
     assert markdown_to_html(md, lambda s: None) == markdown_to_html(md, lambda s: None)  # deterministic
@@ -104,3 +104,71 @@ def test_the_committed_report_html_loads_every_figure(tmp_path):
     n, ok, bad = loaded_in_chromium(page, tmp_path)
     assert n == len(re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md)) and ok == n, bad
     assert len(embedded_pngs(page.read_text(encoding="utf-8"))) == n
+
+
+def embedded_font_cmap(page: str) -> set[int]:
+    """The code points of the CJK font REPORT.html embeds (report/html.py: font_face)."""
+    import io
+
+    from fontTools.ttLib import TTFont
+    m = re.search(r"@font-face\{font-family:ReportCJK;src:url\(data:font/otf;base64,([A-Za-z0-9+/=]+)\)", page)
+    assert m, "no embedded CJK font"
+    return set(TTFont(io.BytesIO(base64.b64decode(m.group(1), validate=True))).getBestCmap())
+
+
+def test_the_committed_report_html_embeds_every_cjk_glyph_it_shows():
+    """Every CJK character of the page's text is in the font the page carries, so it renders on a machine
+    without CJK fonts (the figures draw theirs into the PNGs)."""
+    import html as html_lib
+
+    from attnrepro.report.html import wide_chars
+    page = (REPO / "report" / "REPORT.html").read_text(encoding="utf-8")
+    text = html_lib.unescape(re.sub(r"<[^>]+>", " ", page.split("<body>", 1)[1]))
+    chars = wide_chars(text)
+    assert len(chars) > 50  # the chapter's quotes
+    missing = [c for c in chars if ord(c) not in embedded_font_cmap(page)]
+    assert not missing, missing
+
+
+FIRST_SCREEN = """<script>
+window.addEventListener("load", function () {
+  var sample = document.body.innerText.replace(/[\\u0000-\\u2e7f]/g, "").slice(0, 200);
+  document.fonts.load("16px ReportCJK", sample).then(function (faces) {
+    var seen = [];
+    document.querySelectorAll("h1, h2, p, li, pre").forEach(function (e) {
+      if (e.getBoundingClientRect().top < window.innerHeight) seen.push(e.innerText);
+    });
+    var pre = document.createElement("pre");
+    pre.id = "fontcheck";
+    pre.textContent = "FACES " + faces.map(function (f) { return f.family + ":" + f.status; }).join(",")
+      + " CHECK " + document.fonts.check("16px ReportCJK", sample) + " FIRST " + JSON.stringify(seen.join(" | "));
+    document.body.appendChild(pre);
+  }, function (e) { document.body.appendChild(document.createTextNode("FONTERROR " + e)); });
+});
+</script>"""
+
+
+@pytest.mark.skipif(chromium() is None, reason="no headless Chromium (apt install chromium)")
+def test_the_committed_reports_first_screen_in_chromium(tmp_path):
+    """In headless Chromium at 1280x1000: the embedded CJK font loads and covers the page's Chinese, the first
+    screen holds both answers (does the chapter reproduce, does the run match the reference), and its
+    screenshot is an image with content."""
+    import numpy as np
+    from matplotlib.image import imread
+
+    page = REPO / "report" / "REPORT.html"
+    probe = tmp_path / "probe.html"
+    probe.write_text(page.read_text(encoding="utf-8").replace("</body>", FIRST_SCREEN + "\n</body>"), encoding="utf-8")
+    args = [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--window-size=1280,1000",
+            "--virtual-time-budget=10000", f"--user-data-dir={tmp_path / 'profile'}"]
+    p = subprocess.run([*args, "--dump-dom", probe.as_uri()], capture_output=True, text=True, timeout=180)
+    m = re.search(r"FACES (.*?) CHECK (\w+) FIRST (.*?)</pre>", p.stdout)
+    assert m, (p.returncode, p.stderr[-2000:], "FONTERROR" in p.stdout)
+    assert m.group(1) == "ReportCJK:loaded" and m.group(2) == "true", m.group(0)[:300]
+    first = m.group(3)
+    assert "Does the chapter reproduce?" in first and "Does this run match the reference?" in first, first[:500]
+    shot = tmp_path / "first.png"
+    p = subprocess.run([*args, f"--screenshot={shot}", page.as_uri()], capture_output=True, text=True, timeout=180)
+    assert shot.is_file(), p.stderr[-2000:]
+    img = imread(shot)
+    assert img.shape[:2] == (1000, 1280) and float(np.std(img[..., :3])) > 0.05

@@ -270,4 +270,19 @@ def answer(metrics, all_metrics, dists, claims=()) -> str:
                      + (f" ({', '.join(moved)})" if moved else "") + f"; gaps {gaps}")
     return (f"Over {metrics.get('design', {}).get('seeds', '?')} paired seeds, " + "; ".join(parts) + ". An arm "
             "closer to a published figure is not adopted for that: the protocol changes only for a reason in the "
-            "chapter's text (docs/PROTOCOL.md).")
+            "chapter's text (docs/PROTOCOL.md). " + text_rules_sentence(all_metrics.get("corpus") or {}, claims))
+
+
+def text_rules_sentence(corpus: Mapping, claims=()) -> str:
+    """Which newline rule the chapter's own corpus figures agree with (metrics/corpus.json `by_newline`,
+    no training): its character count against each rule's token stream, its coverage against each's."""
+    rules = corpus.get("by_newline") or {}
+    pub = {c.id.rsplit(".", 1)[-1]: c for c in claims if c.id.startswith("corpus.") and c.is_cell}
+    if not rules or "tokens" not in pub or "coverage" not in pub:
+        return ""
+    n, cov = pub["tokens"].published, pub["coverage"]
+    streams = "; ".join(f"{r} {m['tokens']:,} ({100 * (m['tokens'] / n - 1):+.1f}%)" for r, m in rules.items())
+    covs = [m["coverage"] for m in rules.values()]
+    return (f"The chapter's own corpus figures, measured without training: its {n:,.0f} characters against each "
+            f"rule's token stream: {streams}; its {100 * cov.published:.1f}% coverage against ours "
+            f"{100 * min(covs):.2f}-{100 * max(covs):.2f}% under every rule, which does not tell the rules apart.")

@@ -4,7 +4,6 @@ stage: run_train), and over seeds (the seeds stage: run_seeds)."""
 from __future__ import annotations
 
 import math
-import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -358,63 +357,67 @@ def ratio_interval(dist: dict) -> tuple[float, float]:
 
 
 def headline_markdown(seeds: dict, dist: dict, exp) -> str:
-    """This repository's measured gaps with their seed intervals, next to the chapter's: where the
-    chapter's figure sits among our seeds (its percentile), and each variant's modes."""
+    """This repository's measured gaps with their seed intervals, next to the chapter's (where its figure
+    sits among our seeds: its percentile), and the ratio of the mean gaps with Fieller's interval."""
     if not seeds:
         return ""
     pub = {c.id.rsplit(".", 1)[-1]: c.published for c in exp.claims
            if c.id.startswith(("train.gaps.", "train.gap_ratio."))}
     runs = dist.get("runs", {})
-    n = seeds.get("n_seeds")
-    lines = [f"Measured over {n} paired seeds (mean, 95% confidence interval of the mean), the chapter's figure in "
-             "brackets with its percentile among our seeds:\n"]
-    for key, label in (("gap_d32_loss_final", "loss gap at d_head 32"), ("gap_d256_loss_final", "loss gap at d_head 256"),
-                       ("gap_d32_val_loss_final", "validation-loss gap at d_head 32"),
-                       ("gap_d256_val_loss_final", "validation-loss gap at d_head 256")):
+    lines = [f"over {seeds.get('n_seeds')} paired seeds (mean [95% interval of the mean]; the chapter's figure and its "
+             "percentile among our seeds):\n"]
+    for key, label in (("gap_d32_loss_final", "loss gap at d_head 32"), ("gap_d256_loss_final", "loss gap at d_head 256")):
         s = seeds.get(key)
         if not s:
             continue
         ours = [r["comparison"][key] for r in runs.values() if key in r.get("comparison", {})]
         where = ""
         if key in pub and ours:
-            where = f" ({fmt_number(pub[key])}: percentile {percentile_of(ours, pub[key]):.0f} of our {len(ours)} seeds)"
+            where = f" (chapter {fmt_number(pub[key])}: percentile {percentile_of(ours, pub[key]):.0f})"
         zero = "; **the interval includes 0**" if s["ci95_lo"] <= 0 <= s["ci95_hi"] else ""
         lines.append(f"- {label}: **{fmt_number(round(s['mean'], 3))}** [{fmt_number(round(s['ci95_lo'], 3))}, "
-                     f"{fmt_number(round(s['ci95_hi'], 3))}]{zero}{where}")
+                     f"{fmt_number(round(s['ci95_hi'], 3))}] nats{zero}{where}")
     r = seeds.get("gap_ratio_of_means_loss_final")
     if r:
         p = pub.get("gap_ratio_of_means_loss_final")
         lo, hi = ratio_interval(dist)
         iv = f"Fieller's 95% interval [{lo:.2f}, {hi:.2f}]" if math.isfinite(lo) else "Fieller's interval unbounded"
-        lines.append(f"- ratio of the mean gaps: **{r['value']:.2f}×** (the chapter: {'—' if p is None else fmt_number(p)}"
-                     f"×); {iv}. Ill-conditioned: its denominator, the small gap, is a noisy number near 0, so the two "
-                     "gaps above are the result, the ratio a summary of them (the bootstrap interval in "
-                     f"metrics/seeds.json, [{r['ci95_lo']:.2f}, {r['ci95_hi']:.2f}], under-covers: tests/test_endpoints.py)")
         per_seed = [x["comparison"]["gap_ratio_loss_final"] for x in runs.values()
                     if math.isfinite(x.get("comparison", {}).get("gap_ratio_loss_final", math.nan))]
-        if per_seed and p is not None:  # the chapter's ratio is of one run's gaps: a per-seed ratio
-            lines.append(f"- each seed's own ratio: median {statistics.median(per_seed):.2f}×, from "
-                         f"{min(per_seed):.2f}× to {max(per_seed):.2f}× (the chapter's {fmt_number(p)}×, one run's "
-                         f"ratio: percentile {percentile_of(per_seed, p):.0f} of our {len(per_seed)} seeds)")
+        spread = (f"; one seed's own ratio runs from {min(per_seed):.1f}× to {max(per_seed):.0f}×" if per_seed else "")
+        lines.append(f"- ratio of the mean gaps: **{r['value']:.2f}×** (chapter {'—' if p is None else fmt_number(p)}"
+                     f"×), {iv}{spread}. Ill-conditioned (its denominator is a small, noisy gap): the two gaps are "
+                     "the result, the ratio a summary of them")
+    return "\n".join(lines) + "\n"
+
+
+def fieller_text(dist: dict) -> str:
+    lo, hi = ratio_interval(dist)
+    return f"[{lo:.2f}, {hi:.2f}]" if math.isfinite(lo) else "unbounded"
+
+
+def modes_markdown(seeds: dict) -> str:
+    """Each variant's seeds tested for two modes, with the test's simulated power beside the answer."""
     modes = seeds.get("modes", {})
-    if modes:
-        lines += ["", "Modes: each variant's seeds tested for two modes on the layer-0 entropy at step 222 (the largest "
-                  "gap between sorted values against one normal sample, family-wise alpha 0.05 over the variants; "
-                  "`stats.find_modes`):\n", "| variant | modes | p | share of seeds per mode [exact 95%] | "
-                  "final loss per mode |", "| --- | --- | --- | --- | --- |"]
-        for v, m in modes.items():
-            ms = [m[k] for k in sorted(m) if k.startswith("mode")]
-            share = "; ".join(f"{x['n']}: {100 * x['frac']:.0f}% [{100 * x['frac_ci95_lo']:.0f}, "
-                              f"{100 * x['frac_ci95_hi']:.0f}]" for x in ms)
-            loss = "; ".join(f"{x['loss_final_mean']:.3f}" for x in ms)
-            lines.append(f"| {v} | {m['n_modes']} | {m['p']:.2g} | {share} | {loss} |")
-        alpha = next(iter(modes.values())).get("alpha", ALPHA)
-        if all(m["n_modes"] == 1 for m in modes.values()):
-            power = ", ".join(f"{100 * modes_power(n, 0.2, d, alpha):.0f}% at {d} sd" for d in (4, 6, 8))
-            lines.append(f"\nNo evidence of a second mode, which is weaker than one mode: with {n} seeds at alpha "
-                         f"{alpha:.3g}, a minority mode holding 20% of the seeds is found {power} of within-mode "
-                         "separation (stats.modes_power, simulated). The statistic was named after the first five "
-                         "seeds showed one d256_scaled seed apart on it; the later five were not used to choose it.")
+    if not modes:
+        return ""
+    lines = ["Modes: each variant's seeds tested for two modes on the layer-0 entropy at step 222 (the largest "
+             "gap between sorted values against one normal sample, family-wise alpha 0.05 over the variants; "
+             "`stats.find_modes`):\n", "| variant | modes | p | share of seeds per mode [exact 95%] | "
+             "final loss per mode |", "| --- | --- | --- | --- | --- |"]
+    for v, m in modes.items():
+        ms = [m[k] for k in sorted(m) if k.startswith("mode")]
+        share = "; ".join(f"{x['n']}: {100 * x['frac']:.0f}% [{100 * x['frac_ci95_lo']:.0f}, "
+                          f"{100 * x['frac_ci95_hi']:.0f}]" for x in ms)
+        loss = "; ".join(f"{x['loss_final_mean']:.3f}" for x in ms)
+        lines.append(f"| {v} | {m['n_modes']} | {m['p']:.2g} | {share} | {loss} |")
+    alpha = next(iter(modes.values())).get("alpha", ALPHA)
+    if all(m["n_modes"] == 1 for m in modes.values()):
+        power = ", ".join(f"{100 * modes_power(seeds.get('n_seeds'), 0.2, d, alpha):.0f}% at {d} sd" for d in (4, 6, 8))
+        lines.append(f"\nNo evidence of a second mode, which is weaker than one mode: with {seeds.get('n_seeds')} seeds "
+                     f"at alpha {alpha:.3g}, a minority mode holding 20% of the seeds is found {power} of within-mode "
+                     "separation (stats.modes_power, simulated). The statistic was named after the first five "
+                     "seeds showed one d256_scaled seed apart on it; the later five were not used to choose it.")
     return "\n".join(lines) + "\n"
 
 
@@ -427,8 +430,13 @@ def answer(metrics, all_metrics, dists) -> str:
         out.append(f"Over {s.get('n_seeds')} paired seeds removing 1/√d_k costs d_head 256 {g256['mean']:.3f} nat "
                    f"[{g256['ci95_lo']:.3f}, {g256['ci95_hi']:.3f}] of final training loss and d_head 32 "
                    f"{g32['mean']:.3f} [{g32['ci95_lo']:.3f}, {g32['ci95_hi']:.3f}] (its interval {zero} 0)"
-                   + (f"; the large model's gap is {ratio['value']:.2f}× the small one's [{ratio['ci95_lo']:.2f}, "
-                      f"{ratio['ci95_hi']:.2f}]." if ratio else "."))
+                   + (f"; the large model's gap is {ratio['value']:.2f}× the small one's (Fieller's interval "
+                      f"{fieller_text(dists.get('train') or {})})." if ratio else "."))
+    v32, v256 = s.get("gap_d32_val_loss_final"), s.get("gap_d256_val_loss_final")
+    if v32 and v256:
+        out.append(f"On the validation loss the gaps are {v256['mean']:.3f} [{v256['ci95_lo']:.3f}, "
+                   f"{v256['ci95_hi']:.3f}] at d_head 256 and {v32['mean']:.3f} [{v32['ci95_lo']:.3f}, "
+                   f"{v32['ci95_hi']:.3f}] at d_head 32.")
     u = metrics.get("d256_unscaled", {}) if metrics else {}
     sc = metrics.get("d256_scaled", {}) if metrics else {}
     if "entropy_step222" in u and "entropy_final" in u:

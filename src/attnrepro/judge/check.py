@@ -32,7 +32,8 @@ from attnrepro.files import dvc_entry, dvc_stages, read_json, read_params, read_
 from attnrepro.formatting import fmt_number
 from attnrepro.judge import endpoints
 from attnrepro.judge.claims import (CONCLUSIONS, ClaimResult, Expectations, Tol, band, counts, cuda_run, evaluate_all,
-                                    evaluate_claim, load, load_dists, load_envs, load_metrics_dir, seed_values)
+                                    evaluate_claim, kind, load, load_dists, load_envs, load_metrics_dir, seed_values,
+                                    tally_lines)
 from attnrepro.judge.decide import decide
 from attnrepro.judge.endpoints import Judgement
 from attnrepro.judge.revision import (Reference, Revision, claims_changes, get_leaf, key_leaves, listed, lock_findings,
@@ -43,7 +44,6 @@ from attnrepro.run.execute import NUMERICS
 from attnrepro.stats import ALPHA, Band
 from attnrepro.store.run_store import recorded_key
 
-OWN_FINDINGS = ("sensitivity",)  # experiments whose conclusions are this project's findings, not the chapter's
 # what decides whether a rerun must be byte-identical: the machine's float order and the software
 MACHINE_KEYS = ("cpu", "cpu_capability", "torch", "python", "torch_threads", "device", "cuda_available", "cuda_version",
                 "cudnn_version", "gpu_name", "runs_on")
@@ -615,26 +615,15 @@ def render(o: Outcome, rev: Optional[str] = None, show_all: bool = False) -> str
              + ("reproduces" if o.ok else "does not reproduce") + f" the reference ({rev or o.label})"
              + ("" if o.ok else f": {len(o.problems)} problem(s), listed below")]
     lines += [f"  {n}" for n in o.notes] + [""]
-    chapter = [r for r in o.results if r.claim.cls == "conclusion" and r.claim.experiment not in OWN_FINDINGS]
-    own = [r for r in o.results if r.claim.cls == "conclusion" and r.claim.experiment in OWN_FINDINGS]
-    for label, rs in (("conclusions", chapter), ("findings   ", own)):
-        judged = [r for r in rs if r.status != "skipped"]
-        if not rs:
-            continue
-        lines.append(f"  {label} {sum(r.passed for r in judged)} of {len(judged)} hold"
-                     + (" (the chapter's; each on this run and, where a stage has seeds, on most of the reference's "
-                        "seeds)" if rs is chapter else " (this project's own, pre-registered: the sensitivity sweep)")
-                     + (f", {len(rs) - len(judged)} skipped (need a GPU)" if len(rs) > len(judged) else ""))
-        missed = [r.claim.id for r in rs if r.claim.id in o.not_reproduced]
+    tally = tally_lines(c)
+    for k in ("conclusion", "finding", "checksum"):  # published values after the metrics
+        if k in tally:
+            lines.append(f"  {tally[k]}")
+        missed = [r.claim.id for r in o.results if kind(r.claim) == k and r.claim.id in o.not_reproduced]
         if missed:
             lines.append(f"              {len(missed)} not reproduced, as on the reference: " + ", ".join(missed))
-    lines.append(f"  checksums   {c['checksum']['passed']} of {c['checksum']['n'] - c['checksum']['skipped']} hold")
-    e = endpoints.summary(o.endpoints)
     if o.endpoints:
-        lines.append(f"  primary     {len(o.endpoints)} endpoints: {e['SAME']} SAME, {e['DIFFERENT']} DIFFERENT, "
-                     f"{e['INCONCLUSIVE']} INCONCLUSIVE" + (f", {e['MISSING']} missing" if e["MISSING"] else "")
-                     + (f", {e[endpoints.INVALID]} not a number" if e[endpoints.INVALID] else "")
-                     + f" (equivalence margins in claims.yaml, alpha {ALPHA} family-wise: docs/VERDICT.md)")
+        lines.append(f"  {endpoints.summary_line(o.endpoints)}")
     lines.append(f"  metrics     {sum(not r.failure for r in gated)} of {len(gated)} gated metrics hold "
                  f"({sum(r.how.startswith('exact') for r in gated)} exact, "
                  f"{sum(r.how == 'sweep mean (Welch)' for r in gated)} sweep means read by a conclusion, "
@@ -642,8 +631,8 @@ def render(o: Outcome, rev: Optional[str] = None, show_all: bool = False) -> str
                  f"{sum(r.how == 'band, not gated' for r in o.rows)} with seeds (band and z shown), "
                  f"{sum(r.how == 'timing, not gated' for r in o.rows)} timings, "
                  f"{sum(r.how == 'not gated' for r in o.rows)} informational")
-    lines.append(f"  published   {c['value']['passed']} of {c['value']['n'] - c['value']['skipped']} published values "
-                 f"inside our band or tolerance; of the others {c['value']['unexplained']} unexplained (informational)")
+    if "value" in tally:
+        lines.append(f"  {tally['value']}")
     if exact:
         lines.append(f"  exact verdict (same machine and params as the reference): {', '.join(exact)}")
     reasons: dict[str, list[str]] = {}

@@ -278,6 +278,7 @@ class Expectations:
     headline: list[str]  # the primary endpoints' metrics (an older claims.yaml: its `headline:` list)
     sections: dict[str, str]  # experiment -> section title
     primary: list[Endpoint] = field(default_factory=list)
+    causes: dict[str, "Cause"] = field(default_factory=dict)  # conclusion id -> its measured cause (`causes:`)
 
     def drift_rule(self, key: str) -> Optional[DriftRule]:
         return next((r for r in self.drift if fnmatch.fnmatchcase(key, r.glob)), None)
@@ -331,10 +332,10 @@ def load(path: str | Path = "claims.yaml", conclusions: str | Path | None = None
     path = Path(path)
     read_yaml_mapping(path, "claims file not found", ClaimError)  # a missing or malformed file: one line
     data = yaml.load(path.read_text(encoding="utf-8"), Loader=_PrintedLoader) or {}
-    unknown = sorted(set(data) - {"gpu_only", "timings", "primary", "headline", "experiments"})
+    unknown = sorted(set(data) - {"gpu_only", "timings", "primary", "causes", "headline", "experiments"})
     if unknown:
         raise ClaimError(f"{path}: unknown top-level key {unknown[0]!r} (known: experiments, gpu_only, timings, "
-                         "primary)")
+                         "primary, causes)")
     exps = data.get("experiments")
     if not isinstance(exps, dict) or not exps:
         raise ClaimError(f"{path}: expected `experiments:`, a mapping of metrics file -> expectations")
@@ -377,7 +378,35 @@ def load(path: str | Path = "claims.yaml", conclusions: str | Path | None = None
     except EndpointError as e:
         raise ClaimError(str(e)) from None
     headline = [e.metric for e in primary] if primary else lists["headline"]  # `headline:`: a revision before them
-    return Expectations(claims, drift, lists["gpu_only"], lists["timings"], headline, sections, primary)
+    known = {c.id for c in preds if c.cls == "conclusion"} if preds else None  # None: read without the predicates
+    causes = parse_causes(data.get("causes") or {}, known, f"{path}: causes")
+    return Expectations(claims, drift, lists["gpu_only"], lists["timings"], headline, sections, primary, causes)
+
+
+@dataclass(frozen=True)
+class Cause:
+    """`causes:` in claims.yaml: why a conclusion does not reproduce here, as measured: a sentence and the
+    metrics it rests on (the report prints their values beside it)."""
+    says: str
+    metrics: tuple[str, ...]
+
+    def text(self, metrics: Mapping[str, float]) -> str:
+        shown = "; ".join(f"{k} = {metrics[k]:.3g}" if k in metrics else f"{k} missing" for k in self.metrics)
+        return f"{self.says} ({shown})" if shown else self.says
+
+
+def parse_causes(entries, conclusions: Optional[set[str]], where: str) -> dict[str, Cause]:
+    if not isinstance(entries, dict):
+        raise ClaimError(f"{where}: expected a mapping of conclusion id -> {{says, metrics}}")
+    out = {}
+    for cid, e in entries.items():
+        if conclusions is not None and cid not in conclusions:
+            raise ClaimError(f"{where}.{cid}: not a conclusion of claims.yaml")
+        if not (isinstance(e, dict) and set(e) == {"says", "metrics"} and isinstance(e["says"], str)
+                and isinstance(e["metrics"], list) and all(isinstance(m, str) for m in e["metrics"])):
+            raise ClaimError(f"{where}.{cid}: expected {{says: <sentence>, metrics: [<metric key>, ...]}}")
+        out[cid] = Cause(e["says"].strip(), tuple(e["metrics"]))
+    return out
 
 
 def predicates(text: str, where: str, sections: Mapping[str, str]) -> list[Claim]:
@@ -840,16 +869,44 @@ def accounts(metrics: Mapping[str, float], row: str, published: float, half: flo
                         {k: metrics[f"{row}.{k}"] for k in ROW_KEYS if f"{row}.{k}" in metrics}, published, half)
 
 
+OWN_FINDINGS = ("sensitivity",)  # experiments whose conclusions are this project's findings, not the chapter's
+KINDS = ("conclusion", "finding", "checksum", "value")  # how the verdict counts claims
+
+
+def kind(claim: Claim) -> str:
+    """The verdict's count a claim belongs to: a conclusion of OWN_FINDINGS's experiments is a finding."""
+    return "finding" if claim.cls == "conclusion" and claim.experiment in OWN_FINDINGS else claim.cls
+
+
 def counts(results: list[ClaimResult]) -> dict:
-    """Per class: n, passed, failed (missing included), skipped; values: unexplained deviations."""
+    """Per kind (KINDS): n, passed, failed (missing included), skipped; values: unexplained deviations."""
     out = {}
-    for cls in CLASSES:
-        rs = [r for r in results if r.claim.cls == cls]
-        out[cls] = {"n": len(rs), "passed": sum(r.passed for r in rs),
-                    "failed": sum(r.status in ("fail", "missing") for r in rs),
-                    "skipped": sum(r.status == "skipped" for r in rs)}
+    for k in KINDS:
+        rs = [r for r in results if kind(r.claim) == k]
+        out[k] = {"n": len(rs), "passed": sum(r.passed for r in rs),
+                  "failed": sum(r.status in ("fail", "missing") for r in rs),
+                  "skipped": sum(r.status == "skipped" for r in rs)}
     out["value"]["unexplained"] = sum(r.explanation.startswith("unexplained") for r in results)
     return out
+
+
+def tally_lines(c: dict) -> dict[str, str]:
+    """The claims' counts (`counts`) in words, per kind: what `attnrepro check` and the report both print."""
+    def judged(k):
+        return c[k]["n"] - c[k]["skipped"]
+
+    def skipped(k):
+        return f", {c[k]['skipped']} skipped (need a GPU)" if c[k]["skipped"] else ""
+
+    lines = {"conclusion": f"conclusions {c['conclusion']['passed']} of {judged('conclusion')} hold (the chapter's; "
+                           f"each on this run and, where a stage has seeds, on most of the reference's seeds)"
+                           f"{skipped('conclusion')}",
+             "finding": f"findings    {c['finding']['passed']} of {judged('finding')} hold (this project's own, "
+                        f"pre-registered: the sensitivity sweep){skipped('finding')}",
+             "checksum": f"checksums   {c['checksum']['passed']} of {judged('checksum')} hold (true by construction)",
+             "value": f"published   {c['value']['passed']} of {judged('value')} published values inside our band or "
+                      f"tolerance; of the others {c['value']['unexplained']} unexplained (informational)"}
+    return {k: line for k, line in lines.items() if c[k]["n"]}
 
 
 def claims_json(results: list[ClaimResult]) -> dict:

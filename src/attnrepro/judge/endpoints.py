@@ -155,6 +155,15 @@ def summary(judgements: Sequence[Judgement]) -> dict[str, int]:
     return {k: sum(j.answer == k for j in judgements) for k in (SAME, DIFFERENT, INCONCLUSIVE, MISSING, INVALID)}
 
 
+def summary_line(judgements: Sequence[Judgement]) -> str:
+    """The primary endpoints' answers in one line: what `attnrepro check` and the report both print."""
+    e = summary(judgements)
+    return (f"primary     {len(judgements)} endpoints: {e[SAME]} SAME, {e[DIFFERENT]} DIFFERENT, "
+            f"{e[INCONCLUSIVE]} INCONCLUSIVE" + (f", {e[MISSING]} missing" if e[MISSING] else "")
+            + (f", {e[INVALID]} not a number" if e[INVALID] else "")
+            + f" (equivalence margins in claims.yaml, alpha {ALPHA} family-wise: docs/VERDICT.md)")
+
+
 def power_rows(endpoints: Sequence[Endpoint], dists: Mapping[str, dict], alpha: float = ALPHA,
                seeds: Sequence[int] = LOOKS) -> list[dict]:
     """Per endpoint: the smallest true shift a rerun of n seeds calls DIFFERENT with 80% power, for n in

@@ -2,17 +2,17 @@
 against this run and its seed distributions, per experiment, with figures.
 
 `build(...)` evaluates claims.yaml against metrics/ and returns the content of
-metrics/claims.json, metrics/claims_summary.json, report/REPORT.md, report/REPORT.html (the
-same report, figures embedded; `markdown_to_html`) and the report's figures (PNG bytes).
-REPORT.md is laid out like a paper: the verdict, the headline, then one section per experiment
-in the chapter's order (`SECTIONS`: design, cost, answer, figures, tables), the machine records
-last. This module only assembles it: each experiment's answer, tables and figures live beside the
-experiment (`answer`, `report_markdown`, ... in experiments/<name>.py; `ANSWERS`), the claims'
-verdict tables in report/claims_tables.py, the machine records in report/machine.py, the gate's
-power in report/power.py, the shared text helpers in report/format.py.
-Everything is a pure function of its inputs: no dates, sorted iteration, PNGs
-written without a Software/date stamp, so the same metrics give byte-identical
-outputs.
+metrics/claims.json, metrics/claims_summary.json, report/REPORT.md, report/APPENDIX.md,
+report/REPORT.html (REPORT.md, figures and CJK glyphs embedded; report/html.py) and the report's
+figures (PNG bytes). REPORT.md is laid out like a paper: its first screen answers (the verdict in
+the words and counts `attnrepro check` uses, the headline, each conclusion not reproduced with its
+measured cause: `verdict_markdown`), then one section per experiment in the chapter's order
+(`SECTIONS`: design, cost, answer, captioned figures, the chapter's conclusions). APPENDIX.md holds
+the tables behind it: checksums, published values, per-seed tables, the sensitivity sweep, the
+verdict's power and the machine records. This module only assembles: each experiment's answer and
+tables live beside the experiment (`ANSWERS`), the claims' tables in report/claims_tables.py.
+Everything is a pure function of its inputs: no dates, sorted iteration, PNGs and the font written
+without a stamp, so the same metrics give byte-identical outputs.
 """
 
 from __future__ import annotations
@@ -30,14 +30,16 @@ from attnrepro.config import require
 from attnrepro.data import corpus
 from attnrepro.experiments import (charlm, choices, comparison, critical, failures, heads, init_sweep, kv_cache,
                                    latency, precision, qknorm, reversal, sensitivity)
-from attnrepro.experiments.comparison import diagnostics_figure, headline_markdown, loss_figure, pairs_by_dhead
+from attnrepro.experiments.comparison import (diagnostics_figure, headline_markdown, loss_figure, modes_markdown,
+                                              pairs_by_dhead)
 from attnrepro.files import read_json
-from attnrepro.formatting import dig, fmt, table_cell
-from attnrepro.judge.claims import (CLASSES, ClaimResult, claims_json, counts, evaluate_all, load, load_dists,
-                                    load_envs, load_metrics_dir)
+from attnrepro.formatting import dig, fmt
+from attnrepro.judge import endpoints
+from attnrepro.judge.claims import (ClaimResult, claims_json, counts, evaluate_all, kind, load, load_dists, load_envs,
+                                    load_metrics_dir, tally_lines)
 from attnrepro.model.attention_impl import BUILTIN
-from attnrepro.report.claims_tables import CLASS_WORDS, experiment_markdown, this_run_text
-from attnrepro.report.html import markdown_to_html, resolver
+from attnrepro.report.claims_tables import experiment_markdown, this_run_text
+from attnrepro.report.html import anchor, markdown_to_html, resolver
 from attnrepro.report.machine import env_markdown, machine_line
 from attnrepro.report.power import power_markdown
 from attnrepro.stats import Band
@@ -51,14 +53,11 @@ class Report:
     figures: dict[str, bytes]  # file name under report/figures/ -> PNG bytes (the report's own)
     results: list[ClaimResult]
     html: str = ""  # report/REPORT.html: the same report, figures embedded as data URIs
+    appendix: str = ""  # report/APPENDIX.md: the tables behind it
 
     def lines(self, out: str) -> list[str]:
-        """The stage's summary line (`out`: the report folder)."""
-        s = self.summary
-        return [f"conclusions {s['conclusion']['passed']}/{s['conclusion']['n']} hold, checksums "
-                f"{s['checksum']['passed']}/{s['checksum']['n']}, published values {s['value']['passed']}/"
-                f"{s['value']['n']} inside our band ({s['value']['unexplained']} unexplained); "
-                f"{s['conclusion']['skipped'] + s['value']['skipped']} skipped (need a GPU) -> {out}/REPORT.md"]
+        """The stage's summary: the verdict's counts (judge.claims.tally_lines), then where the report went."""
+        return [*tally_lines(self.summary).values(), f"-> {out}/REPORT.md, {out}/APPENDIX.md"]
 
 
 @dataclass
@@ -317,10 +316,10 @@ def build(claims_path: Path, metrics_dir: Path, plots_dir: Path, pairs, smooth: 
           exclude_plots: tuple[str, ...] = ("report",), plots_href: str = "../plots") -> Report:
     """pairs: [(d_head, {scaled: variant})]; plots_href: plots_dir as seen from the report's folder."""
     exp = load(claims_path)
-    metrics = load_metrics_dir(metrics_dir)
+    flat = load_metrics_dir(metrics_dir)
     dists = load_dists(metrics_dir / "dist")
     envs = load_envs(metrics_dir / "env")
-    results = evaluate_all(exp, metrics, dists, envs)
+    results = evaluate_all(exp, flat, dists, envs)
     c = counts(results)
     series = {}
     for _, pair in pairs:
@@ -340,64 +339,30 @@ def build(claims_path: Path, metrics_dir: Path, plots_dir: Path, pairs, smooth: 
     seeds = metrics.get("seeds") or {}
     train_dist = dists.get("train", {})
 
-    total = [runs_count(s.key, metrics, dists) for s in SECTIONS]
-    counted = sum(n for n, _ in total if n)
     md = ["# attnrepro: reproduction report\n",
-          "The chapter's conclusions, checksums and published numbers (claims.yaml) against this run "
-          "(metrics/) and the reference seed distributions (metrics/dist/), one section per experiment in the "
-          "chapter's order. Generated by the `report` stage; same metrics, same bytes.\n",
-          "## Verdict\n",
-          "The reproduction check is `attnrepro check` (this run against the committed reference: exact on the "
-          "reference's machine, within seed bands elsewhere; it needs git, so it is not run here). What this report "
-          "states is the claims' verdicts:\n",
-          "| class | claims | hold / inside | fail / outside | skipped |", "| --- | --- | --- | --- | --- |"]
-    for cls in CLASSES:
-        md.append(f"| {CLASS_WORDS[cls]} | {c[cls]['n']} | {c[cls]['passed']} | {c[cls]['failed']} | {c[cls]['skipped']} |")
-    nr = [r for r in results if r.claim.cls == "conclusion" and r.status == "fail"]
-    if nr:
-        md += ["", "Conclusions of the chapter **not reproduced** here (each stated at the chapter's strength; our figure "
-               "beside the chapter's):\n"]
-        md += [f"- `{r.claim.id}`: {table_cell(r.claim.text)} — ours: {this_run_text(r)}" for r in nr]
-    else:
-        md += ["", "Every conclusion of the chapter that this machine can test holds here."]
-    spent = run_hours(envs, sorted(envs))
-    md += ["", (f"**Compute spent:** {spent[1]:.1f} h of run wall time over {spent[0]} training runs (each run's own "
-                "time when it was trained; a run shared by two stages through the run store counts in both).\n")
-           if spent else
-           (f"**Compute spent:** not recorded (these environment records predate run times); {counted} training runs "
-            "counted from metrics/ (some shared between stages through the run store; sensitivity's not counted).\n"),
-           f"**Machine:** {machine_line(envs)} (every field per stage: the appendix).\n"]
-    head = headline_markdown(seeds, train_dist, exp)
-    if head:
-        md += ["## Headline\n", head]
-    md += ["## How to read a published value\n",
-           "Where our runs have seeds, first by its **percentile among our seeds** "
-           "(0 or 100: beyond all of them; with n seeds it moves in steps of 100/n, a tie counting half), and where a "
-           "variant's seeds fall into modes, by the mode the chapter's run was in (read once per variant off the "
-           "chapter's published value of the statistic the modes were found on; unknown where it prints none). Then by "
-           "our band: the published figure, with "
-           "the rounding interval of its printed digits, is \"inside\" when it meets the 95% prediction interval of one "
-           "run over our seeds (per mode where there are modes; z: seed standard deviations from our mean, or with "
-           "modes from the chapter's mode where its diagnostic names one, else the nearest, in within-mode sd; on the "
-           "log scale for attention statistics), \"off\" when it misses its tolerance where no seed "
-           "distribution exists. Head portraits are judged after matching our heads to the published ones one-to-one "
-           "within a layer (Hungarian assignment over their statistics). "
-           f"Published values outside without an explanation measured here: **{c['value']['unexplained']}** (marked "
-           "\"unexplained\" below).\n"]
+          "Does the chapter's attention experiment reproduce? The verdict first, then one section per experiment in "
+          "the chapter's order (design, cost, answer, figures, the chapter's conclusions). Every published value, the "
+          "per-seed tables, the sensitivity sweep and the machine records are in [the appendix](APPENDIX.md). "
+          "Generated by the `report` stage from metrics/ and plots/; same metrics, same bytes.\n"]
+    md += verdict_markdown(exp, results, flat, dists, envs, seeds, train_dist)
+    appendix = ["# attnrepro: reproduction report, appendix\n",
+                "The detail behind [REPORT.md](REPORT.md): per experiment, its checksums, every published value "
+                "against our seeds, and its per-seed tables; then the sensitivity sweep, the verdict's power and the "
+                "machine records.\n",
+                "## How to read a published value\n", READING.format(c["value"]["unexplained"])]
 
     shown: set[tuple[str, str]] = set()
-    own = {"train": [("figures/train_loss.png", "Training loss, d_head 32 and 256, with and without scaling",
-                      "train_loss.png"),
-                     ("figures/train_diagnostics.png", "Layer-0 attention entropy and softmax Jacobian norm over training",
-                      "train_diagnostics.png")]}
+    own = {"train": [("figures/train_loss.png", "train_loss.png"), ("figures/train_diagnostics.png",
+                                                                     "train_diagnostics.png")]}
     extras = {"critical": lambda: critical.report_markdown(metrics.get("critical") or {}),
               "exercise3": lambda: heads.centroid_markdown(metrics.get("heads") or {}),
-              "qknorm": lambda: qknorm.report_markdown(metrics.get("qknorm") or {}),
-              "sensitivity": lambda: sensitivity.report_markdown(metrics.get("sensitivity") or {}, exp),
               "choices": lambda: choices.report_markdown(metrics.get("choices") or {}, exp.claims),
-              "train": lambda: per_seed_markdown(train_dist, metrics.get("train") or {}, exp.headline, "train"),
-              "failures": lambda: per_seed_markdown(dists.get("failures", {}), metrics.get("failures") or {},
-                                                    exp.headline, "failures")}
+              "train": lambda: modes_markdown(seeds)}
+    details = {"qknorm": lambda: qknorm.report_markdown(metrics.get("qknorm") or {}),
+               "sensitivity": lambda: sensitivity.report_markdown(metrics.get("sensitivity") or {}, exp),
+               "train": lambda: per_seed_markdown(train_dist, metrics.get("train") or {}, exp.headline, "train"),
+               "failures": lambda: per_seed_markdown(dists.get("failures", {}), metrics.get("failures") or {},
+                                                     exp.headline, "failures")}
     # an experiment with claims but no place in SECTIONS yet is reported after the chapter's
     sections = list(SECTIONS) + [Section(k, exp.sections[k], "", (k,), f"the `{k}` stage: see the docstring of "
                                          f"src/attnrepro/experiments/{k}.py (its place in this report: SECTIONS)")
@@ -405,35 +370,140 @@ def build(claims_path: Path, metrics_dir: Path, plots_dir: Path, pairs, smooth: 
                                  if k not in {s.key for s in SECTIONS} and any(r.claim.experiment == k for r in results)]
     for number, sec in enumerate(sections, 1):
         rs = [r for r in results if r.claim.experiment == sec.key]
-        md.append(f"## {number}. {sec.title}" + (f" ({sec.chapter})" if sec.chapter else "") + "\n")
+        title = f"{number}. {sec.title}" + (f" ({sec.chapter})" if sec.chapter else "")
+        md.append(f"## {title}\n")
         if sec.design:
             md.append(f"**Design.** {sec.design}\n")
         md.append(cost_line(sec.key, metrics, dists, envs) + "\n")
         md.append(f"**Answer.** {answer(sec.key, metrics, dists, results)}\n")
-        figs = [(src, alt) for src, alt, name in own.get(sec.key, []) if name in figures]
+        figs = [(src, name) for src, name in own.get(sec.key, []) if name in figures]
         if sec.key == "train" and not series:
             md.append("No training curves yet (plots/train/*.csv missing).\n")
         for stage in sec.plots:
             for st, name in embedded:
                 if st == stage:
-                    figs.append((f"{plots_href}/{st}/{name}", f"{st}: {name}"))
+                    figs.append((f"{plots_href}/{st}/{name}", f"{st}/{name}"))
                     shown.add((st, name))
-        md += [f"![{alt}]({src})\n" for src, alt in figs]
+        for src, name in figs:
+            caption = CAPTIONS.get(name, name)
+            md.append(f"![{caption}]({src})\n\n*{caption}*\n")
         if sec.key in extras:
             md.append(extras[sec.key]())
         if rs:
-            md.append(experiment_markdown(None, rs))
+            md.append(experiment_markdown(None, rs, classes=("conclusion",)))
+        more = experiment_markdown(None, rs, classes=("checksum", "value")) if rs else ""
+        extra = details[sec.key]() if sec.key in details else ""
+        if more.strip() or extra.strip():
+            appendix += [f"## {title}\n", extra, more]
+            md.append(f"Its checksums, published values and per-seed tables: [the appendix](APPENDIX.md#{anchor(title)}).\n")
     rest = [e for e in embedded if e not in shown]
     if rest:
         md.append("## Other figures\n")
-        md += [f"![{st}: {name}]({plots_href}/{st}/{name})\n" for st, name in rest]
-    md += ["## Verdict power\n", power_markdown(dists, exp)]
-    md += ["## Appendix: machine records\n", env_markdown(envs)]
-    summary = {cls: {k: v for k, v in c[cls].items()} for cls in CLASSES}
-    markdown = "\n".join(md).rstrip() + "\n"
-    markdown = re.sub(r"\n{3,}", "\n\n", markdown)
+        md += [f"![{st}/{name}]({plots_href}/{st}/{name})\n" for st, name in rest]
+    appendix += ["## Verdict power\n", power_markdown(dists, exp)]
+    appendix += ["## Machine records\n", env_markdown(envs)]
+    summary = {k: dict(v) for k, v in c.items()}
+    markdown = tidy(md)
     page = markdown_to_html(markdown, resolver(figures, plots_dir, plots_href))
-    return Report(claims_json(results), summary, markdown, figures, results, page)
+    return Report(claims_json(results), summary, markdown, figures, results, page, tidy(appendix))
+
+
+def tidy(lines: list[str]) -> str:
+    return re.sub(r"\n{3,}", "\n\n", "\n".join(lines).rstrip() + "\n")
+
+
+READING = (
+    "Where our runs have seeds, first by its **percentile among our seeds** (0 or 100: beyond all of them; with n "
+    "seeds it moves in steps of 100/n, a tie counting half), and where a variant's seeds fall into modes, by the mode "
+    "the chapter's run was in (read once per variant off the chapter's published value of the statistic the modes were "
+    "found on; unknown where it prints none). Then by our band: the published figure, with the rounding interval of "
+    "its printed digits, is \"inside\" when it meets the 95% prediction interval of one run over our seeds (per mode "
+    "where there are modes; z: seed standard deviations from our mean, or with modes from the chapter's mode where its "
+    "diagnostic names one, else the nearest, in within-mode sd; on the log scale for attention statistics), \"off\" "
+    "when it misses its tolerance where no seed distribution exists. Head portraits are judged after matching our "
+    "heads to the published ones one-to-one within a layer (Hungarian assignment over their statistics). Published "
+    "values outside without an explanation measured here: **{}** (marked \"unexplained\").\n")
+
+# what each figure shows (the report's captions; the numbers are in the text beside them)
+CAPTIONS = {
+    "train_loss.png": "Training loss of this run's four models: d_head 32 and 256, each with and without 1/√d_k "
+                      "(the chapter's Fig 1.2).",
+    "train_diagnostics.png": "Layer-0 attention entropy and softmax Jacobian norm over training, d_head 32 and 256, "
+                             "with and without scaling (the chapter's Fig 1.4).",
+    "seeds/bands.png": "Every seed at once: each variant's mean training curve with its range over the seeds, and the "
+                       "layer-0 entropy's mean.",
+    "seeds/gaps.png": "The loss gap (unscaled minus scaled) at d_head 32 and 256, one point per seed.",
+    "seeds/points.png": "Each seed's headline values per variant; the statistic the modes were tested on.",
+    "seeds/runs.png": "Every run's loss curve, per variant.",
+    "init_sweep/sweep.png": "Std of the raw q·k logits at initialisation against d_head, with √d and the "
+                            "variance-propagation prediction.",
+    "heads/layer0.png": "Attention maps of the small model's layer-0 heads on a validation sequence.",
+    "heads/layer1.png": "Attention maps of the small model's layer-1 heads on a validation sequence.",
+    "kv_cache/latency.png": "Per-token generation time against context length, with and without the KV cache.",
+    "failures/training.png": "Training loss of the correct attention and each injected bug, same seed and batches.",
+    "latency/latency.png": "Attention forward time against sequence length, SDPA and the naive n×n version.",
+    "critical/curve.png": "The loss gap against d_qk (one variable) and against d_head (mixed width), with each arm's "
+                          "final loss and the onset read off the curve.",
+    "critical/gap_vs_logit_std.png": "The loss gap against the initial logit std, both designs and the chapter's "
+                                     "variants.",
+    "qknorm/forms.png": "The large model's training loss with QK-norm (LayerNorm, L2) with and without 1/√d_k, "
+                        "against the plain scaled and unscaled models.",
+    "reversal/loss_curves.png": "Digit reversal: answer loss over training, per model.",
+    "reversal/attention_heads1.png": "Digit reversal: attention maps of the one-head model.",
+    "reversal/attention_heads4.png": "Digit reversal: attention maps of the four-head model.",
+    "reversal/attention_no_mask.png": "Digit reversal: attention maps of the model trained without the causal mask.",
+    "charlm/loss_curve.png": "Character LM: loss on a fixed batch over training.",
+    "charlm/attention_block1.png": "Character LM: attention maps of the first block.",
+    "charlm/attention_block4.png": "Character LM: attention maps of the last block.",
+}
+
+
+def verdict_markdown(exp, results: list[ClaimResult], flat: dict, dists: dict, envs: dict, seeds: dict,
+                     train_dist: dict) -> list[str]:
+    """The first screen: both answers in plain words (does the chapter reproduce, does this run match the
+    reference), the counts `attnrepro check` prints (judge.claims.tally_lines, endpoints.summary_line), the
+    headline, each conclusion not reproduced with its measured cause (claims.yaml `causes:`), the compute."""
+    c = counts(results)
+    tally = tally_lines(c)
+    judged = endpoints.judge(exp.primary, endpoints.reference_values(exp.primary, dists),
+                             {e.metric: [flat[e.metric]] for e in exp.primary if e.metric in flat})
+    e = endpoints.summary(judged)
+    con = c["conclusion"]
+    n_con = con["n"] - con["skipped"]
+    failed = [r for r in results if kind(r.claim) == "conclusion" and r.status in ("fail", "missing")]
+    md = ["## Verdict\n",
+          f"**Does the chapter reproduce?** {'Yes' if not failed else 'Partly'}: {con['passed']} of its {n_con} "
+          "conclusions this machine can test hold on this run and on most of the reference seeds"
+          + (f"; {len(failed)} do not, each below with its measured cause." if failed else "."),
+          "",
+          f"**Does this run match the reference?** Of the {len(judged)} primary endpoints judged against the committed "
+          f"reference seeds (metrics/dist/), {e['DIFFERENT']} differ beyond their margin, {e['SAME']} are shown the "
+          f"same and {e['INCONCLUSIVE']} cannot be told apart at one run (their power: the appendix). `attnrepro "
+          "check` gives the full answer from git, exact on the reference's machine.\n",
+          "```", *[tally[k] for k in ("conclusion", "finding", "checksum") if k in tally]]
+    if judged:
+        md.append(endpoints.summary_line(judged))
+    md += [tally["value"]] if "value" in tally else []
+    md += ["```\n"]
+    head = headline_markdown(seeds, train_dist, exp)
+    if head:
+        md += ["**The headline**, " + head]
+    if failed:
+        md.append("**Not reproduced, and why**\n")
+        for r in failed:
+            cause = exp.causes.get(r.claim.id)
+            why = f"Measured cause: {cause.text(flat)}." if cause else f"Ours: {this_run_text(r)}. No measured cause."
+            md.append(f"- `{r.claim.id}` ({r.claim.text.split(':', 1)[0]}). {why}")
+        md.append("")
+    own = [r for r in results if kind(r.claim) == "finding" and r.status == "fail"]
+    if own:
+        md.append("This project's own pre-registered finding" + ("s" if len(own) > 1 else "") + " not holding: "
+                  + ", ".join(f"`{r.claim.id}`" for r in own) + " (the sensitivity section).\n")
+    spent = run_hours(envs, sorted(envs))
+    md.append(f"**Compute spent:** {spent[1]:.1f} h of run wall time over {spent[0]} training runs (a run shared by two "
+              "stages through the run store counts in both). " if spent else "**Compute spent:** not recorded. ")
+    md[-1] += f"**Machine:** {machine_line(envs)}.\n"
+    return md
 
 
 def run(cfg: ReportConfig, train, attention, out: str | Path) -> Report:

@@ -68,11 +68,12 @@ def z_text(r: ClaimResult) -> str:
     return "∞" if math.isinf(r.z) else f"{r.z:+.1f}"
 
 
-def experiment_markdown(title: str | None, results: list[ClaimResult]) -> str:
-    """One experiment's claims tables (conclusions, checksums, one table per published-values entry),
-    under a `## title` heading unless title is None (the report's sections give their own)."""
+def experiment_markdown(title: str | None, results: list[ClaimResult],
+                        classes: tuple[str, ...] = ("conclusion", "checksum", "value")) -> str:
+    """One experiment's claims tables of `classes` (conclusions, checksums, one table per published-values
+    entry), under a `## title` heading unless title is None (the report's sections give their own)."""
     out = [f"## {title}\n"] if title else []
-    for cls in ("conclusion", "checksum"):
+    for cls in [c for c in ("conclusion", "checksum") if c in classes]:
         rs = [r for r in results if r.claim.cls == cls]
         if not rs:
             continue
@@ -84,7 +85,7 @@ def experiment_markdown(title: str | None, results: list[ClaimResult]) -> str:
             out.append(f"| {table_cell(label)} | {test} | {this_run_text(r) if not r.claim.is_cell else fmt_number(r.value)} | "
                        f"{mark} |")
         out.append("")
-    values = [r for r in results if r.claim.cls == "value"]
+    values = [r for r in results if r.claim.cls == "value" and "value" in classes]
     tables: dict[str, list[ClaimResult]] = {}
     for r in values:
         tables.setdefault(r.claim.id.split(".")[1], []).append(r)
