@@ -3,8 +3,8 @@ limit, after a smoke call; and the audit as a section of the report. A gated che
 ends the audit (exit 2); the cost comparison, never gated, is reported as hung and the gated
 verdict stands. The gated checks run on one intra-op thread: their inputs are small, and on a
 shared machine two OpenMP threads contending with other jobs made parity up to 50 times slower
-(0.2 s against 12 s measured); the cost comparison keeps the process's threads (its timer,
-torch.utils.benchmark, times both sides on one)."""
+(0.2 s against 12 s measured); the cost comparison times both sides on one thread too
+(audit.cost)."""
 
 from __future__ import annotations
 

@@ -1,12 +1,13 @@
 """(e) Cost: latency and peak memory of the implementation against SDPA over sequence lengths.
 
-Latency is torch.utils.benchmark's median (blocked_autorange). Peak memory is the
+Latency is the median of the project's one timer (measure.timing.measure, the latency stage's
+discipline: on CUDA events around back-to-back calls). Peak memory is the
 allocator's peak on CUDA; on a Linux CPU it is the rise of the process's resident
 high-water mark (VmHWM, reset through /proc/self/clear_refs) during one call, which sees
 every buffer large enough to be mapped from the OS (small ones come from malloc's pools
 and read as 0), so a peak under RESOLUTION_MIB is reported as "below resolution" and no
-growth exponent is fitted through such points. Latency comes with its spread (the IQR of
-blocked_autorange's blocks). Informational: machines are shared and noisy, nothing here is gated.
+growth exponent is fitted through such points. Latency comes with its spread (the 20th and
+80th percentiles of the repetitions). Informational: machines are shared and noisy, nothing here is gated.
 """
 
 from __future__ import annotations
@@ -19,10 +20,9 @@ from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
-from torch.utils import benchmark
 
 from attnrepro.audit.checks import CheckResult, Finding, Impl, guarded
-from attnrepro.measure.timing import fit_exponent, make_qkv
+from attnrepro.measure.timing import fit_exponent, make_qkv, measure
 
 LENGTHS = (256, 512, 1024)
 RESOLUTION_MIB = {"cpu": 1.0, "cuda": 2.0}  # CPU: malloc's pools and thread arenas; CUDA: the allocator's blocks
@@ -75,13 +75,26 @@ def peak_bytes(fn: Callable[[], object], device: str) -> Optional[int]:
         return None  # not Linux
 
 
-def cost(impl: Impl, lengths=LENGTHS, heads: int = 4, d_head: int = 64, min_run_time: float = 0.2) -> CheckResult:
+def cost(impl: Impl, lengths=LENGTHS, heads: int = 4, d_head: int = 64, reps: int = 20) -> CheckResult:
     res = CheckResult("cost")
-    guarded(res, lambda: _cost(impl, lengths, heads, d_head, min_run_time, res))
+    guarded(res, lambda: _cost(impl, lengths, heads, d_head, reps, res))
     return res
 
 
-def _cost(impl: Impl, lengths, heads: int, d_head: int, min_run_time: float, res: CheckResult) -> None:
+def spread(p20_p80: list[float]) -> str:
+    return f"p20-p80 {p20_p80[0]:.3g}-{p20_p80[1]:.3g}"
+
+
+def _cost(impl: Impl, lengths, heads: int, d_head: int, reps: int, res: CheckResult) -> None:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # both sides timed on one intra-op thread: a fair comparison on a shared machine
+    try:
+        _timed(impl, lengths, heads, d_head, reps, res)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _timed(impl: Impl, lengths, heads: int, d_head: int, reps: int, res: CheckResult) -> None:
     rows = []
     if not impl.device.startswith("cuda"):
         _fix_mmap_threshold()
@@ -92,11 +105,10 @@ def _cost(impl: Impl, lengths, heads: int, d_head: int, min_run_time: float, res
         for name, fn in (("impl", lambda: impl.call(q, k, v, {"is_causal": True}, f"cost n={n}")),
                          ("sdpa", lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))):
             with torch.no_grad():
-                fn()  # warm-up
-                t = benchmark.Timer("fn()", globals={"fn": fn}).blocked_autorange(min_run_time=min_run_time)
+                t = measure(fn, impl.device, warmup=2, reps=reps, cold=False)
                 peak = peak_bytes(fn, impl.device)
-            row[f"{name}_ms"] = t.median * 1e3
-            row[f"{name}_iqr_ms"] = t.iqr * 1e3
+            row[f"{name}_ms"] = t["median_ms"]
+            row[f"{name}_p20_p80_ms"] = [t["p20_ms"], t["p80_ms"]]
             row[f"{name}_peak_mib"] = None if peak is None else peak / 2**20
         row["time_ratio"] = row["impl_ms"] / row["sdpa_ms"]
         rows.append(row)
@@ -109,8 +121,8 @@ def _cost(impl: Impl, lengths, heads: int, d_head: int, min_run_time: float, res
     mem = res.details["memory_exponent"]
     last = rows[-1]
     res.findings.append(Finding(
-        "cost", "info", f"at n={last['n']}: {last['impl_ms']:.3g} ms (IQR {last['impl_iqr_ms']:.2g}) vs SDPA "
-        f"{last['sdpa_ms']:.3g} ms (IQR {last['sdpa_iqr_ms']:.2g}), {last['time_ratio']:.2g}x; peak memory "
+        "cost", "info", f"at n={last['n']}: {last['impl_ms']:.3g} ms ({spread(last['impl_p20_p80_ms'])}) vs SDPA "
+        f"{last['sdpa_ms']:.3g} ms ({spread(last['sdpa_p20_p80_ms'])}), {last['time_ratio']:.2g}x; peak memory "
         f"{mib_text(last['impl_peak_mib'], floor)} vs SDPA {mib_text(last['sdpa_peak_mib'], floor)}"
         + ("" if mem is None or math.isnan(mem) else f", growing as n^{mem:.2g}"
            + (" (it materialises the L x S weights)" if mem > 1.6 else ""))))
