@@ -465,3 +465,58 @@ def test_p_new_agrees_with_the_prediction_interval():
             lo, hi = b.prediction_interval(alpha)
             for x in (lo * 0.999 if lo > 0 else lo - 1e-3, (lo + hi) / 2, hi * 1.001):
                 assert (b.p_new(x) >= alpha) == b.contains(x, alpha), (b, alpha, x)
+
+
+def test_store_findings_compare_metrics_with_the_runs_that_made_them(tmp_path):
+    """judge.decide.store_findings: a metric of train.json or a seed of dist/failures.json edited (with dvc.lock
+    fixed, so nothing else sees it) is named against the run store's summary of the run that made it; a store run
+    made on another machine is not compared (its float order differs under the same key); no store, no findings."""
+    import numpy as np
+
+    from attnrepro.experiments.protocol import CORPUS_FILES
+    from attnrepro.files import read_params
+    from attnrepro.formatting import fmt_number
+    from attnrepro.judge.decide import _config, store_findings
+    from attnrepro.run.execute import run_key
+
+    params = read_params(REPO / "params.yaml")
+    corpus = tmp_path / "data" / "corpus"
+    corpus.mkdir(parents=True)
+    np.save(corpus / "train.npy", np.arange(64, dtype=np.int64))
+    np.save(corpus / "val.npy", np.arange(16, dtype=np.int64))
+    (corpus / "vocab.json").write_text(json.dumps(["<pad>", "<unk>", "a"]), encoding="utf-8")
+    inputs = {n: (corpus / n).read_bytes() for n in CORPUS_FILES}
+    here = {"cpu": "Test CPU", "cpu_capability": "AVX2", "device": "cpu", "torch": "2.x"}
+    envs = {"train": here, "failures": here}
+    metrics, dists = {}, {}
+    for file in ("train", "failures"):
+        cfg = _config(params, file)
+        seeds = [cfg.seed, 7]
+        dists[file] = {"seeds": seeds, "runs": {}}
+        for s in seeds:
+            for i, v in enumerate(cfg.variants):
+                summary = {"loss_final": round(4.0 + i / 10 + s % 97 / 1e4, 4), "entropy_final": 0.5}
+                entry = tmp_path / "runs" / (key := run_key(cfg.spec(v, s, "cpu"), inputs))[:2] / key
+                entry.mkdir(parents=True)
+                (entry / "summary.json").write_text(json.dumps(summary), encoding="utf-8")
+                (entry / "env.json").write_text(json.dumps(here), encoding="utf-8")
+                dists[file]["runs"].setdefault(str(s), {})[v] = dict(summary)
+                if s == cfg.seed:
+                    metrics.update({f"{file}.{v}.{k}": x for k, x in summary.items()})
+    producers = {"train": "seeds", "failures": "failures"}
+    envs["seeds"] = here
+    assert store_findings(tmp_path, params, metrics, dists, envs, producers) == []
+
+    variant = next(iter(_config(params, "train").variants))
+    metrics[f"train.{variant}.loss_final"] += 0.15
+    dists["failures"]["runs"]["7"]["correct"]["loss_final"] = 4.60714
+    found = store_findings(tmp_path, params, metrics, dists, envs, producers)
+    assert len(found) == 2
+    recorded = metrics[f"train.{variant}.loss_final"] - 0.15
+    assert found[0] == (f"metrics/train.json {variant}: loss_final = {fmt_number(recorded + 0.15)}, but the run that "
+                        f"made it (store {found[0].split('(store ')[1][:12]}) recorded {fmt_number(recorded)}")
+    assert found[1].startswith("metrics/dist/failures.json seed 7 correct: loss_final = 4.60714, but the run")
+
+    elsewhere = {**envs, "train": {**here, "cpu": "Other CPU"}, "failures": {**here, "cpu": "Other CPU"}}
+    assert store_findings(tmp_path, params, metrics, dists, elsewhere, producers) == []
+    assert store_findings(tmp_path / "nowhere", params, metrics, dists, envs, producers) == []

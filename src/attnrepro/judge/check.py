@@ -34,7 +34,7 @@ from attnrepro.judge import endpoints
 from attnrepro.judge.claims import (CONCLUSIONS, ClaimResult, Expectations, Tol, band, counts, cuda_run, evaluate_all,
                                     evaluate_claim, kind, load, load_dists, load_envs, load_metrics_dir, seed_values,
                                     tally_lines)
-from attnrepro.judge.decide import decide
+from attnrepro.judge.decide import decide, store_findings
 from attnrepro.judge.endpoints import Judgement
 from attnrepro.judge.revision import (Reference, Revision, claims_changes, get_leaf, key_leaves, listed, lock_findings,
                                       norm_param, params_changes, reference)
@@ -430,7 +430,8 @@ def run_check(rev: str = "HEAD", root: str | Path = ".", metrics_dir: str = "met
                   for f in remade if modes.get(f) == "exact"]
     out.provenance, numerics = provenance(envs)
     out.notes += lock_notes
-    out.problems = (lock_probs + run_record_findings(root, metrics_dir) + m.problems + numerics
+    out.problems = (lock_probs + run_record_findings(root, metrics_dir)
+                    + store_findings(root, params, cur, cur_dists, envs, producers) + m.problems + numerics
                     + metric_problems(rows, ref.name) + endpoint_problems(judged, rows))
     for res in results:
         c = res.claim

@@ -1,24 +1,33 @@
-"""`attnrepro check --decide`: rerun the primary endpoints' runs at more of the reference's seeds, in
-looks of stats.LOOKS seeds (the reference's first 1, 3, 5, 10), until no endpoint is INCONCLUSIVE, one
-is DIFFERENT, or the reference's seeds run out. Each look spends alpha / len(LOOKS) (Bonferroni over
-looks: docs/VERDICT.md); the run store serves every run already made, so no run trains twice.
+"""The runs behind the train and failures stages' metrics, as the verdict reads them.
+
+`decide` (`attnrepro check --decide`): rerun the primary endpoints' runs at more of the reference's
+seeds, in looks of stats.LOOKS seeds (the reference's first 1, 3, 5, 10), until no endpoint is
+INCONCLUSIVE, one is DIFFERENT, or the reference's seeds run out. Each look spends alpha / len(LOOKS)
+(Bonferroni over looks: docs/VERDICT.md); the run store serves every run already made, so no run
+trains twice. `store_findings`: those stages' metrics against the summaries the run store keeps of
+the runs that made them (a metric edited together with dvc.lock is caught where the store holds its run).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from attnrepro.config import UserError, from_dict
 from attnrepro.envinfo import resolve_device, setup_determinism
 from attnrepro.experiments.comparison import comparison, pairs_by_dhead
 from attnrepro.experiments.failures import FailuresConfig
-from attnrepro.experiments.protocol import TrainConfig, corpus_inputs
+from attnrepro.experiments.protocol import CORPUS_FILES, TrainConfig, corpus_inputs
+from attnrepro.files import read_json
+from attnrepro.formatting import fmt_number
 from attnrepro.judge import endpoints
 from attnrepro.judge.endpoints import Endpoint, Judgement
 from attnrepro.run.engine import require_ok, run_sweep
 from attnrepro.run.engine_settings import EngineConfig
+from attnrepro.run.execute import run_key
+from attnrepro.store.run_store import RunStore
 from attnrepro.stats import ALPHA, LOOKS, flatten
 
 FILES = ("train", "failures")  # the stages whose runs --decide can rerun
@@ -60,10 +69,14 @@ def _records_cost(records) -> tuple[int, int, float]:
     return len(records), sum(not r.cached for r in records), cpu
 
 
+def _config(params: Mapping, file: str):
+    return from_dict(TrainConfig if file == "train" else FailuresConfig, params[file], prefix=file)
+
+
 def rerun_values(params: Mapping, file: str, seeds: Sequence[int], engine: EngineConfig) -> tuple[dict, tuple]:
     """({seed: the flat metrics "<file>.<key>" of that seed's runs}, (runs, trained, cpu seconds)) for
     the train variants or the failures table's models at `seeds`, through the run store."""
-    cfg = from_dict(TrainConfig if file == "train" else FailuresConfig, params[file], prefix=file)
+    cfg = _config(params, file)
     device = resolve_device(cfg.device, f"{file}.device")
     setup_determinism(cfg.threads, device)
     keys = [(v, s) for s in seeds for v in cfg.variants]
@@ -111,3 +124,49 @@ def decide(family: Sequence[Endpoint], ref_dists: Mapping[str, dict], params: Ma
         return values, seeds, runs, trained, cpu
 
     return sequential(family, reference, values_at, min(max_seeds, max(len(v) for v in order.values())))
+
+
+MACHINE = ("cpu", "cpu_capability", "device", "torch")  # a run's numbers are comparable where these agree
+
+
+def store_findings(root: Path, params: Mapping, metrics: Mapping[str, float], dists: Mapping[str, dict],
+                   envs: Mapping[str, dict], producers: Mapping[str, str]) -> list[str]:
+    """Each seed's runs of metrics/dist/<file>.json (made by the stage producers[file]), and the run
+    seed's metrics/<file>.json, for FILES, against the summary the run store (params engine.store) keeps
+    under the run's key, recomputed from params, the device the stage ran on and the corpus: every number
+    both hold must be equal. Compared only where the run was made on the machine the stage's record names
+    (MACHINE): a store filled elsewhere holds other float orders under the same keys. Runs the store does
+    not hold are not read; nothing is moved."""
+    engine = params.get("engine") or {}
+    store = RunStore(root / str(engine.get("store", "runs")), say=lambda line: None)
+    corpus = root / "data" / "corpus"
+    if not store.root.is_dir() or not all((corpus / n).is_file() for n in CORPUS_FILES):
+        return []
+    inputs = corpus_inputs(corpus)
+    problems = []
+    for file in FILES:
+        seeds = [int(x) for x in (dists.get(file) or {}).get("seeds", [])]
+        device = (envs.get(file) or {}).get("device")
+        if not seeds or file not in params or not device:
+            continue
+        cfg = _config(params, file)
+        for seed in seeds:
+            for variant in cfg.variants:
+                key = run_key(cfg.spec(variant, seed, device), inputs)
+                summary = store.path(key) / "summary.json"
+                if not summary.is_file():
+                    continue
+                recorded, ran_on = read_json(summary), read_json(summary.with_name("env.json"))
+                mine = [(f"metrics/dist/{file}.json seed {seed} {variant}", producers.get(file, file),
+                         (dists[file]["runs"].get(str(seed)) or {}).get(variant) or {})]
+                if seed == cfg.seed:
+                    mine.append((f"metrics/{file}.json {variant}", file, {k[len(f"{file}.{variant}."):]: v for k, v
+                                                                         in metrics.items()
+                                                                         if k.startswith(f"{file}.{variant}.")}))
+                for where, stage, values in mine:
+                    if any(ran_on.get(k) != (envs.get(stage) or {}).get(k) for k in MACHINE):
+                        continue
+                    bad = sorted(k for k, v in recorded.items() if k in values and values[k] != v)
+                    problems += [f"{where}: {k} = {fmt_number(values[k])}, but the run that made it (store "
+                                 f"{key[:12]}) recorded {fmt_number(recorded[k])}" for k in bad]
+    return problems
