@@ -891,7 +891,10 @@ def counts(results: list[ClaimResult]) -> dict:
 
 
 def tally_lines(c: dict) -> dict[str, str]:
-    """The claims' counts (`counts`) in words, per kind: what `attnrepro check` and the report both print."""
+    """The claims' counts (`counts`) in words, per kind: what `attnrepro check` and the report both print
+    (a summary of a revision before findings were counted apart has no "finding": no line)."""
+    c = {k: {"n": 0, "passed": 0, "skipped": 0, "unexplained": 0, **c.get(k, {})} for k in KINDS}
+
     def judged(k):
         return c[k]["n"] - c[k]["skipped"]
 
