@@ -11,6 +11,8 @@
 from __future__ import annotations
 
 import json
+import math
+import statistics
 import subprocess
 from pathlib import Path
 
@@ -96,12 +98,17 @@ def test_tamper_unscaled_loss_to_scaled_fails_the_conclusion(reference, capsys):
     assert rc == 1 and "conclusion train.gap_grows_with_dhead fails" in out
 
 
-def test_tamper_collapsed_entropy_times_ten_fails(reference, capsys):
-    """entropy_step222 is a primary endpoint (claims.yaml: margin ×2, judged on the log scale): ten times the
-    reference run's value is DIFFERENT from the reference's seeds, whether or not a conclusion also fails."""
+def test_tamper_collapsed_entropy_far_beyond_the_seeds_fails(reference, capsys):
+    """entropy_step222 is a primary endpoint (claims.yaml: margin ×2, judged on the log scale): twenty times the
+    reference seeds' geometric mean, beyond the ×13 that one rerun seed detects with 80% power (the report's
+    "Verdict power"), is DIFFERENT from the reference's seeds, whether or not a conclusion also fails. (Ten times
+    the run's own value is not always enough: where the run lies low among the seeds, as on the Intel reference,
+    that is ×5.9 from their mean, and one seed calls it INCONCLUSIVE.)"""
     primary = {e.metric: e.text for e in load(reference / "claims.yaml").primary}
     assert primary.get("train.d256_unscaled.entropy_step222") == "×2"
-    tamper(reference, "d256_unscaled", "entropy_step222", lambda d: 10 * d["d256_unscaled"]["entropy_step222"])
+    runs = json.loads((reference / "metrics/dist/train.json").read_text(encoding="utf-8"))["runs"]
+    mean = math.exp(statistics.fmean(math.log(r["d256_unscaled"]["entropy_step222"]) for r in runs.values()))
+    tamper(reference, "d256_unscaled", "entropy_step222", lambda d: 20 * mean)
     rc, out = check(reference, capsys)
     assert rc == 1 and "beyond its margin ×2" in out, out
     assert "- primary endpoint train.d256_unscaled.entropy_step222: DIFFERENT from the reference, shift ×" in out
