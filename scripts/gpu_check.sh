@@ -107,17 +107,12 @@ cat "$LOGS/preflight.log"
 
 SLUG=$("$PYTHON" - <<'PY'
 import os
-import re
 
-import torch
+from attnrepro.envinfo import environment
+from attnrepro.judge.revision import device_slug  # the folder attnrepro check reads the GPU reference from
 
-from attnrepro.envinfo import gpu_info
-
-if not os.environ["DEVICE"].startswith("cuda"):
-    name = "cpu-dry-run"
-else:
-    name = gpu_info(os.environ["DEVICE"]).get("gpu_name") or torch.cuda.get_device_name(0)
-print(re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "unknown-gpu")
+device = os.environ["DEVICE"]
+print(device_slug(environment(device).get("gpu_name", "")) if device.startswith("cuda") else "cpu-dry-run")
 PY
 )
 echo "==> device slug: $SLUG"

@@ -645,3 +645,28 @@ def test_the_projects_own_findings_are_counted_apart_from_the_chapters_conclusio
         "              1 not reproduced, as on the reference: sensitivity.f"]
     o = Outcome([], results[:4], {}, {}, [])
     assert not any(line.startswith("  findings") for line in render(o).splitlines())  # none: no line
+
+
+def test_a_committed_gpu_reference_judges_the_gpu_run(repo, live, capsys):
+    """A GPU run of a GPU_FILES stage (its record: device cuda, the GPU's name) is judged against the GPU reference
+    the revision holds for that GPU (metrics/gpu/<slug>/, as scripts/gpu_check.sh lays it out): its GPU-only
+    metrics are compared with it (here timings: shown beside it, not gated); another GPU, whose reference is
+    not committed: nothing to compare with."""
+    h200 = {**INTEL, "device": "cuda", "gpu_name": "NVIDIA H200"}
+    dump(repo / "metrics/gpu/nvidia-h200/latency.json", {"cpu_ms": 3.0, "sdpa_peak_bytes": 4096})
+    dump(repo / "metrics/gpu/nvidia-h200/env_latency.json", h200)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "a GPU reference")
+    live.update(h200)
+    dump(repo / "metrics/env/latency.json", h200)
+    dump(repo / "metrics/latency.json", {"cpu_ms": 3.0, "sdpa_peak_bytes": 4096})
+    rc, out = check(repo, capsys, "--all")
+    assert rc == 0, out
+    row = next(line for line in out.splitlines() if line.startswith("| latency.sdpa_peak_bytes |"))
+    assert row.startswith("| latency.sdpa_peak_bytes | 4096 | 4096 |"), row  # the GPU reference's value beside it
+    a100 = {**h200, "gpu_name": "NVIDIA A100-SXM4-80GB"}
+    live.update(a100)
+    dump(repo / "metrics/env/latency.json", a100)
+    rc, out = check(repo, capsys, "--all")
+    row = next(line for line in out.splitlines() if line.startswith("| latency.sdpa_peak_bytes |"))
+    assert rc == 0 and row.startswith("| latency.sdpa_peak_bytes | 4096 | — |"), row  # no reference to compare with

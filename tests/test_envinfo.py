@@ -226,3 +226,18 @@ def test_the_timing_stages_and_only_they_pin_for_timing():
     stages = {p.stem: p.read_text(encoding="utf-8") for p in (ROOT / "stages").glob("*.py")}
     timing = {name for name, text in stages.items() if re.search(r"st\.pin\([^)]*timing=True", text)}
     assert timing == {"latency", "kv_cache"}
+
+
+def test_a_cuda_record_names_the_gpu_without_nvml(monkeypatch):
+    """Without NVML (the optional gpu extra) a CUDA stage's record still names its GPU, from torch: the name
+    its GPU reference is filed under (judge.revision.device_slug, scripts/gpu_check.sh)."""
+    from attnrepro import envinfo
+
+    monkeypatch.setattr(envinfo, "gpu_info", lambda device: {})
+    monkeypatch.setattr(envinfo, "torch_device_index", lambda device: 0)
+    monkeypatch.setattr(envinfo.torch.cuda, "get_device_name", lambda i: "NVIDIA H200")
+    monkeypatch.setattr(envinfo.torch.cuda, "is_available", lambda: True)
+    assert envinfo.environment("cuda")["gpu_name"] == "NVIDIA H200"
+    monkeypatch.setattr(envinfo, "gpu_info", lambda device: {"gpu_name": "NVIDIA H200 NVL"})
+    assert envinfo.environment("cuda")["gpu_name"] == "NVIDIA H200 NVL"
+    assert "gpu_name" not in envinfo.environment("cpu")

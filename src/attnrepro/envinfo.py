@@ -154,8 +154,6 @@ def _str(x) -> str:
 
 def environment(device: str = "cpu") -> dict:
     """A deterministic description of this machine (no timestamps)."""
-
-
     env = {
         "python": platform.python_version(),
         "torch": torch.__version__,
@@ -182,7 +180,9 @@ def environment(device: str = "cpu") -> dict:
         "cuda_available": torch.cuda.is_available(),
         **git_state(),
     }
-    if device.startswith("cuda"):
+    if device.startswith("cuda"):  # the GPU's name from torch, NVML's where it is installed (gpu_info)
+        if torch.cuda.is_available():
+            env["gpu_name"] = torch.cuda.get_device_name(torch_device_index(device))
         env.update(gpu_info(device))
     return env
 

@@ -393,11 +393,11 @@ def run_check(rev: str = "HEAD", root: str | Path = ".", metrics_dir: str = "met
     (the run engine's settings): --decide, the primary endpoints judged by reruns at the reference's seeds."""
     root, claims_path = checkout_root(Path(root)), Path(claims_path).as_posix()
     revision = Revision(rev, root, base)
-    ref = reference(revision, metrics_dir, claims_path)
+    envs = load_envs(root / metrics_dir / "env")
+    ref = reference(revision, metrics_dir, claims_path, envs)
     exp = ref.expectations
     cur = load_metrics_dir(root / metrics_dir)
     cur_dists = load_dists(root / metrics_dir / "dist")
-    envs = load_envs(root / metrics_dir / "env")
     params = read_params(root / "params.yaml")
     files = {k.split(".", 1)[0] for k in set(cur) | set(ref.metrics)}
     seen: dict[str, dict] = {}

@@ -120,7 +120,18 @@ class Reference:
     expectations: Expectations  # its claims.yaml
 
 
-def reference(r: Revision, metrics_dir: str, claims_path: str) -> Reference:
+GPU_FILES = ("latency", "kv_cache")  # the stages scripts/gpu_check.sh runs on CUDA
+
+
+def device_slug(gpu_name: str) -> str:
+    """The folder of a GPU's reference, metrics/gpu/<slug>/ (as scripts/gpu_check.sh names it)."""
+    return re.sub(r"[^a-z0-9]+", "-", gpu_name.lower()).strip("-") or "unknown-gpu"
+
+
+def reference(r: Revision, metrics_dir: str, claims_path: str, run_envs: Optional[dict] = None) -> Reference:
+    """The reference at revision r. Where the run made a GPU_FILES stage on a CUDA device (its machine
+    record, `run_envs`) whose GPU reference the revision holds (metrics/gpu/<slug>/<stage>.json and
+    env_<stage>.json, as scripts/gpu_check.sh writes them), that stage is judged against it instead."""
     metrics, dists, envs = {}, {}, {}
     for name in r.files(metrics_dir):
         stem = Path(name).stem
@@ -130,6 +141,16 @@ def reference(r: Revision, metrics_dir: str, claims_path: str) -> Reference:
         dists[Path(name).stem] = r.json(name)
     for name in r.files(f"{metrics_dir}/env"):
         envs[Path(name).stem] = r.json(name)
+    for stem in GPU_FILES:
+        env = (run_envs or {}).get(stem) or {}
+        if not (str(env.get("device", "")).startswith("cuda") and env.get("gpu_name")):
+            continue
+        folder = f"{metrics_dir}/gpu/{device_slug(env['gpu_name'])}"
+        held = r.files(folder)
+        if f"{folder}/{stem}.json" in held and f"{folder}/env_{stem}.json" in held:
+            metrics = {k: v for k, v in metrics.items() if not k.startswith(f"{stem}.")}
+            metrics.update(flatten(r.json(f"{folder}/{stem}.json"), f"{stem}."))
+            envs[stem] = r.json(f"{folder}/env_{stem}.json")
     verdicts = r.json(f"{metrics_dir}/claims.json") if f"{metrics_dir}/claims.json" in r.files(metrics_dir) else {}
     return Reference(r.label, r.name, metrics, dists, envs, r.yaml("params.yaml"), verdicts, r.expectations(claims_path))
 
