@@ -122,10 +122,12 @@ def results(src: Sources) -> str:
     fst, fn = fdist["stats"], len(fdist["seeds"])
     failures = src.metrics("failures")
     seed = src.params()["train"]["seed"]
+    run_cpu, seeds_cpu = src.metrics("env/train").get("cpu"), src.metrics("env/seeds").get("cpu")
+    where = (f"both on an {run_cpu}" if run_cpu == seeds_cpu else f"the run on an {run_cpu}, the seeds on an {seeds_cpu}")
     lines = [
         f"The reference run (seed {seed}) and the distribution over "
-        f"{n} paired seeds (mean ± sd), measured on this repository's reference machine (2 CPU cores, one torch "
-        "thread per run); the chapter's figures in parentheses, from `claims.yaml`.",
+        f"{n} paired seeds (mean ± sd), {where} (2 CPU cores, one torch thread per run); the chapter's figures in "
+        "parentheses, from `claims.yaml`.",
         "",
         "| variant | params | loss start | loss final (mean of last 20 steps) | over seeds | val loss | "
         "entropy, layer 0 | over seeds | ‖J‖_F, layer 0 |",
