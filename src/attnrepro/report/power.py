@@ -1,4 +1,4 @@
-"""The report's "Verdict power" section: how large a shift of each primary endpoint the check can see."""
+"""The report appendix's "Verdict power" section: how large a shift of each primary endpoint the check can see."""
 
 from __future__ import annotations
 

@@ -99,7 +99,7 @@ def headline(src: Sources) -> str:
 
 
 def one_seed_power(src: Sources, dist: dict) -> str:
-    """What one rerun seed can and cannot detect: the primary endpoints' 80%-power shifts (report: Verdict power)."""
+    """What one rerun seed can and cannot detect: the primary endpoints' 80%-power shifts (the report appendix: Verdict power)."""
     exp = src.expectations
     dists = {"train": dist, "failures": src.metrics("dist/failures")}
     rows = power_rows(exp.primary, dists)
