@@ -166,7 +166,8 @@ def _run_check(args) -> int:
 
 
 def _run_claims(args) -> int:
-    from attnrepro.judge.claims import counts, evaluate_all, load, load_dists, load_envs, load_metrics_dir
+    from attnrepro.judge.claims import (counts, evaluate_all, kind, load, load_dists, load_envs, load_metrics_dir,
+                                        tally_lines)
     from attnrepro.report.claims_tables import claims_table
 
     root = Path(args.root)
@@ -175,10 +176,8 @@ def _run_claims(args) -> int:
     results = evaluate_all(load(root / args.claims), load_metrics_dir(root / args.metrics),
                            load_dists(root / args.metrics / "dist"), load_envs(root / args.metrics / "env"))
     sys.stdout.write(claims_table(results, args.all))
-    c = counts(results)
-    sys.stdout.write("\n" + "; ".join(f"{cls}s {v['passed']}/{v['n'] - v['skipped']} pass" for cls, v in c.items())
-                     + "\n")
-    not_reproduced = [r.claim.id for r in results if r.claim.cls == "conclusion" and r.gated_failure]
+    sys.stdout.write("\n" + "\n".join(tally_lines(counts(results)).values()) + "\n")
+    not_reproduced = [r.claim.id for r in results if kind(r.claim) == "conclusion" and r.gated_failure]
     if not_reproduced:
         sys.stdout.write("the chapter's conclusions not reproduced on these metrics: " + ", ".join(not_reproduced)
                          + " (whether that is a change: attnrepro check)\n")

@@ -41,7 +41,7 @@ SEED_SUMMARIES = {
     "gap_d256_loss_final": ("mean", "ci95_lo", "ci95_hi"),
     "gap_ratio_of_means_loss_final": ("value", "ci95_lo", "ci95_hi"),
 }
-CLAIM_CLASSES = ("checksum", "conclusion", "value")
+CLAIM_CLASSES = ("checksum", "conclusion", "finding", "value")
 MAX_LEAVES = 60
 
 
