@@ -159,7 +159,8 @@ def store_findings(root: Path, params: Mapping, metrics: Mapping[str, float], di
                 recorded, ran_on = read_json(summary), read_json(summary.with_name("env.json"))
                 mine = [(f"metrics/dist/{file}.json seed {seed} {variant}", producers.get(file, file),
                          (dists[file]["runs"].get(str(seed)) or {}).get(variant) or {})]
-                if seed == cfg.seed:
+                if seed == cfg.seed and not (root / "data" / file / variant / "summary.json").is_file():
+                    # (a run folder the stage keeps is read by check.run_record_findings already)
                     mine.append((f"metrics/{file}.json {variant}", file, {k[len(f"{file}.{variant}."):]: v for k, v
                                                                          in metrics.items()
                                                                          if k.startswith(f"{file}.{variant}.")}))
