@@ -78,7 +78,10 @@ def test_corpus_contract(pipeline):
     m = json.loads((pipeline.repo / "metrics/corpus.json").read_text(encoding="utf-8"))
     assert CORPUS_KEYS <= set(m)
     assert m["vocab_size"] == 40 and m["poems"] == 48
+    rules = m.pop("by_newline")  # the text under each newline rule (corpus.NEWLINE_RULES)
     assert all(isinstance(v, (int, float)) and math.isfinite(v) for v in m.values())
+    assert set(rules) == {"unk", "token", "drop", "poems"} and rules["unk"]["tokens"] == m["tokens"]
+    assert rules["drop"]["tokens"] == m["chars"] < rules["poems"]["tokens"] < rules["token"]["tokens"] == m["tokens"]
 
 
 def test_train_contract(pipeline):
