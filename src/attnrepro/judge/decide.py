@@ -156,7 +156,8 @@ def store_findings(root: Path, params: Mapping, metrics: Mapping[str, float], di
                 summary = store.path(key) / "summary.json"
                 if not summary.is_file():
                     continue
-                recorded, ran_on = read_json(summary), read_json(summary.with_name("env.json"))
+                ran_on_file = summary.with_name("env.json")  # an entry without one: its machine unknown, not read
+                recorded, ran_on = read_json(summary), read_json(ran_on_file) if ran_on_file.is_file() else {}
                 mine = [(f"metrics/dist/{file}.json seed {seed} {variant}", producers.get(file, file),
                          (dists[file]["runs"].get(str(seed)) or {}).get(variant) or {})]
                 if seed == cfg.seed and not (root / "data" / file / variant / "summary.json").is_file():

@@ -27,8 +27,9 @@ img{max-width:100%;height:auto}p>em:only-child{font-size:.9em;color:#555}"""
 
 
 def anchor(title: str) -> str:
-    """A heading's id, as GitHub makes it for the same heading (the report's links use it)."""
-    return re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-")
+    """A heading's id as GitHub makes it (lower case, punctuation dropped, each space a hyphen), so that the
+    report's links into APPENDIX.md resolve where the Markdown is read."""
+    return re.sub(r"[^\w\- ]", "", title.strip().lower()).replace(" ", "-")
 
 
 def wide_chars(text: str) -> str:
