@@ -14,15 +14,12 @@ from pathlib import Path
 from fontTools import subset
 from fontTools.ttLib import TTCollection
 
+from attnrepro.report.html import wide_chars  # what the report embeds: CJK and full-width punctuation
+
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = Path("/usr/share/fonts/opentype/noto/NotoSansCJK-Regular.ttc")
 SC = 2  # the collection's Simplified Chinese face
 OUT = ROOT / "vendor" / "fonts" / "report-cjk.otf"
-
-
-def wide(text: str) -> set[str]:
-    """The characters the report's Latin fonts lack: CJK and full-width punctuation."""
-    return {c for c in text if ord(c) >= 0x2E80}
 
 
 def main() -> None:
@@ -30,7 +27,7 @@ def main() -> None:
     ap.add_argument("--seeds", type=Path, default=ROOT.parent / "shared" / "seeds")
     args = ap.parse_args()
     files = [*args.seeds.glob("*.txt"), ROOT / "claims.yaml", *sorted((ROOT / "src").rglob("*.py"))]
-    chars = set().union(*(wide(f.read_text(encoding="utf-8")) for f in files))
+    chars = set().union(*(wide_chars(f.read_text(encoding="utf-8")) for f in files))
     font = TTCollection(SOURCE).fonts[SC]
     opts = subset.Options()
     opts.name_IDs, opts.notdef_outline, opts.layout_features = ["*"], True, []  # keep the licence's name records

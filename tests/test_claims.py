@@ -365,18 +365,7 @@ def test_timing_conclusions_state_their_device_and_size_range():
     assert r.status == "skipped" and "CPU" in r.detail
 
 
-CAUSE_PRED = '''
-CLAIMS = []
-def claim(experiment, cls, id, text, requires=None, note=""):
-    def register(fn):
-        CLAIMS.append({"experiment": experiment, "cls": cls, "id": id, "text": text, "requires": requires,
-                       "note": note, "fn": fn})
-        return fn
-    return register
-@claim("train", "conclusion", "c", "a conclusion")
-def c(m):
-    return m["train.x"] > 1
-'''
+CAUSE_PRED = predicates(("train", "conclusion", "c", "a conclusion", 'm["train.x"] > 1'))
 
 
 @pytest.mark.parametrize("causes,msg", [

@@ -86,15 +86,6 @@ def spread(p20_p80: list[float]) -> str:
 
 
 def _cost(impl: Impl, lengths, heads: int, d_head: int, reps: int, res: CheckResult) -> None:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # both sides timed on one intra-op thread: a fair comparison on a shared machine
-    try:
-        _timed(impl, lengths, heads, d_head, reps, res)
-    finally:
-        torch.set_num_threads(threads)
-
-
-def _timed(impl: Impl, lengths, heads: int, d_head: int, reps: int, res: CheckResult) -> None:
     rows = []
     if not impl.device.startswith("cuda"):
         _fix_mmap_threshold()

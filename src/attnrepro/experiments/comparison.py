@@ -380,8 +380,7 @@ def headline_markdown(seeds: dict, dist: dict, exp) -> str:
     r = seeds.get("gap_ratio_of_means_loss_final")
     if r:
         p = pub.get("gap_ratio_of_means_loss_final")
-        lo, hi = ratio_interval(dist)
-        iv = f"Fieller's 95% interval [{lo:.2f}, {hi:.2f}]" if math.isfinite(lo) else "Fieller's interval unbounded"
+        iv = f"Fieller's 95% interval {fieller_text(dist)}"
         per_seed = [x["comparison"]["gap_ratio_loss_final"] for x in runs.values()
                     if math.isfinite(x.get("comparison", {}).get("gap_ratio_loss_final", math.nan))]
         spread = (f"; one seed's own ratio runs from {min(per_seed):.1f}× to {max(per_seed):.0f}×" if per_seed else "")
