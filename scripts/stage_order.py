@@ -20,10 +20,11 @@ REPO = Path(__file__).resolve().parents[1]
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--skip", nargs="*", default=[], metavar="STAGE", help="stages to leave out")
+    ap.add_argument("--skip", nargs="*", default=[], metavar="STAGE",
+                    help="stages to leave out (a foreach stage's name leaves out all its copies, name@key)")
     args = ap.parse_args()
     stages = dvc_stages(REPO)
-    unknown = sorted(set(args.skip) - set(stages))
+    unknown = sorted(set(args.skip) - {n.split("@")[0] for n in stages} - set(stages))
     if unknown:
         print(f"error: --skip names no stage of dvc.yaml: {', '.join(unknown)}", file=sys.stderr)
         return 2
@@ -33,7 +34,7 @@ def main() -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     for name in order:
-        if name not in args.skip:
+        if name not in args.skip and name.split("@")[0] not in args.skip:
             print(name)
     return 0
 

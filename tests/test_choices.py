@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -66,17 +67,40 @@ def rows(shift=0.0, d32=0.2, n=5, seed=0):
     return out
 
 
-def test_analyse_pairs_corrects_and_flags_an_unbounded_ratio():
-    m = C.analyse({"baseline": rows(seed=1), "moved": rows(shift=0.5, seed=2), "same": rows(seed=3)}, 32, 256)
-    assert m["moved"]["gap_d256"]["p_holm"] < 0.05 and m["moved"]["gap_d256"]["diff"] == pytest.approx(0.5, abs=0.06)
-    assert m["same"]["gap_d256"]["p_holm"] > 0.05
-    assert m["design"]["tests"] == 2 * 6  # two arms x six cells, one Holm family
-    assert m["baseline"]["gap_ratio"]["bounded"] == 1
-    lo, hi = m["baseline"]["gap_ratio"]["fieller_lo"], m["baseline"]["gap_ratio"]["fieller_hi"]
-    assert lo < m["baseline"]["gap_ratio"]["value"] < hi
-    noisy = C.analyse({"baseline": rows(d32=0.0, seed=4), "x": rows(seed=5)}, 32, 256)
+def test_analyse_pairs_corrects_per_arm_and_flags_an_unbounded_ratio():
+    moved = C.analyse(rows(seed=1), rows(shift=0.5, seed=2), 32, 256)
+    same = C.analyse(rows(seed=1), rows(seed=3), 32, 256)
+    assert moved["arm"]["gap_d256"]["p_holm"] < 0.05 and moved["arm"]["gap_d256"]["diff"] == pytest.approx(0.5, abs=0.06)
+    assert same["arm"]["gap_d256"]["p_holm"] > 0.05
+    assert moved["design"]["tests"] == 6  # the arm's six cells, its own Holm family
+    assert moved["baseline"] == same["baseline"] and "p" not in moved["baseline"]["gap_d256"]
+    assert moved["baseline"]["gap_ratio"]["bounded"] == 1
+    lo, hi = moved["baseline"]["gap_ratio"]["fieller_lo"], moved["baseline"]["gap_ratio"]["fieller_hi"]
+    assert lo < moved["baseline"]["gap_ratio"]["value"] < hi
+    noisy = C.analyse(rows(d32=0.0, seed=4), rows(seed=5), 32, 256)
     assert noisy["baseline"]["gap_ratio"]["bounded"] == 0 and "fieller_lo" not in noisy["baseline"]["gap_ratio"]
-    assert "unbounded" in C.report_markdown(noisy)
+    assert "unbounded" in C.report_markdown({"x": noisy})
+
+
+def test_arm_names_name_files():
+    with pytest.raises(ConfigError, match="a-z, 0-9 and _"):
+        cfg(arms={"weight_decay_0.01": {"optim": {"weight_decay": 0.01}}})
+
+
+def test_each_arm_is_a_stage_with_its_own_outputs(tmp_path):
+    """dvc.yaml's foreach gives one stage per arm of params choices.arms, each writing its own files;
+    load_arms reads them back by arm."""
+    from attnrepro.files import dvc_stages, write_json
+
+    (tmp_path / "params.yaml").write_text("choices:\n  arms:\n    a: {newline: token}\n    b: {newline: drop}\n")
+    (tmp_path / "dvc.yaml").write_text((Path(__file__).parents[1] / "dvc.yaml").read_text(encoding="utf-8"))
+    stages = {k: v for k, v in dvc_stages(tmp_path).items() if k.startswith("choices")}
+    assert sorted(stages) == ["choices@a", "choices@b"]
+    assert stages["choices@a"]["cmd"].split()[-2:] == ["stages/choices.py", "a"]
+    assert "metrics/choices_b.json" in [next(iter(o)) for o in stages["choices@b"]["outs"]]
+    for arm in "ab":
+        write_json(tmp_path / "metrics" / f"choices_{arm}.json", {"arm": {"x": arm}})
+    assert C.load_arms(tmp_path / "metrics") == {"a": {"arm": {"x": "a"}}, "b": {"arm": {"x": "b"}}}
 
 
 def test_report_places_the_chapters_figures():
@@ -86,6 +110,5 @@ def test_report_places_the_chapters_figures():
     pub = C.published_cells(exp.claims)
     assert pub["gap_d32"] == 0.17 and pub["gap_ratio"] == pytest.approx(0.95 / 0.17)
     assert pub["jacobian_fall_orders"] == pytest.approx(math.log10(0.2975 / 8e-05))
-    text = C.report_markdown(C.analyse({"baseline": rows(seed=1), "moved": rows(shift=0.5, seed=2)}, 32, 256),
-                             exp.claims)
+    text = C.report_markdown({"moved": C.analyse(rows(seed=1), rows(shift=0.5, seed=2), 32, 256)}, exp.claims)
     assert "**moved**" in text and "| gap_d256 | 0.95 |" in text and "Fieller" in text

@@ -16,10 +16,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from attnrepro.files import dvc_stages
+
 from conftest import REPO, copy_repo
 
 DVC = Path(sys.executable).parent / "dvc"
-STAGES = yaml.safe_load((REPO / "dvc.yaml").read_text(encoding="utf-8"))["stages"]
+STAGES = dvc_stages(REPO)  # a foreach stage as its copies, name@key
 SYSTEM_PATH = "/usr/bin:/bin"  # no venv on it
 
 
@@ -32,7 +34,8 @@ def _entries(section):
 
 @pytest.mark.parametrize("name", sorted(STAGES))
 def test_stage_command_uses_the_project_python(name):
-    assert STAGES[name]["cmd"] == f"sh scripts/py stages/{name}.py", \
+    base, _, key = name.partition("@")
+    assert STAGES[name]["cmd"] == f"sh scripts/py stages/{base}.py" + (f" {key}" if key else ""), \
         "a bare `python` is whatever comes first on PATH (ModuleNotFoundError without the venv)"
 
 

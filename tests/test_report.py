@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from attnrepro.files import dvc_stages
+
 REPO = Path(__file__).resolve().parents[1]
 VARIANTS = ("d32_unscaled", "d32_scaled", "d256_unscaled", "d256_scaled")
 
@@ -175,14 +177,12 @@ def test_report_stanza_depends_on_every_stage_output_it_reads():
     """dvc.yaml: the report's deps cover every metrics/*.json, metrics/env/*.json and embedded
     PNG that a stage outputs (so `dvc repro report` reruns when any of them changes), and list
     nothing that no stage outputs."""
-    stages = yaml.safe_load((REPO / "dvc.yaml").read_text(encoding="utf-8"))["stages"]
+    stages = dvc_stages(REPO)  # a foreach stage's copies (choices@<arm>) as DVC runs them
     outputs: set[str] = set()
     for name, st in stages.items():
-        body = st.get("do", st)
         for kind in ("outs", "metrics", "plots"):
-            for o in body.get(kind, []) or []:
-                path = next(iter(o)) if isinstance(o, dict) else o
-                outputs.add(path.replace("${key}", "*"))
+            for o in st.get(kind, []) or []:
+                outputs.add(next(iter(o)) if isinstance(o, dict) else o)
     deps = set(stages["report"]["deps"])
     reads = {p for p in outputs if p not in ("metrics/claims.json", "metrics/claims_summary.json",
                                              "metrics/headline.json") and (

@@ -1,5 +1,5 @@
 """The sweep stages end to end on a tiny configuration: `dvc repro` of seeds, failures, critical,
-qknorm and sensitivity in a copy of the repository (fake corpus, tiny models, a few steps)."""
+qknorm, sensitivity and the choices arms in a copy of the repository (fake corpus, tiny models, a few steps)."""
 
 from __future__ import annotations
 
@@ -44,6 +44,8 @@ def repo(tmp_path_factory):
                          one_variable={"model": "large", "mode_statistic": "entropy_step3", "d_qks": [4, 8, 12, 16],
                                        "seeds": [11, 12, 13, 14]})
     p["qknorm"]["seeds"] = [11, 12, 13]
+    p["choices"] = {"seeds": [11, 12, 13], "arms": {"no_breaks": {"newline": "drop"},
+                                                    "no_decay": {"optim": {"weight_decay": 0.0}}}}
     p["sensitivity"].update(seeds=[11, 12, 13, 14, 15], combinations={},
                             choices={k: p["sensitivity"]["choices"][k]
                                      for k in ("no_weight_decay", "block_32", "val_first_10pct")})
@@ -56,7 +58,7 @@ def repo(tmp_path_factory):
     for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "tiny"]):
         subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo, check=True)
     dvc("init", "-q", cwd=repo)
-    dvc("repro", "seeds", "sensitivity", "critical", "qknorm", cwd=repo)
+    dvc("repro", "seeds", "sensitivity", "critical", "qknorm", "choices", cwd=repo)
     return repo
 
 
@@ -195,3 +197,62 @@ def test_a_bad_sensitivity_param_stops_it_before_any_run(repo, tmp_path, change,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     assert sorted((repo / "runs").rglob("summary.json")) == runs  # nothing trained
+
+
+def test_check_makes_each_sweep_again_from_the_store(repo, tmp_path):
+    """Issue 39: a sweep's metrics are aggregates over runs, so attnrepro check makes each sweep again
+    from the run store (--store-only, nothing trained) and compares: the remade outputs equal the
+    committed ones; an edited aggregate and an edited CSV are named, one line each; with the runs gone
+    from the store each sweep is a note, and nothing trains."""
+    from attnrepro.envinfo import environment
+    from attnrepro.files import read_params
+    from attnrepro.judge.claims import load_envs
+    from attnrepro.judge.decide import sweep_findings
+
+    params, envs = read_params(repo / "params.yaml"), load_envs(repo / "metrics" / "env")
+    seen: list[str] = []
+    assert sweep_findings(repo, params, envs, environment, seen.append) == ([], [])
+    assert sorted(line.split()[2] for line in seen) == ["choices@no_breaks", "choices@no_decay", "critical", "qknorm",
+                                                        "seeds", "sensitivity"]
+
+    crit, gaps = repo / "metrics/critical.json", repo / "plots/seeds/gaps.csv"
+    saved = crit.read_bytes(), gaps.read_bytes()
+    try:
+        m = json.loads(saved[0])
+        m["d_qk"]["dqk8"]["gap_loss_final"]["mean"] += 0.25
+        crit.write_text(json.dumps(m), encoding="utf-8")
+        gaps.write_bytes(saved[1].replace(b"\n", b"\n ", 1))
+        problems, _ = sweep_findings(repo, params, envs, environment)
+    finally:
+        crit.write_bytes(saved[0])
+        gaps.write_bytes(saved[1])
+    assert len(problems) == 2, problems
+    crit_line = next(p for p in problems if p.startswith("metrics/critical.json: d_qk.dqk8.gap_loss_final.mean = "))
+    assert "made again from the run store's records it is" in crit_line
+    assert "plots/seeds/gaps.csv differs from the one made again from the run store's records" in problems
+
+    empty = tmp_path / "store"
+    empty.mkdir()
+    problems, notes = sweep_findings(repo, {**params, "engine": {**params["engine"], "store": str(empty)}}, envs,
+                                     environment)
+    assert problems == [] and len(notes) == 6 and all("runs are not in the store" in n for n in notes), notes
+    assert not list(empty.rglob("summary.json"))
+
+
+def test_choices_arms_each_a_stage(repo):
+    """Each arm of choices.arms is its own stage (choices@<arm>): its runs (4 variants x 3 seeds), its cells
+    against the seeds stage's runs at the same seeds, one Holm family per arm; the text arm trains on
+    another token stream, the decay arm on the protocol's."""
+    for arm in ("no_breaks", "no_decay"):
+        m = load(repo, f"choices_{arm}")
+        assert m["design"] == {"seeds": 3, "alpha": 0.05, "tests": 11, "runs": 12,
+                               "correction": "Holm over the arm's cells"}
+        assert set(m["arm"]) == set(m["baseline"]) and "d256_unscaled.entropy_step3" in m["arm"]
+        assert all(0 <= e["p"] <= e["p_holm"] <= 1 for c, e in m["arm"].items() if c != "gap_ratio")
+        assert sorted(c for c in m["arm"] if c.startswith("gap_d")) == ["gap_d16", "gap_d8"]  # the tiny presets
+        assert "p" not in m["baseline"]["gap_d16"] and set(m["arm"]["gap_ratio"]) >= {"value", "bounded"}
+        rows = (repo / "plots" / "choices" / f"{arm}.csv").read_text(encoding="utf-8").splitlines()
+        assert len(rows) == 1 + 2 * 3 and rows[1].startswith("baseline,11,") and rows[4].startswith(f"{arm},11,")
+    runs = load(repo, "dist/train")["runs"]  # the baseline is the seeds stage's runs
+    assert load(repo, "choices_no_decay")["baseline"]["d32_scaled.loss_final"]["mean"] == pytest.approx(
+        sum(runs[s]["d32_scaled"]["loss_final"] for s in ("11", "12", "13")) / 3)

@@ -132,11 +132,38 @@ def read_yaml_mapping(path: str | Path, missing: str, error: type[UserError] = C
 
 
 def dvc_stages(root: str | Path, required: bool = True) -> dict:
-    """dvc.yaml's stages under `root`: a missing or broken dvc.yaml is one UserError line, or ({}) with
-    `required` False, for callers that merely have less to say without one."""
+    """dvc.yaml's stages under `root`, a `foreach` stage as DVC names its copies (`<name>@<key>`, `${key}`
+    filled in; the keys of the params.yaml mapping it names): a missing or broken dvc.yaml is one
+    UserError line, or ({}) with `required` False, for callers that merely have less to say without one."""
     path = Path(root) / "dvc.yaml"
     data = read_yaml_mapping(path, "no dvc.yaml here", UserError) if required else read_yaml_or_none(path)
-    return (data.get("stages") or {}) if isinstance(data, dict) else {}
+    stages = (data.get("stages") or {}) if isinstance(data, dict) else {}
+    out = {}
+    for name, st in stages.items():
+        if isinstance(st, dict) and "foreach" in st:
+            for key in foreach_keys(root, st["foreach"]):
+                out[f"{name}@{key}"] = _fill(st.get("do") or {}, key)
+        else:
+            out[name] = st
+    return out
+
+
+def foreach_keys(root: str | Path, foreach) -> list[str]:
+    """The keys a dvc.yaml `foreach: ${a.b}` runs over: those of params.yaml's mapping a.b (none if absent)."""
+    value = read_yaml_or_none(Path(root) / "params.yaml") or {}
+    for part in str(foreach).strip().removeprefix("${").removesuffix("}").split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return [str(k) for k in value] if isinstance(value, dict) else []
+
+
+def _fill(x, key: str):
+    if isinstance(x, str):
+        return x.replace("${key}", key)
+    if isinstance(x, dict):
+        return {_fill(k, key): _fill(v, key) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_fill(v, key) for v in x]
+    return x
 
 
 def dvc_entry(entry) -> tuple[str, dict]:

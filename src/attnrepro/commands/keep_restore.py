@@ -97,11 +97,11 @@ def rerun_advice(root: Path, stale: dict[str, list[str]]) -> str:
     """The cheapest command that brings the stale stages that are not sweeps up to date: each forced
     alone (--single-item), in dvc.yaml's order, so none of them drags a sweep upstream of it along; a
     stale sweep is named apart (its committed outputs stand with --allow-stale)."""
-    from attnrepro.run.stage import SWEEPS, stage_order  # torch: deferred so that --help answers at once
+    from attnrepro.run.stage import is_sweep, stage_order  # torch: deferred so that --help answers at once
 
     stages = dvc_stages(root)
-    cheap = [s for s in stage_order(stages) if s in stale and s not in SWEEPS]
-    sweeps = [s for s in stale if s in SWEEPS]
+    cheap = [s for s in stage_order(stages) if s in stale and not is_sweep(s)]
+    sweeps = [s for s in stale if is_sweep(s)]
     parts = []
     if cheap:
         parts.append(f"rerun them: dvc repro --single-item {' '.join(cheap)} (or keep the outputs as they are with "

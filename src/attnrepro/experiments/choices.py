@@ -2,18 +2,21 @@
 breaks and how the tokenizer treats them, and AdamW's weight decay, each an arm trained at paired seeds
 with the chapter's four train variants and compared with the protocol as written at the same seeds.
 
-The baseline is the seeds stage's runs (metrics/dist/train.json holds each seed's summaries), so an
-arm trains only its own runs. At seed s every arm starts from the same init draw and batch order as
+Each arm is its own DVC stage (`choices@<arm>`, writing metrics/choices_<arm>.json), so an arm is kept
+once it ran and a new arm trains only its own runs. The baseline is the seeds stage's runs
+(metrics/dist/train.json holds each seed's summaries). At seed s every arm starts from the same init draw and batch order as
 the baseline; the text arms see a different token stream, so their batches differ in content.
 
 The headline cells of every run: the four final losses, the two gaps (unscaled - scaled), the unscaled
 d_head-256 model's layer-0 entropy at step 222, its softmax Jacobian's fall in orders of magnitude
-(log10 step 0 / step 1480) and its late scales (logit std, ||W_qkv||, the Jacobian at step 1480).
+(log10 step 0 / step 1480) and its late scales (logit std, ||W_qkv||, the Jacobian at step 1480): the
+steps are train.diag_steps' first after 0 and its last, the chapter's figure steps.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
@@ -32,9 +35,11 @@ from attnrepro.run.engine_settings import EngineConfig
 from attnrepro.stats import ALPHA, Band, fieller_ratio, holm_adjusted
 
 BASELINE = "baseline"
+ARM = "arm"
+PREFIX = "choices_"  # metrics/choices_<arm>.json, metrics/env/choices_<arm>.json: one per arm's stage
 DIST = Path("metrics/dist/train.json")
 ARM_KEYS = ("newline", "optim")
-LATE = ("trained_logit_std_l0", "trained_w_qkv_fro_l0", "jacobian_fro_step1480")  # of the unscaled large model
+LATE = ("trained_logit_std_l0", "trained_w_qkv_fro_l0", "jacobian_fro_step")  # of the unscaled large model
 
 
 @dataclass
@@ -49,6 +54,8 @@ class ChoicesConfig:
                 f"at least one arm, none named '{BASELINE}'")
         for name, arm in self.arms.items():
             where = f"{prefix}.arms.{name}"
+            require(re.fullmatch(r"[a-z0-9_]+", name) is not None, where, name,
+                    "a name of a-z, 0-9 and _ (it names metrics/choices_<arm>.json)")
             require(isinstance(arm, dict) and bool(arm) and set(arm) <= set(ARM_KEYS), where, arm,
                     "a mapping with newline: <rule> and/or optim: {...}")
             if "newline" in arm:
@@ -65,90 +72,90 @@ def arm_inputs(poems: list[str], vocab_size: int, val_fraction: float, newline: 
     return corpus.input_files(tok, arrays)
 
 
-def cells(runs: Mapping[str, Mapping], pairs: dict[int, dict[bool, str]]) -> dict[str, float]:
-    """One seed's headline cells from its variants' summaries."""
+def cells(runs: Mapping[str, Mapping], pairs: dict[int, dict[bool, str]], steps: Sequence[int]) -> dict[str, float]:
+    """One seed's headline cells from its variants' summaries; `steps`: train.diag_steps (the collapse is
+    read at the first after 0, the late scales at the last)."""
     small, large = min(pairs), max(pairs)
+    early, late = min(s for s in steps if s > 0), max(steps)
     big = runs[pairs[large][False]]
     out = {f"{v}.loss_final": float(runs[v]["loss_final"]) for p in pairs.values() for v in p.values()}
     for d in (small, large):
         out[f"gap_d{d}"] = float(runs[pairs[d][False]]["loss_final"] - runs[pairs[d][True]]["loss_final"])
-    out[f"{pairs[large][False]}.entropy_step222"] = float(big["entropy_step222"])
-    out["jacobian_fall_orders"] = math.log10(big["jacobian_fro_step0"] / big["jacobian_fro_step1480"])
-    out.update({f"{pairs[large][False]}.{k}": float(big[k]) for k in LATE})
+    out[f"{pairs[large][False]}.entropy_step{early}"] = float(big[f"entropy_step{early}"])
+    out["jacobian_fall_orders"] = math.log10(big["jacobian_fro_step0"] / big[f"jacobian_fro_step{late}"])
+    out.update({f"{pairs[large][False]}.{k}": float(big[k]) for k in (*LATE[:2], f"{LATE[2]}{late}")})
     return out
 
 
 def cell_order(name: str) -> tuple:
     """The report's order: the losses, the gaps, the collapse, the Jacobian's fall, the late scales."""
-    groups = ("loss_final", "gap_d", "entropy_step222", "jacobian_fall", *LATE)
+    groups = ("loss_final", "gap_d", "entropy_step", "jacobian_fall", *LATE)
     return next((i for i, g in enumerate(groups) if g in name), len(groups)), name
 
 
 def log_cell(name: str) -> bool:
     """Scales and attention statistics are compared on the log scale (a ratio), losses and gaps as they are."""
-    return name.endswith(("entropy_step222", *LATE))
+    return any(g in name.rsplit(".", 1)[-1] for g in ("entropy_step", *LATE))
 
 
-def analyse(per_seed: Mapping[str, Sequence[dict]], small: int, large: int, alpha: float = ALPHA,
+def analyse(base: Sequence[dict], arm: Sequence[dict], small: int, large: int, alpha: float = ALPHA,
             runs: int = 0) -> dict:
-    """per_seed[arm] = each seed's cells (seeds in one order). Per arm and cell: mean, sd and the mean's
-    1 - alpha t interval; per arm the ratio of mean gaps with Fieller's interval; per non-baseline arm and
-    cell the paired difference from the baseline (log scale where log_cell) with its t interval, p and
-    Holm's adjusted p over every (arm, cell) of the sweep, and the difference in the baseline's seed sd."""
+    """base and arm: each seed's cells (seeds in one order). For the baseline and the arm, per cell: mean, sd
+    and the mean's 1 - alpha t interval, and the ratio of mean gaps with Fieller's interval; per cell of the
+    arm the paired difference from the baseline (log scale where log_cell) with its t interval, p, Holm's
+    adjusted p over the arm's cells (each arm is its own question, its own family) and the difference in
+    the baseline's seed sd."""
     out: dict = {}
-    tests = []
-    base = per_seed[BASELINE]
-    for arm, rows in per_seed.items():
+    for name, rows in ((BASELINE, base), (ARM, arm)):
         a: dict = {}
         for cell in rows[0]:
             x = [r[cell] for r in rows]
             b = Band.of(x, log=log_cell(cell))
             lo, hi = b.confidence_interval(alpha)
             entry = {"mean": math.exp(b.mean) if b.log else b.mean, "sd": b.sd, "ci_lo": lo, "ci_hi": hi}
-            if arm != BASELINE:
+            if name == ARM:
                 y = [r[cell] for r in base]
                 e = paired_effect(x, y, b.log, alpha)
                 sd_base = Band.of(y, log=b.log).sd
                 entry.update({"diff": e["diff"], "diff_lo": e["ci_lo"], "diff_hi": e["ci_hi"], "p": e["p"],
                               "diff_in_base_sd": e["diff"] / sd_base if sd_base else math.nan})
-                tests.append((arm, cell))
             a[cell] = entry
         num, den = [r[f"gap_d{large}"] for r in rows], [r[f"gap_d{small}"] for r in rows]
         lo, hi = fieller_ratio(num, den, alpha)
         bounded = math.isfinite(lo)  # else the d_head-32 gap is not clear of 0 at these seeds: no interval
         a["gap_ratio"] = {"value": float(np.mean(num) / np.mean(den)), "bounded": int(bounded),
                           **({"fieller_lo": lo, "fieller_hi": hi} if bounded else {})}
-        out[arm] = a
-    for (arm, cell), p in zip(tests, holm_adjusted([out[a][c]["p"] for a, c in tests])):
-        out[arm][cell]["p_holm"] = p
+        out[name] = a
+    tests = [c for c in out[ARM] if c != "gap_ratio"]
+    for cell, p in zip(tests, holm_adjusted([out[ARM][c]["p"] for c in tests])):
+        out[ARM][cell]["p_holm"] = p
     out["design"] = {"seeds": len(base), "alpha": alpha, "tests": len(tests), "runs": runs,
-                     "correction": "Holm over every (arm, cell) of the sweep"}
+                     "correction": "Holm over the arm's cells"}
     return out
 
 
 @dataclass
 class ChoicesResult:
-    metrics: dict  # metrics/choices.json
-    rows: list[dict]  # plots/choices/per_seed.csv: one row per (arm, seed)
+    metrics: dict  # metrics/choices_<arm>.json
+    rows: list[dict]  # plots/choices/<arm>.csv: one row per (baseline or arm, seed)
     env: dict
 
     def lines(self) -> list[str]:
         out = []
-        for arm, a in self.metrics.items():
-            if arm == "design":
-                continue
+        for name in (BASELINE, ARM):
+            a = self.metrics[name]
             gaps = ", ".join(f"{c} {e['mean']:.3f} [{e['ci_lo']:.3f}, {e['ci_hi']:.3f}]"
                              for c, e in a.items() if c.startswith("gap_d"))
-            r = a["gap_ratio"]
-            iv = f"Fieller {r['fieller_lo']:.2f}, {r['fieller_hi']:.2f}" if r["bounded"] else "Fieller: unbounded"
-            out.append(f"{arm}: {gaps}; ratio {r['value']:.2f} [{iv}]")
+            out.append(f"{name}: {gaps}; ratio {_ratio_text(a['gap_ratio'])}")
         return out
 
 
-def run(train: TrainConfig, corpus_cfg: corpus.CorpusConfig, cfg: ChoicesConfig, device: str,
+def run(train: TrainConfig, corpus_cfg: corpus.CorpusConfig, cfg: ChoicesConfig, arm: str, device: str,
         engine: EngineConfig) -> ChoicesResult:
-    """Every arm's runs (the train variants at cfg.seeds), one sweep per token stream; the baseline's
-    cells from the seeds stage's distribution. Params are checked before any run starts."""
+    """Arm `arm`'s runs (the train variants at cfg.seeds) and its cells against the baseline's, read from the
+    seeds stage's distribution. Params are checked before any run starts."""
+    if arm not in cfg.arms:
+        raise ConfigError(f"choices arm {arm!r}: not in choices.arms ({', '.join(cfg.arms)})")
     dist = read_json(DIST)
     missing = [s for s in cfg.seeds if str(s) not in dist.get("runs", {})]
     if missing:
@@ -157,31 +164,30 @@ def run(train: TrainConfig, corpus_cfg: corpus.CorpusConfig, cfg: ChoicesConfig,
     pairs = pairs_by_dhead(train)
     require(len(pairs) >= 2 and all(set(p) == {True, False} for p in pairs.values()), "train.variants",
             sorted(train.variants), "a scaled and an unscaled variant at two or more d_head")
-    for name, arm in cfg.arms.items():
-        if "optim" in arm:
-            optim_config(train, f"choices.arms.{name}.optim", **arm["optim"])
+    spec = cfg.arms[arm]
+    optim = spec.get("optim", {})
+    if optim:
+        optim_config(train, f"choices.arms.{arm}.optim", **optim)
+    rule = spec.get("newline", "unk")
     poems = corpus.load_poems([CORPUS / "raw" / n for n in corpus_cfg.files])
-    by_rule: dict[str, list[tuple]] = {}
-    for name, arm in cfg.arms.items():
-        rule = arm.get("newline", "unk")
-        for v in train.variants:
-            mcfg = model_config(train.models, train.variants[v], f"train.variants.{v}")
-            for s in cfg.seeds:
-                spec = train.run(mcfg, s, device, f"{v} {name} seed {s}", **arm.get("optim", {}))
-                by_rule.setdefault(rule, []).append(((name, v, s), spec))
-    summaries, records = {}, []
-    for rule, planned in by_rule.items():
-        inputs = arm_inputs(poems, corpus_cfg.vocab_size, corpus_cfg.val_fraction, rule)
-        recs = run_sweep(f"choices (newline {rule})", [spec for _, spec in planned], inputs, engine)
-        require_ok(recs, "choices")
-        records += recs
-        summaries.update({k: r.summary() for (k, _), r in zip(planned, recs)})
-    per_seed = {BASELINE: [cells(dist["runs"][str(s)], pairs) for s in cfg.seeds]}
-    for name in cfg.arms:
-        per_seed[name] = [cells({v: summaries[(name, v, s)] for v in train.variants}, pairs) for s in cfg.seeds]
-    rows = [{"arm": arm, "seed": s, **c} for arm, cs in per_seed.items() for s, c in zip(cfg.seeds, cs)]
-    return ChoicesResult(metrics=analyse(per_seed, min(pairs), max(pairs), runs=len(records)), rows=rows,
+    inputs = arm_inputs(poems, corpus_cfg.vocab_size, corpus_cfg.val_fraction, rule)
+    planned = [((v, s), train.run(model_config(train.models, train.variants[v], f"train.variants.{v}"), s, device,
+                                  f"{v} {arm} seed {s}", **optim))
+               for v in train.variants for s in cfg.seeds]
+    records = run_sweep(f"choices {arm}", [p for _, p in planned], inputs, engine)
+    require_ok(records, "choices")
+    summaries = {k: r.summary() for (k, _), r in zip(planned, records)}
+    base = [cells(dist["runs"][str(s)], pairs, train.diag_steps) for s in cfg.seeds]
+    arm_cells = [cells({v: summaries[(v, s)] for v in train.variants}, pairs, train.diag_steps) for s in cfg.seeds]
+    rows = [{"arm": name, "seed": s, **c} for name, cs in ((BASELINE, base), (arm, arm_cells))
+            for s, c in zip(cfg.seeds, cs)]
+    return ChoicesResult(metrics=analyse(base, arm_cells, min(pairs), max(pairs), runs=len(records)), rows=rows,
                          env=stage_environment(device, records))
+
+
+def load_arms(metrics_dir: str | Path = "metrics") -> dict[str, dict]:
+    """{arm: its metrics} from every metrics/choices_<arm>.json."""
+    return {f.stem.removeprefix(PREFIX): read_json(f) for f in sorted(Path(metrics_dir).glob(f"{PREFIX}*.json"))}
 
 
 # ---------------------------------------------------------------- its part of the report
@@ -217,25 +223,22 @@ def _ci(e: Mapping, lo: str = "ci_lo", hi: str = "ci_hi", sign: str = "") -> str
     return f"[{e[lo]:{sign}.3g}, {e[hi]:{sign}.3g}]"
 
 
-def report_markdown(metrics: Mapping, claims=()) -> str:
-    """Per arm: each headline cell's baseline and arm means with 95% intervals, the paired difference
-    with its interval and Holm's p, and where the chapter's figure sits in each, in seed sd."""
-    arms = [a for a in metrics if a not in (BASELINE, "design")]
+def report_markdown(arms: Mapping[str, Mapping], claims=()) -> str:
+    """Per arm (`load_arms`): each headline cell's baseline and arm means with 95% intervals, the paired
+    difference with its interval and Holm's p, and where the chapter's figure sits in each, in seed sd."""
     if not arms:
         return ""
     pub = published_cells(claims)
-    base = metrics[BASELINE]
-    d = metrics.get("design", {})
-    out = [f"{d.get('seeds', '?')} paired seeds; differences on the log scale (a factor) for attention statistics and "
-           f"scales; p after Holm over the sweep's {d.get('tests', '?')} tests. z: the chapter's figure from the mean, "
-           "in that arm's seed sd.\n"]
-    for arm in arms:
-        a = {c: metrics[arm][c] for c in sorted(metrics[arm], key=cell_order)}
-        out += [f"**{arm}**\n", "| cell | chapter | baseline [95% CI] | arm [95% CI] | difference [95% CI] | p (Holm) "
-                "| z baseline | z arm |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    out = ["Each arm against the protocol at its paired seeds; differences on the log scale (a factor) for attention "
+           "statistics and scales; p after Holm over the arm's cells. z: the chapter's figure from the mean, in that "
+           "arm's seed sd.\n"]
+    for name, m in arms.items():
+        base, d = m[BASELINE], m.get("design", {})
+        a = {c: m[ARM][c] for c in sorted(m[ARM], key=cell_order) if c != "gap_ratio"}
+        out += [f"**{name}** ({d.get('seeds', '?')} paired seeds, {d.get('runs', '?')} runs)\n",
+                "| cell | chapter | baseline [95% CI] | arm [95% CI] | difference [95% CI] | p (Holm) | z baseline "
+                "| z arm |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
         for cell, e in a.items():
-            if cell == "gap_ratio":
-                continue
             log = log_cell(cell)
             diff = (f"×{math.exp(e['diff']):.3g} [×{math.exp(e['diff_lo']):.3g}, ×{math.exp(e['diff_hi']):.3g}]"
                     if log else f"{e['diff']:+.3g} {_ci(e, 'diff_lo', 'diff_hi', '+')}")
@@ -243,10 +246,9 @@ def report_markdown(metrics: Mapping, claims=()) -> str:
             out.append(f"| {cell} | {'—' if p is None else f'{p:.4g}'} | {base[cell]['mean']:.4g} {_ci(base[cell])} | "
                        f"{e['mean']:.4g} {_ci(e)} | {diff} | {e['p_holm']:.2g} | {_z(p, base[cell], log)} | "
                        f"{_z(p, e, log)} |")
-        out.append("")
-    out.append("The ratio of the mean gaps (largest d_head over smallest) with Fieller's 95% interval: "
-               + "; ".join(f"{arm} {_ratio_text(metrics[arm]['gap_ratio'])}" for arm in [BASELINE, *arms])
-               + (f" (the chapter: {pub['gap_ratio']:.2f})" if "gap_ratio" in pub else "") + ".\n")
+        out.append(f"\nThe ratio of the mean gaps (largest d_head over smallest) with Fieller's 95% interval: baseline "
+                   f"{_ratio_text(base['gap_ratio'])}; {name} {_ratio_text(m[ARM]['gap_ratio'])}"
+                   + (f" (the chapter: {pub['gap_ratio']:.2f})" if "gap_ratio" in pub else "") + ".\n")
     return "\n".join(out) + "\n"
 
 
@@ -256,21 +258,19 @@ def _ratio_text(r: Mapping) -> str:
     return f"{r['value']:.2f} (unbounded: the smaller gap is not clear of 0 at these seeds)"
 
 
-def answer(metrics, all_metrics, dists, claims=()) -> str:
-    arms = [a for a in (metrics or {}) if a not in (BASELINE, "design")]
+def answer(arms, all_metrics, dists, claims=()) -> str:
     if not arms:
         return ""
-    base = metrics[BASELINE]
     parts = []
-    for arm in arms:
-        a = metrics[arm]
+    for name, m in arms.items():
+        a, base = m[ARM], m[BASELINE]
         moved = [c for c, e in a.items() if c != "gap_ratio" and e.get("p_holm", 1) < ALPHA]
         gaps = ", ".join(f"{c} {a[c]['mean']:.3f} (baseline {base[c]['mean']:.3f})" for c in a if c.startswith("gap_d"))
-        parts.append(f"{arm}: {len(moved)} of {len(a) - 1} headline cells move after Holm"
-                     + (f" ({', '.join(moved)})" if moved else "") + f"; gaps {gaps}")
-    return (f"Over {metrics.get('design', {}).get('seeds', '?')} paired seeds, " + "; ".join(parts) + ". An arm "
-            "closer to a published figure is not adopted for that: the protocol changes only for a reason in the "
-            "chapter's text (docs/PROTOCOL.md). " + text_rules_sentence(all_metrics.get("corpus") or {}, claims))
+        parts.append(f"{name} ({m.get('design', {}).get('seeds', '?')} seeds): {len(moved)} of {len(a) - 1} headline "
+                     "cells move after Holm" + (f" ({', '.join(moved)})" if moved else "") + f"; gaps {gaps}")
+    return ("Over paired seeds, " + "; ".join(parts) + ". An arm closer to a published figure is not adopted for "
+            "that: the protocol changes only for a reason in the chapter's text (docs/PROTOCOL.md). "
+            + text_rules_sentence(all_metrics.get("corpus") or {}, claims))
 
 
 def text_rules_sentence(corpus: Mapping, claims=()) -> str:

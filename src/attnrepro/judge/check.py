@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import re
 import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Sequence
@@ -34,7 +35,7 @@ from attnrepro.judge import endpoints
 from attnrepro.judge.claims import (CONCLUSIONS, ClaimResult, Expectations, Tol, band, counts, cuda_run, evaluate_all,
                                     evaluate_claim, kind, load, load_dists, load_envs, load_metrics_dir, seed_values,
                                     tally_lines)
-from attnrepro.judge.decide import decide, store_findings
+from attnrepro.judge.decide import decide, store_findings, sweep_findings
 from attnrepro.judge.endpoints import Judgement
 from attnrepro.judge.revision import (Reference, Revision, claims_changes, get_leaf, key_leaves, listed, lock_findings,
                                       norm_param, params_changes, reference)
@@ -429,9 +430,10 @@ def run_check(rev: str = "HEAD", root: str | Path = ".", metrics_dir: str = "met
     out.notes += [f"{f}: judged exactly, and its seeds, remade by the {producers.get(f, f)} stage, against the reference's"
                   for f in remade if modes.get(f) == "exact"]
     out.provenance, numerics = provenance(envs)
-    out.notes += lock_notes
+    sweep_probs, sweep_notes = sweep_findings(root, params, envs, live, lambda line: print(line, file=sys.stderr))
+    out.notes += lock_notes + sweep_notes
     out.problems = (lock_probs + run_record_findings(root, metrics_dir)
-                    + store_findings(root, params, cur, cur_dists, envs, producers) + m.problems + numerics
+                    + store_findings(root, params, cur, cur_dists, envs, producers) + sweep_probs + m.problems + numerics
                     + metric_problems(rows, ref.name) + endpoint_problems(judged, rows))
     for res in results:
         c = res.claim

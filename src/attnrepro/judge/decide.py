@@ -6,10 +6,18 @@ INCONCLUSIVE, one is DIFFERENT, or the reference's seeds run out. Each look spen
 (Bonferroni over looks: docs/VERDICT.md); the run store serves every run already made, so no run
 trains twice. `store_findings`: those stages' metrics against the summaries the run store keeps of
 the runs that made them (a metric edited together with dvc.lock is caught where the store holds its run).
+`sweep_findings`: a sweep's metrics are aggregates over its runs, so each sweep whose runs the store
+holds is made again from them, training nothing, and its outputs compared with the committed ones.
 """
 
 from __future__ import annotations
 
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,13 +28,14 @@ from attnrepro.envinfo import resolve_device, setup_determinism
 from attnrepro.experiments.comparison import comparison, pairs_by_dhead
 from attnrepro.experiments.failures import FailuresConfig
 from attnrepro.experiments.protocol import CORPUS_FILES, TrainConfig, corpus_inputs
-from attnrepro.files import read_json
+from attnrepro.files import dvc_entry, dvc_stages, read_json
 from attnrepro.formatting import fmt_number
 from attnrepro.judge import endpoints
 from attnrepro.judge.endpoints import Endpoint, Judgement
 from attnrepro.run.engine import require_ok, run_sweep
 from attnrepro.run.engine_settings import EngineConfig
 from attnrepro.run.execute import run_key
+from attnrepro.run.stage import is_sweep
 from attnrepro.store.run_store import RunStore
 from attnrepro.stats import ALPHA, LOOKS, flatten
 
@@ -172,3 +181,79 @@ def store_findings(root: Path, params: Mapping, metrics: Mapping[str, float], di
                     problems += [f"{where}: {k} = {fmt_number(values[k])}, but the run that made it (store "
                                  f"{key[:12]}) recorded {fmt_number(recorded[k])}" for k in bad]
     return problems
+
+
+def sweep_findings(root: Path, params: Mapping, envs: Mapping[str, dict], live: Callable[[str], dict],
+                   say: Callable[[str], None] = lambda line: None) -> tuple[list[str], list[str]]:
+    """(problems, notes): each sweep stage (run.stage.SWEEPS, choices@<arm> included) whose machine record
+    names this machine (MACHINE) and whose runs it made here is run again in a scratch folder from the run
+    store with --store-only (a run the store lacks stops it: a note, not a problem), and every number of
+    its metrics/*.json and every byte of its CSVs compared with the working tree's. Nothing in the
+    working tree or the store is written (the scratch folder is removed)."""
+    store = (root / str((params.get("engine") or {}).get("store", "runs"))).resolve()
+    problems: list[str] = []
+    notes: list[str] = []
+    if not store.is_dir():
+        return problems, notes
+    for name, st in dvc_stages(root).items():
+        outs = [dvc_entry(o)[0] for o in st.get("outs") or []]
+        env_file = next((o for o in outs if o.startswith("metrics/env/")), None)
+        env = envs.get(Path(env_file).stem) if env_file else None
+        if not is_sweep(name) or not env or env.get("runs_on") != "this machine" or \
+                any(env.get(k) != live(str(env.get("device", "cpu"))).get(k) for k in MACHINE):
+            continue
+        say(f"check: making {name} again from the run store (no training) ...")
+        with tempfile.TemporaryDirectory(prefix="attnrepro-remake-") as tmp:
+            scratch = Path(tmp)
+            made, why = _remake(root, scratch, st, store)
+            if not made:
+                notes.append(f"{name}: not made again from the run store ({why})")
+                continue
+            files = [f.relative_to(root).as_posix() for o in outs if not o.startswith("metrics/env/")
+                     for f in ([root / o] if (root / o).is_file() else sorted((root / o).rglob("*")))]
+            for out in files:
+                mine, again = root / out, scratch / out
+                if not mine.is_file() or not again.is_file():
+                    continue
+                if out.endswith(".json"):
+                    a, b = flatten(read_json(mine)), flatten(read_json(again))
+                    bad = sorted(k for k in set(a) | set(b) if not _same(a.get(k), b.get(k)))
+                    problems += [f"{out}: {k} = {fmt_number(a.get(k))}, but made again from the run store's records "
+                                 f"it is {fmt_number(b.get(k))}" for k in bad[:3]]
+                    if len(bad) > 3:
+                        problems.append(f"{out}: and {len(bad) - 3} more numbers differ from the ones made again "
+                                        "from the run store")
+                elif out.endswith(".csv") and mine.read_bytes() != again.read_bytes():
+                    problems.append(f"{out} differs from the one made again from the run store's records")
+    return problems, notes
+
+
+def _same(a, b) -> bool:
+    return a == b or (a is not None and b is not None and math.isnan(a) and math.isnan(b))
+
+
+def _remake(root: Path, scratch: Path, stage: Mapping, store: Path) -> tuple[bool, str]:
+    """Run `stage`'s command in `scratch` (its code and read-only inputs linked, the files it reads
+    under metrics/ and plots/ copied) with the run store at `store`, --store-only."""
+    for part in ("src", "stages", "scripts"):
+        (scratch / part).symlink_to(root / part)
+    for f in ("params.yaml", "dvc.yaml"):
+        shutil.copy(root / f, scratch / f)
+    for dep in (dvc_entry(d)[0] for d in stage.get("deps") or []):
+        src, dst = root / dep, scratch / dep
+        if dep.split("/")[0] in ("src", "stages", "scripts") or not src.exists() or dst.exists():
+            continue
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if dep.startswith(("metrics/", "plots/")):
+            (shutil.copytree if src.is_dir() else shutil.copy)(src, dst)
+        else:
+            dst.symlink_to(src)
+    words = str(stage["cmd"]).split()
+    script = next(i for i, w in enumerate(words) if w.startswith("stages/"))
+    cmd = [sys.executable, *words[script:], "--store", str(store), "--store-only", "--workers", "1"]
+    proc = subprocess.run(cmd, cwd=scratch, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(root / "src")})
+    if proc.returncode != 0:
+        lines = (proc.stderr or proc.stdout).strip().splitlines()
+        return False, lines[-1].removeprefix("error: ") if lines else f"exit {proc.returncode}"
+    return True, ""

@@ -238,12 +238,11 @@ def runs_count(key: str, metrics: dict, dists: dict) -> tuple[int | None, str]:
             return d["runs"], (f"{d['protocols']} protocols (the baseline, choices, combinations) × the variants each "
                                f"applies to × {d['seeds']} paired seeds; the baseline's runs at shared seeds are the "
                                "seeds and failures stages' own")
-    if key == "choices":
-        d = m.get("design") or {}
-        arms = [a for a in m if a not in ("baseline", "design")]
-        if arms and d.get("runs"):
-            return d["runs"], (f"{len(arms)} arms × the train variants × {d['seeds']} paired seeds; the baseline's "
-                               "runs are the seeds stage's")
+    if key == "choices" and m:
+        seeds = sorted({a["design"]["seeds"] for a in m.values()})
+        return sum(a["design"]["runs"] for a in m.values()), (
+            f"{len(m)} arms × the train variants × {'/'.join(map(str, seeds))} paired seeds; the baseline's runs are "
+            "the seeds stage's")
     if key == "reversal":
         models = [k for k, v in m.items() if isinstance(v, dict) and "digit_acc" in v]
         return (len(models), f"{len(models)} models of {dig(m, 'config.steps')} steps") if models else (None, "")
@@ -263,8 +262,9 @@ COST_STAGES = {"train": ("train", "seeds")}  # a section whose runs come from mo
 
 def run_hours(envs: dict, stages) -> Optional[tuple[int, float]]:
     """(runs, hours of the runs' own wall time when they were trained) from the stages' environment
-    records; None where no record has them."""
-    recs = [envs[s] for s in stages if "run_wall_seconds" in envs.get(s, {})]
+    records (choices: every arm's); None where no record has them."""
+    recs = [e for s, e in envs.items() if (s in stages or (s.startswith(choices.PREFIX) and "choices" in stages))
+            and "run_wall_seconds" in e]
     if not recs:
         return None
     return sum(e["runs"] for e in recs), sum(e["run_wall_seconds"] for e in recs) / 3600
@@ -336,6 +336,7 @@ def build(claims_path: Path, metrics_dir: Path, plots_dir: Path, pairs, smooth: 
                 if png.parent.name not in exclude_plots]
     # each section's own metrics file, nested as its stage writes it (and the seed summaries)
     metrics = {k: read_json_or_empty(metrics_dir / f"{k}.json") for k in sorted({s.key for s in SECTIONS} | {"seeds"})}
+    metrics["choices"] = choices.load_arms(metrics_dir)  # {arm: its metrics}, one file per arm's stage
     seeds = metrics.get("seeds") or {}
     train_dist = dists.get("train", {})
 
@@ -356,7 +357,7 @@ def build(claims_path: Path, metrics_dir: Path, plots_dir: Path, pairs, smooth: 
                                                                      "train_diagnostics.png")]}
     extras = {"critical": lambda: critical.report_markdown(metrics.get("critical") or {}),
               "exercise3": lambda: heads.centroid_markdown(metrics.get("heads") or {}),
-              "choices": lambda: choices.report_markdown(metrics.get("choices") or {}, exp.claims),
+              "choices": lambda: choices.report_markdown(metrics["choices"], exp.claims),
               "train": lambda: modes_markdown(seeds)}
     details = {"qknorm": lambda: qknorm.report_markdown(metrics.get("qknorm") or {}),
                "sensitivity": lambda: sensitivity.report_markdown(metrics.get("sensitivity") or {}, exp),

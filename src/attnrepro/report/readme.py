@@ -277,13 +277,17 @@ def run_minutes(root: Path, stages) -> dict[str, int]:
     one core, summed): metrics/env/<stage>.json's run_wall_seconds, which a rerun from the store keeps."""
     out = {}
     for s in stages:
-        path = root / "metrics" / "env" / f"{s}.json"
-        if not path.is_file():
-            raise ReadmeError(f"{path.relative_to(root)} is missing: run the {s} stage (dvc repro {s})")
-        env = read_json(path)
-        if "run_wall_seconds" not in env:
-            raise ReadmeError(f"metrics/env/{s}.json records no run_wall_seconds: rerun the {s} stage")
-        out[f"run_minutes_{s}"] = round(env["run_wall_seconds"] / 60)
+        paths = sorted((root / "metrics" / "env").glob(f"{s}_*.json")) if s == "choices" else \
+            [root / "metrics" / "env" / f"{s}.json"]  # choices: one record per arm's stage
+        seconds = 0.0
+        for path in paths:
+            if not path.is_file():
+                raise ReadmeError(f"{path.relative_to(root)} is missing: run the {s} stage (dvc repro {s})")
+            env = read_json(path)
+            if "run_wall_seconds" not in env:
+                raise ReadmeError(f"{path.relative_to(root)} records no run_wall_seconds: rerun the {s} stage")
+            seconds += env["run_wall_seconds"]
+        out[f"run_minutes_{s}"] = round(seconds / 60)
     return out
 
 

@@ -187,8 +187,11 @@ def run_sweep(name: str, specs: Sequence[RunSpec], inputs: Mapping[str, bytes], 
             records[key] = RunRecord(spec, key, status["status"], status.get("reason", ""), path, True)
         else:
             todo.append((spec, key))
-    check_inputs(name, [spec for spec, _ in todo], inputs)
     n_unique = len(records) + len(todo)
+    if todo and engine.store_only:
+        raise UserError(f"sweep {name}: {len(todo)} of {n_unique} runs are not in the store ({engine.store}); "
+                        "--store-only trains none")
+    check_inputs(name, [spec for spec, _ in todo], inputs)
     print(f"sweep {name}: {n_unique} runs, {len(records)} in the store ({engine.store}), {len(todo)} to train"
           + (f" on {_where(engine, len(todo))}" if todo else ""), flush=True)
     if todo:

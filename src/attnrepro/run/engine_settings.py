@@ -19,6 +19,7 @@ class EngineConfig:
     workers: int  # local worker processes; 0 = one per CPU core; 1 = serial, in this process
     scheduler: str  # address of an existing Dask scheduler; "" = a LocalCluster on this machine
     store: str  # the run store folder
+    store_only: bool = False  # serve every run from the store, train none (a missing run is an error)
 
     def validate(self, prefix: str = "engine") -> None:
         require(self.workers >= 0, f"{prefix}.workers", self.workers, "an integer >= 0 (0: one per core)")
@@ -32,9 +33,10 @@ class EngineConfig:
         return max(1, len(cores))  # the cores this process may use (a container or taskset may allow fewer)
 
 
-def engine_config(params: Mapping, scheduler: Optional[str] = None, workers: Optional[int] = None) -> EngineConfig:
+def engine_config(params: Mapping, scheduler: Optional[str] = None, workers: Optional[int] = None,
+                  store: Optional[str] = None, store_only: bool = False) -> EngineConfig:
     """params.yaml's `engine` section; $ATTNREPRO_SCHEDULER / $ATTNREPRO_WORKERS override it,
-    and explicit arguments (a stage's --scheduler / --workers) override both."""
+    and explicit arguments (a stage's --scheduler / --workers / --store / --store-only) override both."""
     section = dict(params.get("engine") or {})
     if os.environ.get("ATTNREPRO_SCHEDULER") is not None:
         section["scheduler"] = os.environ["ATTNREPRO_SCHEDULER"]
@@ -47,6 +49,9 @@ def engine_config(params: Mapping, scheduler: Optional[str] = None, workers: Opt
         section["scheduler"] = scheduler
     if workers is not None:
         section["workers"] = workers
+    if store is not None:
+        section["store"] = store
+    section["store_only"] = store_only
     return from_dict(EngineConfig, section, prefix="engine")
 
 
@@ -57,3 +62,7 @@ def add_engine_args(ap) -> None:
                          "(default: engine.scheduler in params.yaml, or $ATTNREPRO_SCHEDULER)")
     ap.add_argument("--workers", type=int, default=None, metavar="N",
                     help="local worker processes; 0 = one per core, 1 = serial (default: engine.workers)")
+    ap.add_argument("--store", default=None, metavar="FOLDER", help="the run store (default: engine.store)")
+    ap.add_argument("--store-only", action="store_true",
+                    help="serve every run from the store and train none: a run it lacks stops the stage "
+                         "(attnrepro check makes a sweep's outputs again this way)")

@@ -40,6 +40,11 @@ T = TypeVar("T")
 SWEEPS = ("seeds", "critical", "qknorm", "choices", "sensitivity")
 
 
+def is_sweep(stage: str) -> bool:
+    """A sweep's stage, a foreach copy (choices@<arm>) included."""
+    return stage.split("@")[0] in SWEEPS
+
+
 @dataclass
 class Stage:
     args: argparse.Namespace
@@ -54,7 +59,7 @@ class Stage:
     @property
     def engine(self):
         """The run engine's settings (params `engine`, the environment and --scheduler/--workers)."""
-        return engine_config(self.params, self.args.scheduler, self.args.workers)
+        return engine_config(self.params, self.args.scheduler, self.args.workers, self.args.store, self.args.store_only)
 
     def pin(self, device: str, threads: int, key: str, timing: bool = False) -> str:
         """The device `device` names (`key` in messages), with this process's threads and deterministic
@@ -76,7 +81,7 @@ def stage(main: Callable[[Stage], None], doc: Optional[str], engine: bool = Fals
         arguments(ap)
         args = ap.parse_args()
         params = read_params(args.params)
-        preflight(sys.argv[0], params if engine else None)
+        preflight(sys.argv, engine_config(params, store=args.store).store if engine else None)
         main(Stage(args, params))
 
     run_stage(run)
@@ -99,22 +104,24 @@ def stage_order(stages: dict) -> list[str]:
     return done
 
 
-def declared_outputs(script: str, root: Path = Path(".")) -> list[Path]:
-    """The outs, metrics and plots dvc.yaml declares for the stage whose command runs `script`
-    ([] where there is no dvc.yaml or no such stage: a script run on its own)."""
-    name = Path(script).as_posix()
+def declared_outputs(argv: list[str], root: Path = Path(".")) -> list[Path]:
+    """The outs, metrics and plots dvc.yaml declares for the stage whose command runs `argv` (the script
+    and its arguments; [] where there is no dvc.yaml or no such stage: a script run on its own)."""
+    script = Path(argv[0]).as_posix()
     for st in dvc_stages(root, required=False).values():
-        if isinstance(st, dict) and str(st.get("cmd", "")).split()[-1:] == [name]:
+        words = str(st.get("cmd", "")).split() if isinstance(st, dict) else []
+        at = words.index(script) if script in words else None
+        if at is not None and all(w in argv[1:] for w in words[at + 1:]):
             return [Path(dvc_entry(e)[0]) for k in ("outs", "metrics", "plots") for e in st.get(k) or []]
     return []
 
 
-def preflight(script: str, params: Optional[dict]) -> None:
+def preflight(argv: list[str], store: Optional[str]) -> None:
     """Before any work: every output dvc.yaml declares for this stage can be written, and (for a stage
     on the run engine) the run store is a folder that can hold results. One line each (exit 2)."""
-    check_writable([(None, out) for out in declared_outputs(script)])
-    if params is not None:
-        RunStore.check_writable(engine_config(params).store)
+    check_writable([(None, out) for out in declared_outputs(argv)])
+    if store is not None:
+        RunStore.check_writable(store)
 
 
 class Terminated(BaseException):
