@@ -241,7 +241,7 @@ def runs_count(key: str, metrics: dict, dists: dict) -> tuple[int | None, str]:
     if key == "choices" and m:
         seeds = sorted({a["design"]["seeds"] for a in m.values()})
         return sum(a["design"]["runs"] for a in m.values()), (
-            f"{len(m)} arms × the train variants × {'/'.join(map(str, seeds))} paired seeds; the baseline's runs are "
+            f"{len(m)} arm{'s' * (len(m) != 1)} × the train variants × {'/'.join(map(str, seeds))} paired seeds; the baseline's runs are "
             "the seeds stage's")
     if key == "reversal":
         models = [k for k, v in m.items() if isinstance(v, dict) and "digit_acc" in v]
