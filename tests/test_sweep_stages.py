@@ -211,7 +211,12 @@ def test_check_makes_each_sweep_again_from_the_store(repo, tmp_path):
 
     params, envs = read_params(repo / "params.yaml"), load_envs(repo / "metrics" / "env")
     seen: list[str] = []
-    assert sweep_findings(repo, params, envs, environment, seen.append) == ([], [])
+    here = Path.cwd()
+    os.chdir(repo)
+    try:  # as attnrepro check calls it: the checkout as a relative path
+        assert sweep_findings(Path("."), params, envs, environment, seen.append) == ([], [])
+    finally:
+        os.chdir(here)
     assert sorted(line.split()[2] for line in seen) == ["choices@no_breaks", "choices@no_decay", "critical", "qknorm",
                                                         "seeds", "sensitivity"]
 

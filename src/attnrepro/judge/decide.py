@@ -190,6 +190,7 @@ def sweep_findings(root: Path, params: Mapping, envs: Mapping[str, dict], live: 
     store with --store-only (a run the store lacks stops it: a note, not a problem), and every number of
     its metrics/*.json and every byte of its CSVs compared with the working tree's. Nothing in the
     working tree or the store is written (the scratch folder is removed)."""
+    root = root.resolve()  # the scratch folder links to it
     store = (root / str((params.get("engine") or {}).get("store", "runs"))).resolve()
     problems: list[str] = []
     notes: list[str] = []
