@@ -196,12 +196,16 @@ def sweep_findings(root: Path, params: Mapping, envs: Mapping[str, dict], live: 
     notes: list[str] = []
     if not store.is_dir():
         return problems, notes
+    elsewhere = []
     for name, st in dvc_stages(root).items():
         outs = [dvc_entry(o)[0] for o in st.get("outs") or []]
         env_file = next((o for o in outs if o.startswith("metrics/env/")), None)
         env = envs.get(Path(env_file).stem) if env_file else None
-        if not is_sweep(name) or not env or env.get("runs_on") != "this machine" or \
+        if not is_sweep(name) or not env:
+            continue
+        if env.get("runs_on") != "this machine" or \
                 any(env.get(k) != live(str(env.get("device", "cpu"))).get(k) for k in MACHINE):
+            elsewhere.append(name)
             continue
         say(f"check: making {name} again from the run store (no training) ...")
         with tempfile.TemporaryDirectory(prefix="attnrepro-remake-") as tmp:
@@ -226,6 +230,9 @@ def sweep_findings(root: Path, params: Mapping, envs: Mapping[str, dict], live: 
                                         "from the run store")
                 elif out.endswith(".csv") and mine.read_bytes() != again.read_bytes():
                     problems.append(f"{out} differs from the one made again from the run store's records")
+    if elsewhere:
+        notes.append(f"{', '.join(elsewhere)}: made on another machine than this one, so not made again from this "
+                     "run store (its float order differs)")
     return problems, notes
 
 
