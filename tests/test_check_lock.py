@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from attnrepro.files import dvc_stages
+
 from attnrepro.judge.check import checkout_root, run_record_findings
 from attnrepro.judge.revision import lock_findings, lock_problems, out_md5
 from attnrepro.store.run_store import key_of, spec_record
@@ -27,7 +29,7 @@ def _get(d, key: str):
 
 def relock(root: Path) -> None:
     """dvc.lock for the workspace as it is: each stage's outputs (md5 as DVC 3 computes it) and params."""
-    stages = (yaml.safe_load((root / "dvc.yaml").read_text(encoding="utf-8")) or {})["stages"]
+    stages = dvc_stages(root)  # a foreach stage as its copies (choices@<arm>), as DVC locks them
     try:
         params = yaml.safe_load((root / "params.yaml").read_text(encoding="utf-8")) or {}
     except (OSError, yaml.YAMLError):
