@@ -189,7 +189,8 @@ def sweep_findings(root: Path, params: Mapping, envs: Mapping[str, dict], live: 
     names this machine (MACHINE) and whose runs it made here is run again in a scratch folder from the run
     store with --store-only (a run the store lacks stops it: a note, not a problem), and every number of
     its metrics/*.json and every byte of its CSVs compared with the working tree's. Nothing in the
-    working tree or the store is written (the scratch folder is removed)."""
+    working tree is written and nothing trains (the scratch folder is removed; the store is read as any
+    stage reads it, so an entry found damaged is quarantined)."""
     root = root.resolve()  # the scratch folder links to it
     store = (root / str((params.get("engine") or {}).get("store", "runs"))).resolve()
     problems: list[str] = []

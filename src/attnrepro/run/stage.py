@@ -58,8 +58,10 @@ class Stage:
 
     @property
     def engine(self):
-        """The run engine's settings (params `engine`, the environment and --scheduler/--workers)."""
-        return engine_config(self.params, self.args.scheduler, self.args.workers, self.args.store, self.args.store_only)
+        """The run engine's settings (params `engine`, the environment and --scheduler, --workers, --store,
+        --store-only)."""
+        a = self.args
+        return engine_config(self.params, a.scheduler, a.workers, a.store, a.store_only)
 
     def pin(self, device: str, threads: int, key: str, timing: bool = False) -> str:
         """The device `device` names (`key` in messages), with this process's threads and deterministic
