@@ -185,6 +185,12 @@ def run(train: TrainConfig, corpus_cfg: corpus.CorpusConfig, cfg: ChoicesConfig,
                          env=stage_environment(device, records))
 
 
+def record_stems(stage: str, stems) -> list[str]:
+    """Of the machine records' stems (metrics/env/<stem>.json), those of `stage`'s runs: its own, and for
+    choices every arm's (choices_<arm>)."""
+    return [s for s in stems if s == stage or (stage == "choices" and s.startswith(PREFIX))]
+
+
 def load_arms(metrics_dir: str | Path = "metrics") -> dict[str, dict]:
     """{arm: its metrics} from every metrics/choices_<arm>.json."""
     return {f.stem.removeprefix(PREFIX): read_json(f) for f in sorted(Path(metrics_dir).glob(f"{PREFIX}*.json"))}

@@ -241,8 +241,8 @@ def runs_count(key: str, metrics: dict, dists: dict) -> tuple[int | None, str]:
     if key == "choices" and m:
         seeds = sorted({a["design"]["seeds"] for a in m.values()})
         return sum(a["design"]["runs"] for a in m.values()), (
-            f"{len(m)} arm{'s' * (len(m) != 1)} × the train variants × {'/'.join(map(str, seeds))} paired seeds; the baseline's runs are "
-            "the seeds stage's")
+            f"{len(m)} arm{'s' * (len(m) != 1)} × the train variants × {'/'.join(map(str, seeds))} paired seeds; "
+            "the baseline's runs are the seeds stage's")
     if key == "reversal":
         models = [k for k, v in m.items() if isinstance(v, dict) and "digit_acc" in v]
         return (len(models), f"{len(models)} models of {dig(m, 'config.steps')} steps") if models else (None, "")
@@ -263,8 +263,7 @@ COST_STAGES = {"train": ("train", "seeds")}  # a section whose runs come from mo
 def run_hours(envs: dict, stages) -> Optional[tuple[int, float]]:
     """(runs, hours of the runs' own wall time when they were trained) from the stages' environment
     records (choices: every arm's); None where no record has them."""
-    recs = [e for s, e in envs.items() if (s in stages or (s.startswith(choices.PREFIX) and "choices" in stages))
-            and "run_wall_seconds" in e]
+    recs = [envs[s] for stage in stages for s in choices.record_stems(stage, envs) if "run_wall_seconds" in envs[s]]
     if not recs:
         return None
     return sum(e["runs"] for e in recs), sum(e["run_wall_seconds"] for e in recs) / 3600

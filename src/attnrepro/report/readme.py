@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Callable
 
 from attnrepro.config import from_dict
-from attnrepro.experiments import comparison, critical, sensitivity
+from attnrepro.experiments import choices, comparison, critical, sensitivity
 from attnrepro.experiments.protocol import TrainConfig
 from attnrepro.files import dvc_entry, dvc_stages, read_json, read_params
 from attnrepro.judge.claims import load, printed, tally_lines
@@ -277,8 +277,9 @@ def run_minutes(root: Path, stages) -> dict[str, int]:
     one core, summed): metrics/env/<stage>.json's run_wall_seconds, which a rerun from the store keeps."""
     out = {}
     for s in stages:
-        paths = sorted((root / "metrics" / "env").glob(f"{s}_*.json")) if s == "choices" else \
-            [root / "metrics" / "env" / f"{s}.json"]  # choices: one record per arm's stage
+        env_dir = root / "metrics" / "env"
+        stems = choices.record_stems(s, sorted(f.stem for f in env_dir.glob("*.json")))
+        paths = [env_dir / f"{stem}.json" for stem in stems] or [env_dir / f"{s}.json"]
         seconds = 0.0
         for path in paths:
             if not path.is_file():
