@@ -17,10 +17,12 @@ curves per form) and plots/qknorm/forms.png.
 
 from __future__ import annotations
 
+from typing import Optional
+
 from attnrepro.experiments import qknorm
 from attnrepro.experiments.protocol import TrainConfig
 from attnrepro.figures import qknorm_figure
-from attnrepro.files import write_csv, write_json
+from attnrepro.files import as_written, read_csv, write_csv, write_json
 from attnrepro.run.stage import Stage, stage
 
 
@@ -34,10 +36,18 @@ def main(st: Stage) -> None:
     write_json("metrics/env/qknorm.json", result.env)
     write_csv("plots/qknorm/per_seed.csv", result.rows)
     write_csv("plots/qknorm/curves.csv", result.curves)
-    qknorm_figure(result.curves, result.forms, "plots/qknorm/forms.png", len(cfg.seeds))
+    figures(st, as_written(result.curves))
     for line in result.lines():
         print(line)
 
 
+def figures(st: Stage, curves: Optional[list] = None) -> None:
+    """forms.png, drawn from the curves as written (plots/qknorm/curves.csv): with --figures-only,
+    from that file alone."""
+    cfg = st.section(qknorm.QKNormConfig, "qknorm")
+    forms = list(dict.fromkeys([*cfg.references, *cfg.forms]))  # as qknorm.run orders them
+    qknorm_figure(curves or read_csv("plots/qknorm/curves.csv"), forms, "plots/qknorm/forms.png", len(cfg.seeds))
+
+
 if __name__ == "__main__":
-    stage(main, __doc__, engine=True)
+    stage(main, __doc__, engine=True, figures=figures)

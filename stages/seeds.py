@@ -24,12 +24,13 @@ seed's heads named after the train.seed checkpoint's head they play (experiments
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 from attnrepro.experiments import heads
-from attnrepro.experiments.comparison import SeedsConfig, run_seeds
+from attnrepro.experiments.comparison import SeedsConfig, gap_d_heads, pairs_by_dhead, run_seeds
 from attnrepro.experiments.protocol import TrainConfig
 from attnrepro.figures import seed_bands_figure, seed_gaps_figure, seed_points_figure, seed_runs_figure
-from attnrepro.files import write_csv, write_json
+from attnrepro.files import as_written, read_csv, read_json, write_csv, write_json
 from attnrepro.run.stage import Stage, stage
 
 
@@ -51,17 +52,29 @@ def main(st: Stage) -> None:
               "seeds.seeds: metrics/dist/heads.json is empty, and the heads are judged by their tolerances")
     write_json("metrics/seeds.json", result.headline)
     write_json("metrics/env/seeds.json", result.env)
-    write_csv("plots/seeds/gaps.csv", result.gaps)
-    write_csv("plots/seeds/curves.csv", result.curves)
-    write_csv("plots/seeds/per_seed.csv", result.per_seed)
-    write_csv("plots/seeds/runs.csv", result.histories)
-    seed_bands_figure(result.curves, list(cfg.variants), "plots/seeds/bands.png", len(seeds.seeds))
-    seed_gaps_figure(result.gaps, result.small, result.large, "plots/seeds/gaps.png")
-    seed_points_figure(result.per_seed, list(cfg.variants), result.modes, "plots/seeds/points.png", seeds.mode_statistic)
-    seed_runs_figure(result.histories, list(cfg.variants), "plots/seeds/runs.png")
+    tables = {"gaps": result.gaps, "curves": result.curves, "per_seed": result.per_seed, "runs": result.histories}
+    for name, rows in tables.items():
+        write_csv(f"plots/seeds/{name}.csv", rows)
+    figures(st, {name: as_written(rows) for name, rows in tables.items()},
+            {v: m.groups for v, m in result.modes.items()})
     print(result.line())
     print("\n".join(result.mode_lines()))
 
 
+def figures(st: Stage, tables: Optional[dict] = None, groups: Optional[dict] = None) -> None:
+    """The PNGs, drawn from the tables as written (plots/seeds/*.csv) and each variant's modes
+    (metrics/dist/train.json): with --figures-only, from those files alone."""
+    cfg = st.section(TrainConfig, "train")
+    seeds = st.section(SeedsConfig, "seeds")
+    t = tables or {name: read_csv(f"plots/seeds/{name}.csv") for name in ("gaps", "curves", "per_seed", "runs")}
+    groups = groups or {v: [m["seeds"] for m in e["modes"]]
+                        for v, e in read_json("metrics/dist/train.json")["modes"].items()}
+    variants = list(cfg.variants)
+    seed_bands_figure(t["curves"], variants, "plots/seeds/bands.png", len(seeds.seeds))
+    seed_gaps_figure(t["gaps"], *gap_d_heads(pairs_by_dhead(cfg)), "plots/seeds/gaps.png")
+    seed_points_figure(t["per_seed"], variants, groups, "plots/seeds/points.png", seeds.mode_statistic)
+    seed_runs_figure(t["runs"], variants, "plots/seeds/runs.png")
+
+
 if __name__ == "__main__":
-    stage(main, __doc__, engine=True)
+    stage(main, __doc__, engine=True, figures=figures)

@@ -241,3 +241,12 @@ def test_a_cuda_record_names_the_gpu_without_nvml(monkeypatch):
     monkeypatch.setattr(envinfo, "gpu_info", lambda device: {"gpu_name": "NVIDIA H200 NVL"})
     assert envinfo.environment("cuda")["gpu_name"] == "NVIDIA H200 NVL"
     assert "gpu_name" not in envinfo.environment("cpu")
+
+
+@pytest.mark.skipif(not Path("/proc/cpuinfo").exists(), reason="Linux only")
+def test_cpu_model_is_the_model_name_machine_records_always_held():
+    """torch's collector gives the CPU's "model name", the field earlier records were made with, so a
+    reference record still names this machine."""
+    names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+             if line.startswith("model name")]
+    assert envinfo.cpu_model() == (names[0] if names else envinfo.platform.processor() or envinfo.platform.machine())

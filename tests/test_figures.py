@@ -71,3 +71,44 @@ def test_seed_bands_figure_labels_both_y_axes(drawn):
     figures.seed_bands_figure(rows, variants, "unused.png", 5)
     fig, = drawn
     assert all(ax.get_ylabel() for ax in fig.axes), [ax.get_ylabel() for ax in fig.axes]
+
+
+def test_series_colours_name_the_variants_and_cycle_the_rest():
+    colour = figures.series_colours(["d256_scaled", "unscaled_entropy_final_mean", "scaled_entropy_final_mean", "x", "y"])
+    assert colour["d256_scaled"] == colour["scaled_entropy_final_mean"] == figures.SERIES_COLOURS["scaled"]
+    assert colour["unscaled_entropy_final_mean"] == figures.SERIES_COLOURS["unscaled"]  # the longest entry wins
+    assert (colour["x"], colour["y"]) == ("#ff7f0e", "#2ca02c")  # tab10 without the blue and red taken
+    assert figures.named_colour("d32_scaledness") is None  # an entry is a whole word of the name
+    # unnamed series alone draw in matplotlib's own cycle, the one Vega's category10 shares
+    cycle = [figures.matplotlib.colors.to_hex(c) for c in figures.plt.rcParams["axes.prop_cycle"].by_key()["color"]]
+    assert list(figures.series_colours(["a", "b", "c"]).values()) == cycle[:3] and list(figures.TAB10) == cycle
+
+
+def test_a_variant_has_one_colour_in_every_figure(drawn):
+    from attnrepro.experiments import comparison
+    variants = ["d32_unscaled", "d32_scaled", "d256_unscaled", "d256_scaled"]
+    rows = [{"step": s, **{f"{v}_{k}_{a}": 1.0 + s for v in variants for k in ("loss", "entropy_l0")
+                           for a in ("mean", "min", "max")}} for s in range(3)]
+    figures.seed_bands_figure(rows, variants, "unused.png", 3)
+    figures.seed_runs_figure([{"variant": v, "seed": 1, "step": s, "loss": 2.0} for v in variants for s in range(3)],
+                             variants, "unused.png")
+    forms = ["d256_scaled", "d256_unscaled", "layernorm_instead"]
+    figures.qknorm_figure([{"step": s, **{f"{f}_{k}": 1.0 for f in forms for k in ("loss", "entropy_l0")}}
+                           for s in range(3)], forms, "unused.png", 3)
+    series = {v: {"step": [0, 1, 2], "loss": [3.0, 2.0, 1.0], "entropy_l0": [0.5] * 3, "jacobian_fro_l0": [0.1] * 3}
+              for v in variants}
+    pairs = [(32, {False: "d32_unscaled", True: "d32_scaled"}), (256, {False: "d256_unscaled", True: "d256_scaled"})]
+    comparison.loss_figure(series, pairs, 1)
+    comparison.diagnostics_figure(series, pairs)
+    seen: dict[str, set] = {}
+    for fig in drawn:
+        for ax in fig.axes:
+            for line in ax.get_lines():
+                label = line.get_label()
+                name = next((v for v in variants if label == v or f"({v})" in label), None)
+                if name is None and label.startswith("d_head "):  # diagnostics: "d_head 32 unscaled"
+                    d, kind = label.split()[1:3]
+                    name = f"d{d}_{'unscaled' if kind == 'unscaled' else 'scaled'}"
+                if name:
+                    seen.setdefault(name, set()).add(figures.matplotlib.colors.to_hex(line.get_color()))
+    assert seen == {v: {figures.SERIES_COLOURS[v]} for v in variants}

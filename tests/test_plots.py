@@ -236,3 +236,27 @@ def test_html_page_needs_no_network(plots_repo):
     assert "vega@5" in page and "vegaEmbed(" in page and "vega-embed@6" in page
     assert "dvc_plots/" in (REPO / ".gitignore").read_text(encoding="utf-8").split()[-1] or \
         "/dvc_plots/" in (REPO / ".gitignore").read_text(encoding="utf-8").splitlines()
+
+
+def test_templates_colour_each_series_as_the_figures_do():
+    """scripts/plot_colours.py wrote figures.SERIES_COLOURS into the templates: every line of every data
+    plot gets the colour a figure drawing those lines would give it, no two lines of a plot alike, and
+    the four variants the same in every plot."""
+    from attnrepro.figures import series_colours
+    proc = subprocess.run([sys.executable, "scripts/plot_colours.py", "--check"], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    variants_seen = 0
+    for pid, defn in data_plots().items():
+        template = json.loads((REPO / ".dvc" / "plots" / f"{defn['template']}.json").read_text(encoding="utf-8"))
+        if defn["template"] == "series":  # lines named by the data: Vega's cycle in the table's order, as the PNG
+            assert template["encoding"]["color"]["sort"] is None
+            continue
+        expr = next(t["calculate"] for t in template["transform"] if t.get("as") == "colour")
+        mapping = json.loads(expr[1:expr.index(")[datum.line]")])
+        sources = y_sources(defn)
+        lines = ([Path(f).stem for f, _ in sources] if len({f for f, _ in sources}) > 1 else [c for _, c in sources])
+        assert {n: mapping[n] for n in lines} == series_colours(lines), pid
+        assert len({mapping[n] for n in lines}) == len(lines), pid
+        variants_seen += sum(n in ("d32_scaled", "d256_unscaled") for n in lines)
+    assert variants_seen >= 8  # train's and seeds' views draw the variants by their palette entries

@@ -261,3 +261,17 @@ def test_choices_arms_each_a_stage(repo):
     runs = load(repo, "dist/train")["runs"]  # the baseline is the seeds stage's runs
     assert load(repo, "choices_no_decay")["baseline"]["d32_scaled.loss_final"]["mean"] == pytest.approx(
         sum(runs[s]["d32_scaled"]["loss_final"] for s in ("11", "12", "13")) / 3)
+
+
+@pytest.mark.parametrize("name, pngs", [("seeds", ("bands", "gaps", "points", "runs")), ("qknorm", ("forms",))])
+def test_figures_only_redraws_the_sweeps_figures_from_its_tables(repo, name, pngs):
+    """A sweep draws its PNGs from its tables as written, so --figures-only (no runs, no store) draws
+    the same bytes from the files alone, and writes nothing else."""
+    drawn = {p: (repo / "plots" / name / f"{p}.png").read_bytes() for p in pngs}
+    others = {f: f.read_bytes() for f in (repo / "plots" / name).glob("*.csv")}
+    env = dict(os.environ, PYTHONPATH=str(repo / "src"))
+    proc = subprocess.run([sys.executable, f"stages/{name}.py", "--figures-only", "--store", str(repo / "no_store")],
+                          cwd=repo, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert {p: (repo / "plots" / name / f"{p}.png").read_bytes() for p in pngs} == drawn
+    assert {f: f.read_bytes() for f in others} == others and not (repo / "no_store").exists()

@@ -8,6 +8,7 @@ label positions by token id or index instead.
 from __future__ import annotations
 
 import io
+import itertools
 from functools import lru_cache
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
@@ -61,6 +62,35 @@ def cjk_font() -> Optional[FontProperties]:
     return FontProperties(family=family) if family else None
 
 
+# One colour per series, for every PNG here and every DVC plot template (scripts/plot_colours.py writes
+# them into .dvc/plots/): scaled attention blue and unscaled red, d_head 32 in the lighter tone of each.
+# A series name takes the entry it equals or starts with ("unscaled_entropy_final_mean" is unscaled);
+# other series take matplotlib's and Vega's shared cycle (tab10) in order, skipping colours taken.
+SERIES_COLOURS = {
+    "scaled": "#1f77b4", "unscaled": "#d62728",
+    "d256_scaled": "#1f77b4", "d256_unscaled": "#d62728", "d32_scaled": "#17becf", "d32_unscaled": "#ff7f0e",
+    "correct": "#000000",  # the failures table's reference model
+}
+TAB10 = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
+         "#17becf")
+
+
+def named_colour(name: str) -> Optional[str]:
+    """The SERIES_COLOURS entry of series `name`: the one it equals, else the longest it starts with
+    (followed by "_" or " "); None when it has none."""
+    keys = [k for k in SERIES_COLOURS if name == k or name.startswith((k + "_", k + " "))]
+    return SERIES_COLOURS[max(keys, key=len)] if keys else None
+
+
+def series_colours(names: Iterable[str]) -> dict[str, str]:
+    """The colour of each series of one figure: its named colour, or the next tab10 colour no named
+    series of the figure takes (so a figure of unnamed series draws C0, C1, ... as matplotlib would)."""
+    names = list(dict.fromkeys(names))
+    named = {n: named_colour(n) for n in names}
+    free = itertools.cycle([c for c in TAB10 if c not in set(named.values())])
+    return {n: named[n] or next(free) for n in names}
+
+
 def sized(font: Optional[FontProperties], size: float) -> FontProperties:
     """A copy of `font` (or the default font) at `size` points."""
     fp = font.copy() if font is not None else FontProperties()
@@ -74,17 +104,18 @@ def seed_bands_figure(rows: list[dict], variants: Sequence[str], path, n_seeds: 
     """Training loss and layer-0 entropy per variant: the mean over seeds and their min-max band."""
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     steps = [r["step"] for r in rows]
+    colour = series_colours(variants)
     for ax, key, title, ylabel in ((axes[0], "loss", "training loss", "training loss (nats)"),
                                    (axes[1], "entropy_l0", "layer-0 entropy", "layer-0 attention entropy (normalized)")):
-        for i, v in enumerate(variants):
+        for v in variants:
             mean = [r.get(f"{v}_{key}_mean") for r in rows]
             pts = [(s, m, r[f"{v}_{key}_min"], r[f"{v}_{key}_max"]) for s, m, r in zip(steps, mean, rows)
                    if m is not None]
             if not pts:
                 continue
             xs, ms, lo, hi = zip(*pts)
-            ax.plot(xs, ms, color=f"C{i}", lw=1, label=v)
-            ax.fill_between(xs, lo, hi, color=f"C{i}", alpha=0.25, lw=0)
+            ax.plot(xs, ms, color=colour[v], lw=1, label=v)
+            ax.fill_between(xs, lo, hi, color=colour[v], alpha=0.25, lw=0)
         ax.set_xlabel("step")
         ax.set_ylabel(ylabel)
         ax.set_title(f"{title}: mean and range over {n_seeds} seeds", fontsize=10)
@@ -99,11 +130,13 @@ def seed_gaps_figure(rows: list[dict], small: int, large: int, path) -> None:
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
     seeds = [str(r["seed"]) for r in rows]
     x = range(len(rows))
-    a.plot(x, [r[f"gap_d{small}_loss_final"] for r in rows], "o", label=f"d_head {small}")
-    a.plot(x, [r[f"gap_d{large}_loss_final"] for r in rows], "s", label=f"d_head {large}")
+    keys = [f"gap_d{small}_loss_final", f"gap_d{large}_loss_final", "gap_ratio_loss_final"]
+    colour = series_colours(keys)
+    for key, marker, d in zip(keys, "os", (small, large)):
+        a.plot(x, [r[key] for r in rows], marker, color=colour[key], label=f"d_head {d}")
     a.axhline(0, color="k", lw=0.5)
     a.set_ylabel("final loss gap (unscaled - scaled)")
-    b.plot(x, [r["gap_ratio_loss_final"] for r in rows], "D", color="C2")
+    b.plot(x, [r[keys[2]] for r in rows], "D", color=colour[keys[2]])
     b.set_ylabel(f"gap ratio d{large} / d{small}")
     for ax in (a, b):
         ax.set_xticks(list(x), seeds, rotation=30, fontsize=8)
@@ -113,20 +146,21 @@ def seed_gaps_figure(rows: list[dict], small: int, large: int, path) -> None:
     save(fig, path)
 
 
-def seed_points_figure(rows: list[dict], variants: Sequence[str], modes: dict, path, statistic: str) -> None:
+def seed_points_figure(rows: list[dict], variants: Sequence[str], groups: dict, path, statistic: str) -> None:
     """Every seed's value of the headline metrics, per variant (a mode shows at a glance); seeds of a
-    variant's second mode (stats.find_modes, on `statistic`) drawn as open squares."""
+    variant's second mode (groups: variant -> its modes' seeds, stats.find_modes on `statistic`) drawn
+    as open squares."""
     keys = [("loss_final", "final training loss", False), ("val_loss_final", "final validation loss", False),
             (statistic, statistic.replace("_", " "), True), ("entropy_final", "final layer-0 entropy", True)]
     fig, axes = plt.subplots(1, len(keys), figsize=(3.2 * len(keys), 3.8))
+    colour = series_colours(variants)
     for ax, (key, title, log) in zip(axes, keys):
         log = log and all(r[f"{v}.{key}"] > 0 for r in rows for v in variants if f"{v}.{key}" in r)
         for i, v in enumerate(variants):
-            groups = modes[v].groups if v in modes else [[r["seed"] for r in rows]]
-            for g, marker in zip(groups, ("o", "s")):
+            for g, marker in zip(groups.get(v, [[r["seed"] for r in rows]]), ("o", "s")):
                 ys = [r[f"{v}.{key}"] for r in rows if r["seed"] in g and f"{v}.{key}" in r]
                 xs = [i + 0.08 * (j - (len(ys) - 1) / 2) for j in range(len(ys))]  # spread, so ties show
-                ax.plot(xs, ys, marker, color=f"C{i}", ms=5, mfc="none" if marker == "s" else f"C{i}", alpha=0.8)
+                ax.plot(xs, ys, marker, color=colour[v], ms=5, mfc="none" if marker == "s" else colour[v], alpha=0.8)
         ax.set_xticks(range(len(variants)), variants, rotation=30, fontsize=8)
         ax.set_title(title, fontsize=10)
         if log:
@@ -142,12 +176,12 @@ def seed_runs_figure(rows: list[dict], variants: Sequence[str], path) -> None:
     runs: dict[tuple, list] = {}
     for r in rows:
         runs.setdefault((r["variant"], r["seed"]), []).append((r["step"], r["loss"]))
+    colour = series_colours(variants)
     for (v, _), pts in runs.items():
         xs, ys = zip(*pts)
-        i = list(variants).index(v)
-        ax.plot(xs, ys, color=f"C{i}", lw=0.6, alpha=0.6)
-    for i, v in enumerate(variants):
-        ax.plot([], [], color=f"C{i}", label=v)
+        ax.plot(xs, ys, color=colour[v], lw=0.6, alpha=0.6)
+    for v in variants:
+        ax.plot([], [], color=colour[v], label=v)
     ax.set_yscale("log")
     ax.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
     ax.yaxis.set_minor_formatter(matplotlib.ticker.ScalarFormatter())
@@ -172,7 +206,8 @@ def _curve_panels(a, b, rows: list[dict], x: str, onset: dict, title: str) -> No
                   label=f"onset: {x} in ({onset[f'after_{x}']:.0f}, {onset[f'by_{x}']:.0f}]")
     a.set_ylabel("final loss gap (unscaled - scaled)")
     a.set_title(title, fontsize=9)
-    for key, color, label in (("unscaled_entropy_final", "C3", "unscaled"), ("scaled_entropy_final", "C0", "scaled")):
+    for key, label in (("unscaled_entropy_final", "unscaled"), ("scaled_entropy_final", "scaled")):
+        color = SERIES_COLOURS[label]
         b.plot(d, [r[f"{key}_mean"] for r in rows], "o-", color=color, label=label)
         b.fill_between(d, [r[f"{key}_min"] for r in rows], [r[f"{key}_max"] for r in rows], color=color, alpha=0.2, lw=0)
     b.set_yscale("log")
@@ -205,17 +240,18 @@ def gap_vs_logit_std_figure(designs: dict[str, tuple[str, list[dict]]], referenc
     The chapter's models (references: per seed, with `model`, `d_head`, `d_model`, `n_head`) as separate
     reference points: each model's seeds and their mean, starred."""
     fig, ax = plt.subplots(figsize=(7.5, 5))
+    colour = series_colours(designs)
     for i, (label, (x, rows)) in enumerate(designs.items()):
         grid = sorted({r[x] for r in rows})
         means = []
         for d in grid:
             pts = [(r["unscaled_logit_std_step0"], r["gap_loss_final"]) for r in rows if r[x] == d]
-            ax.plot(*zip(*pts), "os"[i % 2], color=f"C{i}", alpha=0.35, ms=4)
+            ax.plot(*zip(*pts), "os"[i % 2], color=colour[label], alpha=0.35, ms=4)
             means.append((sum(p[0] for p in pts) / len(pts), sum(p[1] for p in pts) / len(pts), d))
-        ax.plot([m[0] for m in means], [m[1] for m in means], "os"[i % 2] + "-", color=f"C{i}", label=label)
+        ax.plot([m[0] for m in means], [m[1] for m in means], "os"[i % 2] + "-", color=colour[label], label=label)
         for sx, sy, d in means:
             ax.annotate(str(d), (sx, sy), textcoords="offset points", xytext=(4, 4 if i == 0 else -10),
-                        fontsize=7, color=f"C{i}")
+                        fontsize=7, color=colour[label])
     for j, model in enumerate(sorted({r["model"] for r in references})):
         rs = [r for r in references if r["model"] == model]
         xs, ys = [r["unscaled_logit_std_step0"] for r in rs], [r["gap_loss_final"] for r in rs]
@@ -241,10 +277,11 @@ def gap_vs_logit_std_figure(designs: dict[str, tuple[str, list[dict]]], referenc
 def qknorm_figure(rows: list[dict], forms: Sequence[str], path, n_seeds: int) -> None:
     """Training loss and layer-0 entropy of each QK-norm form and reference (mean over seeds)."""
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-    for i, f in enumerate(forms):
+    colour = series_colours(forms)
+    for f in forms:
         for ax, key in ((a, "loss"), (b, "entropy_l0")):
             pts = [(r["step"], r[f"{f}_{key}"]) for r in rows if r.get(f"{f}_{key}") is not None]
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], color=f"C{i}", lw=1, label=f)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], color=colour[f], lw=1, label=f)
     a.set_ylabel("training loss")
     b.set_ylabel("layer-0 attention entropy")
     b.set_yscale("log")
@@ -264,10 +301,11 @@ def loss_curves(path, series: dict[str, list[dict]], title: str, keys=("train_lo
                 logy: bool = True) -> None:
     """One line per (variant, key); rows carry `step` and the keys."""
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
-    for i, (name, rows) in enumerate(series.items()):
+    colour = series_colours(series)
+    for name, rows in series.items():
         for key, style in zip(keys, ("-", "--")):
             pts = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], style, color=f"C{i}", marker=".",
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], style, color=colour[name], marker=".",
                     label=f"{name} {key}")
     if logy:
         ax.set_yscale("log")
@@ -333,9 +371,10 @@ def init_sweep_figure(rows: list[dict], path) -> None:
     """Log-log: measured unscaled logit std vs sqrt(d) and v*sqrt(d)."""
     d = [r["d_head"] for r in rows]
     fig, ax = plt.subplots(figsize=(5.5, 4))
-    ax.loglog(d, [r["logit_std"] for r in rows], "o-", color="tab:blue", label="measured (init)")
-    ax.loglog(d, [r["theory_sqrt_d"] for r in rows], "s--", color="tab:red", label=r"footnote $\sqrt{d}$")
-    ax.loglog(d, [r["pred_varprop"] for r in rows], "^:", color="tab:green",
+    colour = series_colours(["logit_std", "theory_sqrt_d", "pred_varprop"])
+    ax.loglog(d, [r["logit_std"] for r in rows], "o-", color=colour["logit_std"], label="measured (init)")
+    ax.loglog(d, [r["theory_sqrt_d"] for r in rows], "s--", color=colour["theory_sqrt_d"], label=r"footnote $\sqrt{d}$")
+    ax.loglog(d, [r["pred_varprop"] for r in rows], "^:", color=colour["pred_varprop"],
               label=r"variance propagation $v\sqrt{d}$, $v=d\sigma^2$")
     ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
     ax.set_xticks(d, [str(x) for x in d])
@@ -380,16 +419,17 @@ def failures_figure(histories: dict[str, list[dict]], path) -> None:
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
     styles = [("--", "o"), (":", "s"), ("-.", "^"), ((0, (5, 1, 1, 1)), "v"), ((0, (1, 1)), "D")]
     names = [n for n in histories if n != "correct"] + (["correct"] if "correct" in histories else [])
+    colour = series_colours(histories)
     for i, name in enumerate(names):
         hist = histories[name]
         steps = [r["step"] for r in hist]
         every = max(1, len(steps) // 8)
         if name == "correct":
-            kw = dict(color="k", lw=4, alpha=0.35, ls="-", zorder=5,
+            kw = dict(color=colour[name], lw=4, alpha=0.35, ls="-", zorder=5,
                       label="correct (thick, translucent, on top: lines under it match it)")
         else:
             ls, marker = styles[i % len(styles)]
-            kw = dict(color=f"C{i}", lw=1.2, ls=ls, marker=marker, ms=3.5, markevery=(i % every, every),
+            kw = dict(color=colour[name], lw=1.2, ls=ls, marker=marker, ms=3.5, markevery=(i % every, every),
                       zorder=3, label=name)
         a.plot(steps, [r["loss"] for r in hist], **kw)
         b.plot(steps, [r["grad_norm"] for r in hist], **kw)
@@ -431,8 +471,9 @@ def kv_latency_figure(rows: list[dict], path, title: str) -> None:
     """Per-token latency vs context length, with and without the KV cache."""
     ctx = [r["context"] for r in rows]
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot(ctx, [r["uncached_ms"] for r in rows], "o-", label="no cache (re-run the prefix)")
-    ax.plot(ctx, [r["cached_ms"] for r in rows], "s-", label="KV cache (one new token)")
+    colour = series_colours(["uncached_ms", "cached_ms"])
+    ax.plot(ctx, [r["uncached_ms"] for r in rows], "o-", color=colour["uncached_ms"], label="no cache (re-run the prefix)")
+    ax.plot(ctx, [r["cached_ms"] for r in rows], "s-", color=colour["cached_ms"], label="KV cache (one new token)")
     _loglog_finish(ax, "context length (tokens)", "time per generated token (ms, median)", title)
     save(fig, path)
 
@@ -444,10 +485,11 @@ def latency_figure(rows: list[dict], path, title: str) -> None:
     for r in rows:
         if not r.get("oom"):
             series.setdefault(f"{r['impl']} {r['dtype']}", []).append(r)
+    colour = series_colours(series)
     for label, pts in series.items():
         n = [p["n"] for p in pts]
-        ax.plot(n, [p["mean_ms"] for p in pts], "o-", label=label)
-        ax.fill_between(n, [p["p20_ms"] for p in pts], [p["p80_ms"] for p in pts], alpha=0.2)
+        ax.plot(n, [p["mean_ms"] for p in pts], "o-", color=colour[label], label=label)
+        ax.fill_between(n, [p["p20_ms"] for p in pts], [p["p80_ms"] for p in pts], color=colour[label], alpha=0.2)
     if series:
         first = next(iter(series.values()))
         n0, t0 = first[0]["n"], first[0]["mean_ms"]

@@ -89,6 +89,27 @@ def csv_cell(v):
     return v
 
 
+def read_csv(path) -> list[dict]:
+    """CSV rows as write_csv wrote them: numbers parsed, empty cells left out."""
+    with open(path, newline="", encoding="utf-8") as f:
+        return [{k: _parsed(v) for k, v in row.items() if v != ""} for row in csv.DictReader(f)]
+
+
+def as_written(rows: Sequence[Mapping]) -> list[dict]:
+    """`rows` as read_csv reads them back once write_csv wrote them (floats to 6 significant digits):
+    a figure drawn from these is the figure drawn from the file."""
+    return [{k: _parsed(str(csv_cell(v))) for k, v in r.items() if v is not None} for r in rows]
+
+
+def _parsed(text: str):
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
 def read_yaml_or_none(path: Path):
     """A YAML file's data, None if it cannot be read or parsed (libyaml's parser where PyYAML has it:
     dvc.lock is large). For files whose absence or damage the caller reports in its own words."""

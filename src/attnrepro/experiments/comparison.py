@@ -41,6 +41,12 @@ def pairs_by_dhead(cfg: TrainConfig) -> dict[int, dict[bool, str]]:
     return out
 
 
+def gap_d_heads(pairs: dict[int, dict[bool, str]]) -> tuple[int, int]:
+    """The smallest and the largest d_head with a scaled and an unscaled variant."""
+    d_heads = sorted(d for d, p in pairs.items() if set(p) == {True, False})
+    return d_heads[0], d_heads[-1]
+
+
 def comparison(metrics: dict, pairs: dict[int, dict[bool, str]]) -> dict:
     """Loss gaps (unscaled - scaled) per d_head, and the largest d_head's gap over the smallest's."""
     out, gap = {}, {}
@@ -189,8 +195,7 @@ def run_seeds(cfg: TrainConfig, seeds: list[int], statistic: str, device: str, e
                         modes={v: {"statistic": m.statistic, "gap_ratio": m.ratio, "p": m.p, "alpha": m.alpha,
                                    "modes": m.frequencies()} for v, m in modes.items()})
     gaps = pd.DataFrame([{"seed": s, **runs[s]["comparison"]} for s in seeds])
-    d_heads = sorted(d for d, p in pairs.items() if set(p) == {True, False})
-    small, large = d_heads[0], d_heads[-1]
+    small, large = gap_d_heads(pairs)
     histories = {(v, s): by[(v, s)].read("history.json") for v in cfg.variants for s in seeds}
     split = frozenset(d for d in (small, large) if any(len(modes[v].groups) > 1 for v in pairs[d].values()))
     head = headline(gaps, small, large, split)
@@ -273,7 +278,7 @@ CURVE_STRIDE = 5  # every 5th step: thin lines need no more, and the CSV stays s
 
 # ---------------------------------------------------------------- its part of the report
 
-STYLE = {True: ("tab:blue", "scaled (÷√d)"), False: ("tab:red", "unscaled")}
+LABEL = {True: "scaled (÷√d)", False: "unscaled"}
 
 
 def moving_average(xs: list[float], window: int) -> list[float]:
@@ -307,11 +312,10 @@ def loss_figure(series: dict[str, dict], pairs, smooth: int) -> bytes | None:
             name = pair.get(scaled)
             if name not in series:
                 continue
-            s = series[name]
-            color, label = STYLE[scaled]
+            s, color = series[name], figures.named_colour(name) or figures.SERIES_COLOURS[LABEL[scaled]]
             ax.plot(s["step"], s["loss"], color=color, alpha=0.2, lw=0.6)
             ax.plot(s["step"], moving_average(s["loss"], smooth), color=color, lw=1.5,
-                    label=f"{label} ({name})")
+                    label=f"{LABEL[scaled]} ({name})")
         ax.set_title(f"d_head = {d_head}")
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
@@ -337,9 +341,9 @@ def diagnostics_figure(series: dict[str, dict], pairs) -> bytes | None:
             pts = [(x, y) for x, y in zip(s["step"], s.get(key, [])) if not math.isnan(y) and y > 0]
             if not pts:
                 continue
-            color, label = STYLE[scaled]
+            color = figures.named_colour(name) or figures.SERIES_COLOURS[LABEL[scaled]]
             ax.plot([p[0] for p in pts], [p[1] for p in pts], color=color,
-                    ls="-" if d_head == pairs[-1][0] else "--", lw=1.3, label=f"d_head {d_head} {label}")
+                    ls="-" if d_head == pairs[-1][0] else "--", lw=1.3, label=f"d_head {d_head} {LABEL[scaled]}")
         ax.set_yscale("log")
         ax.set_title(title)
         ax.set_xlabel("step")

@@ -73,18 +73,25 @@ class Stage:
 
 
 def stage(main: Callable[[Stage], None], doc: Optional[str], engine: bool = False,
-          arguments: Callable[[argparse.ArgumentParser], None] = lambda ap: None) -> None:
-    """Run a stage script's `main` (see the module docstring); `arguments` adds the stage's own options."""
+          arguments: Callable[[argparse.ArgumentParser], None] = lambda ap: None,
+          figures: Optional[Callable[[Stage], None]] = None) -> None:
+    """Run a stage script's `main` (see the module docstring); `arguments` adds the stage's own options.
+    A sweep whose figures are drawn from its written tables passes `figures` (what main calls), and
+    gets --figures-only: a change to figure code redraws its PNGs without the runs."""
     def run() -> None:
         ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
         ap.add_argument("--params", default="params.yaml", help="the params file (default params.yaml)")
         if engine:
             add_engine_args(ap)
+        if figures is not None:
+            ap.add_argument("--figures-only", action="store_true",
+                            help="draw the stage's figures again from its tables and metrics as they are "
+                                 "(trains and writes nothing else)")
         arguments(ap)
         args = ap.parse_args()
         params = read_params(args.params)
         preflight(sys.argv, engine_config(params, store=args.store).store if engine else None)
-        main(Stage(args, params))
+        (figures if getattr(args, "figures_only", False) else main)(Stage(args, params))
 
     run_stage(run)
 
