@@ -25,6 +25,8 @@ Small, documented API (others reuse it):
   (data/, metrics/, plots/), as sorted relative paths.
 - ``optim(**overrides)``: an OptimConfig with the chapter's protocol (AdamW, decay on every
   parameter as §1.18.3, warm-up then cosine, clip 1.0), fields replaced by ``overrides``.
+- ``unpad(text)``: ``text`` with every Markdown table line's column padding removed
+  (``| a | b |``, separators ``| --- | --- |``), so a test can name a row by its cells.
 
 Fixtures: ``fake_corpus`` (a directory and its hashes, as a namespace with
 ``.dir`` and ``.files``), ``repo_copy`` (a fresh copy of the repository) and
@@ -40,6 +42,7 @@ import importlib.util
 import json
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -53,6 +56,20 @@ DEFAULT_EXCLUDE = (".venv", "data", "metrics", "plots", "dvc.lock", ".dvc", ".gi
 
 # 48 characters: more than a tiny vocabulary keeps, so coverage < 1 and <unk> occurs
 _CHARS = "秦川雄帝宅函谷壯皇居綺殿千尋起離宮百雉餘連甍遙接漢飛觀迥凌虛雲日隱層闕風煙出綺疎春江花月夜"
+
+
+def unpad(text: str) -> str:
+    """Markdown tables in `text` without their column padding (formatting.md_table pads to align): each
+    table line as ``| a | b |``, a separator as ``| --- | --- |``; escaped pipes stay inside their cell."""
+    out = []
+    for line in text.split("\n"):
+        if len(line.rstrip()) > 1 and line.startswith("|") and line.rstrip().endswith("|"):
+            cells = [c.strip() for c in re.split(r"(?<!\\)\|", line.rstrip())[1:-1]]
+            if cells and all(c and set(c) <= set("-:") for c in cells):
+                cells = ["---"] * len(cells)
+            line = "| " + " | ".join(cells) + " |"
+        out.append(line)
+    return "\n".join(out)
 
 
 def make_fake_corpus(dest, n_files: int = 4, poems_per_file: int = 12, seed: int = 0) -> dict[str, str]:

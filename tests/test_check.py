@@ -20,6 +20,7 @@ import yaml
 
 from attnrepro.commands.main import main
 from attnrepro.stats import distribution
+from conftest import unpad
 from test_check_lock import relock
 
 REPO = Path(__file__).resolve().parents[1]
@@ -121,7 +122,7 @@ def check(root: Path, capsys, *args: str, lock: bool = True) -> tuple[int, str]:
         relock(root)
     rc = main(["check", "--root", str(root), *args])
     out = capsys.readouterr()
-    return rc, out.out + out.err
+    return rc, unpad(out.out + out.err)  # tables without their column padding
 
 
 def edit(root: Path, file: str, change) -> None:

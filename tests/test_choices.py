@@ -12,6 +12,7 @@ import pytest
 from attnrepro.config import ConfigError
 from attnrepro.data import corpus
 from attnrepro.experiments import choices as C
+from conftest import unpad
 
 POEMS = ["床前明月光\n疑是地上霜", "白日依山盡\n黃河入海流\n欲窮千里目", "春眠不覺曉"]
 
@@ -110,5 +111,5 @@ def test_report_places_the_chapters_figures():
     pub = C.published_cells(exp.claims)
     assert pub["gap_d32"] == 0.17 and pub["gap_ratio"] == pytest.approx(0.95 / 0.17)
     assert pub["jacobian_fall_orders"] == pytest.approx(math.log10(0.2975 / 8e-05))
-    text = C.report_markdown({"moved": C.analyse(rows(seed=1), rows(shift=0.5, seed=2), 32, 256)}, exp.claims)
+    text = unpad(C.report_markdown({"moved": C.analyse(rows(seed=1), rows(shift=0.5, seed=2), 32, 256)}, exp.claims))
     assert "**moved**" in text and "| gap_d256 | 0.95 |" in text and "Fieller" in text

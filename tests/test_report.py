@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from attnrepro.files import dvc_stages
+from conftest import unpad
 
 REPO = Path(__file__).resolve().parents[1]
 VARIANTS = ("d32_unscaled", "d32_scaled", "d256_unscaled", "d256_scaled")
@@ -78,7 +79,7 @@ def test_report_stage_is_deterministic_and_complete(tmp_path):
 
     assert {"report/REPORT.md", "report/APPENDIX.md", "report/REPORT.html", "report/figures/train_loss.png",
             "report/figures/train_diagnostics.png", "metrics/claims.json", "metrics/claims_summary.json"} <= set(first)
-    md = first["report/REPORT.md"].decode()
+    md = unpad(first["report/REPORT.md"].decode())
     for name in ("train_loss.png", "train_diagnostics.png"):
         assert f"(figures/{name})" in md
     # a stage's figure is linked where it lies, and the link resolves from report/
@@ -88,7 +89,7 @@ def test_report_stage_is_deterministic_and_complete(tmp_path):
     # heading twice), each with its design, cost and answer; the machine in one line, the tables in the appendix
     headings = [line for line in md.splitlines() if line.startswith("## ")]
     assert len(headings) == len(set(headings)), headings
-    appendix = first["report/APPENDIX.md"].decode()
+    appendix = unpad(first["report/APPENDIX.md"].decode())
     assert headings[0] == "## Verdict" and appendix.rstrip().split("\n## ")[-1].startswith("Machine records")
     numbered = [h for h in headings if h[3].isdigit()]
     assert [int(h[3:].split(".")[0]) for h in numbered] == list(range(1, len(numbered) + 1))
@@ -211,7 +212,7 @@ def test_report_per_seed_table_from_the_distribution(tmp_path):
     (root / "metrics" / "dist" / "train.json").write_text(json.dumps(distribution({int(s): r for s, r in runs.items()})))
     p = run_stage(root)
     assert p.returncode == 0, p.stderr
-    md = (root / "report" / "APPENDIX.md").read_text(encoding="utf-8")
+    md = unpad((root / "report" / "APPENDIX.md").read_text(encoding="utf-8"))
     assert "| metric | this run | seed 1 | seed 2 | seed 20261014 | mean | sd |" in md
     row = next(line for line in md.splitlines() if line.startswith("| d32_unscaled.loss_final |"))
     assert row == "| d32_unscaled.loss_final | 4 | 4.01 | 4.02 | 4 | 4.01 | 0.01 |"

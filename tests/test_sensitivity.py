@@ -13,6 +13,7 @@ import yaml
 
 from attnrepro.experiments import sensitivity as S
 from attnrepro.stats import holm_adjusted
+from conftest import unpad
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -300,7 +301,7 @@ def test_a_run_that_diverged_leaves_its_cells_not_a_number_without_crashing_the_
     published = {("d32_scaled", "loss_final"): (5.0, 0.005), ("failures_correct", "loss_final"): (5.0, 0.005)}
     joint = {j["protocol"]: j for j in S.joint_table(m, published)}
     assert joint["baseline"]["score"] == math.inf and joint["b"]["score"] == math.inf
-    md = S.report_markdown(m, SimpleNamespace(claims=[]), prereg_path=Path("/nonexistent"))
+    md = unpad(S.report_markdown(m, SimpleNamespace(claims=[]), prereg_path=Path("/nonexistent")))
     assert "| d32_scaled.loss_final | not a number |" in md
     assert "| failures_correct.loss_final | 4 | — | b | not a number | not a number (a run diverged) | — |" in md
     assert "No pre-registration at /nonexistent" in md  # said, not silently left out
@@ -337,5 +338,26 @@ def test_the_report_prints_the_share_of_the_gap_a_choice_closes_as_a_plain_perce
     prereg.write_text("[]\n")
     verdict = {"cell": "c.m", "choice": "a", "verdict": "held", "why": "", "reason": "r", "closes": 0.9996}
     monkeypatch.setattr(S, "prereg_verdicts", lambda *a: [verdict, dict(verdict, closes=-3.9)])
-    md = S.report_markdown(sweep_metrics(), SimpleNamespace(claims=[]), prereg_path=prereg)
-    assert "| c.m | a | held | 100% | r |" in md and "| -390% |" in md and "e+02" not in md
+    md = unpad(S.report_markdown(sweep_metrics(), SimpleNamespace(claims=[]), prereg_path=prereg))
+    assert "| c.m | a | held | held | 100% | r |" in md and "| -390% |" in md and "e+02" not in md
+
+
+def test_the_preregistered_entries_as_their_own_family():
+    """prereg_family: Holm over the measured entries' raw p alone (an entry the sweep does not run is
+    left out); with it, an entry significant among its few pre-registered fellows but not among every
+    cell holds."""
+    m = sweep_metrics()
+    entries = [{"cell": "d32_scaled.loss_final", "choice": "a", "reason": "r"},
+               {"cell": "failures_correct.loss_final", "choice": "a", "reason": "r"},
+               {"cell": "d256_scaled.loss_final", "choice": "a", "reason": "r"}]
+    fam = S.prereg_family(entries, m)
+    raw = [m["d32_scaled"]["loss_final"]["a"]["p"], m["failures_correct"]["loss_final"]["a"]["p"]]
+    assert list(fam) == [("d32_scaled.loss_final", "a"), ("failures_correct.loss_final", "a")]
+    assert list(fam.values()) == holm_adjusted(raw)
+    assert fam[("d32_scaled.loss_final", "a")] <= m["d32_scaled"]["loss_final"]["a"]["p_holm"]
+    lifted = {"d32_scaled": {"loss_final": {k: dict(r, p_holm=0.2) if k == "a" else r
+                                             for k, r in m["d32_scaled"]["loss_final"].items()}}}
+    published = {("d32_scaled", "loss_final"): (5.0, 0.005)}
+    assert S.prereg_verdicts(entries[:1], lifted, published)[0]["why"] == "not significant"
+    assert S.prereg_verdicts(entries[:1], lifted, published,
+                             family={("d32_scaled.loss_final", "a"): 0.01})[0]["verdict"] == "held"

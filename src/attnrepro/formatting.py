@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import math
+from typing import Iterable, Sequence
+
+import tabulate
 
 
 def dig(d, path: str):
@@ -22,6 +25,13 @@ def fmt(x, digits: int = 3) -> str:
 def table_cell(text) -> str:
     """Text as one cell of a Markdown table: on one line, its pipes escaped."""
     return " ".join(str(text).split()).replace("|", "\\|")
+
+
+def md_table(header: Sequence[str], rows: Iterable[Sequence]) -> list[str]:
+    """A Markdown table's lines (header, separator, one per row), columns padded to align; cells as given."""
+    cells = [[str(c) for c in row] for row in rows]
+    return tabulate.tabulate(cells, headers=[str(h) for h in header], tablefmt="github",
+                             disable_numparse=True).split("\n")
 
 
 def number_text(x) -> str:

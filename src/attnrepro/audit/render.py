@@ -8,6 +8,7 @@ from attnrepro.audit.cases import C_TOL
 from attnrepro.audit.checks import CheckResult
 from attnrepro.audit.cost import mib_text
 from attnrepro.audit.diagnose import Diagnosis, cause_text, rank
+from attnrepro.formatting import md_table
 
 EVIDENCE_LINES = 4
 TOLERANCE_NOTE = (f"tolerance: max|x - ref| <= {C_TOL:g} * R * (1 + max|logit|) * (u + u_fp32 * sqrt(E + S)); "
@@ -100,8 +101,7 @@ def markdown(target: str, identity: str, diag: Diagnosis, results: list[CheckRes
         if diag.smallest:
             lines.append(f"- smallest input that shows it: {diag.smallest}")
         lines.append("")
-    lines += ["| check | status | summary |", "| --- | --- | --- |"]
-    lines += [f"| {r.name} | {r.status} | {_summary(r)} |" for r in results]
+    lines += md_table(["check", "status", "summary"], [[r.name, r.status, _summary(r)] for r in results])
     return "\n".join(lines) + "\n"
 
 

@@ -30,9 +30,10 @@ from attnrepro.experiments.comparison import pairs_by_dhead
 from attnrepro.experiments.protocol import CORPUS, TrainConfig, model_config, optim_config
 from attnrepro.experiments.sensitivity import paired_effect
 from attnrepro.files import read_json
+from attnrepro.formatting import md_table
 from attnrepro.run.engine import require_ok, run_sweep
 from attnrepro.run.engine_settings import EngineConfig
-from attnrepro.stats import ALPHA, Band, fieller_ratio, holm_adjusted
+from attnrepro.stats import ALPHA, Band, fieller_ratio, holm_adjusted, holm_detectable
 
 BASELINE = "baseline"
 ARM = "arm"
@@ -241,17 +242,22 @@ def report_markdown(arms: Mapping[str, Mapping], claims=()) -> str:
     for name, m in arms.items():
         base, d = m[BASELINE], m.get("design", {})
         a = {c: m[ARM][c] for c in sorted(m[ARM], key=cell_order) if c != "gap_ratio"}
-        out += [f"**{name}** ({d.get('seeds', '?')} paired seeds, {d.get('runs', '?')} runs)\n",
-                "| cell | chapter | baseline [95% CI] | arm [95% CI] | difference [95% CI] | p (Holm) | z baseline "
-                "| z arm |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        power = (f"; a cell moves after Holm with 80% power when its paired effect is at least "
+                 f"{holm_detectable(d['seeds'], d['tests']):.2g} sd of its paired differences"
+                 if d.get("seeds", 0) > 1 and d.get("tests") else "")
+        out.append(f"**{name}** ({d.get('seeds', '?')} paired seeds, {d.get('runs', '?')} runs{power})\n")
+        header = ["cell", "chapter", "baseline [95% CI]", "arm [95% CI]", "difference [95% CI]", "p (Holm)",
+                  "z baseline", "z arm"]
+        rows = []
         for cell, e in a.items():
             log = log_cell(cell)
             diff = (f"×{math.exp(e['diff']):.3g} [×{math.exp(e['diff_lo']):.3g}, ×{math.exp(e['diff_hi']):.3g}]"
                     if log else f"{e['diff']:+.3g} {_ci(e, 'diff_lo', 'diff_hi', '+')}")
             p = pub.get(cell)
-            out.append(f"| {cell} | {'—' if p is None else f'{p:.4g}'} | {base[cell]['mean']:.4g} {_ci(base[cell])} | "
-                       f"{e['mean']:.4g} {_ci(e)} | {diff} | {e['p_holm']:.2g} | {_z(p, base[cell], log)} | "
-                       f"{_z(p, e, log)} |")
+            rows.append([cell, "—" if p is None else f"{p:.4g}", f"{base[cell]['mean']:.4g} {_ci(base[cell])}",
+                         f"{e['mean']:.4g} {_ci(e)}", diff, f"{e['p_holm']:.2g}", _z(p, base[cell], log),
+                         _z(p, e, log)])
+        out += md_table(header, rows)
         out.append(f"\nThe ratio of the mean gaps (largest d_head over smallest) with Fieller's 95% interval: baseline "
                    f"{_ratio_text(base['gap_ratio'])}; {name} {_ratio_text(m[ARM]['gap_ratio'])}"
                    + (f" (the chapter: {pub['gap_ratio']:.2f})" if "gap_ratio" in pub else "") + ".\n")

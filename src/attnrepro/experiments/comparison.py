@@ -15,7 +15,7 @@ from attnrepro import figures
 from attnrepro.config import UserError, require
 from attnrepro.envinfo import stage_environment
 from attnrepro.experiments.protocol import TrainConfig, corpus_inputs, d_head_of, series
-from attnrepro.formatting import fmt_number
+from attnrepro.formatting import fmt_number, md_table
 from attnrepro.model.attention_impl import AttentionConfig
 from attnrepro.run.engine import require_ok, run_sweep
 from attnrepro.run.engine_settings import EngineConfig
@@ -406,14 +406,15 @@ def modes_markdown(seeds: dict) -> str:
         return ""
     lines = ["Modes: each variant's seeds tested for two modes on the layer-0 entropy at step 222 (the largest "
              "gap between sorted values against one normal sample, family-wise alpha 0.05 over the variants; "
-             "`stats.find_modes`):\n", "| variant | modes | p | share of seeds per mode [exact 95%] | "
-             "final loss per mode |", "| --- | --- | --- | --- | --- |"]
+             "`stats.find_modes`):\n"]
+    rows = []
     for v, m in modes.items():
         ms = [m[k] for k in sorted(m) if k.startswith("mode")]
         share = "; ".join(f"{x['n']}: {100 * x['frac']:.0f}% [{100 * x['frac_ci95_lo']:.0f}, "
                           f"{100 * x['frac_ci95_hi']:.0f}]" for x in ms)
         loss = "; ".join(f"{x['loss_final_mean']:.3f}" for x in ms)
-        lines.append(f"| {v} | {m['n_modes']} | {m['p']:.2g} | {share} | {loss} |")
+        rows.append([v, m["n_modes"], f"{m['p']:.2g}", share, loss])
+    lines += md_table(["variant", "modes", "p", "share of seeds per mode [exact 95%]", "final loss per mode"], rows)
     alpha = next(iter(modes.values())).get("alpha", ALPHA)
     if all(m["n_modes"] == 1 for m in modes.values()):
         power = ", ".join(f"{100 * modes_power(seeds.get('n_seeds'), 0.2, d, alpha):.0f}% at {d} sd" for d in (4, 6, 8))

@@ -24,7 +24,7 @@ import pandas as pd
 from attnrepro.config import from_dict, require
 from attnrepro.envinfo import stage_environment
 from attnrepro.experiments.protocol import TrainConfig, corpus_inputs
-from attnrepro.formatting import fmt_number, zero_note
+from attnrepro.formatting import fmt_number, md_table, zero_note
 from attnrepro.model.transformer import ModelConfig
 from attnrepro.run.engine import require_ok, run_sweep
 from attnrepro.run.engine_settings import EngineConfig
@@ -293,19 +293,18 @@ def one_variable_markdown(q: dict) -> list[str]:
            f"train where the store holds the seeds stage's d_head-{q['d_head']} runs; what they took is the section's "
            f"cost above). Onset (the first d_qk whose mean gap's 95% lower bound exceeds the d_qk-{first} gap's upper "
            f"bound, never finer than the grid): {where}; {base}. Modes: each arm's seeds at each d_qk tested on "
-           "their step-222 entropy (stats.find_modes, Bonferroni over the grid), as in the seeds stage.\n",
-           "| d_qk | gap (unscaled − scaled) [95% CI] | min, max | unscaled logit std at init | unscaled entropy "
-           f"| scaled entropy | p, gap vs d_qk {first} (paired t) | modes |",
-           "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+           "their step-222 entropy (stats.find_modes, Bonferroni over the grid), as in the seeds stage.\n"]
+    header = ["d_qk", "gap (unscaled − scaled) [95% CI]", "min, max", "unscaled logit std at init", "unscaled entropy",
+              "scaled entropy", f"p, gap vs d_qk {first} (paired t)", "modes"]
+    table = []
     for d, v in rows:
         g, ue, se, ul = (v["gap_loss_final"], v["unscaled_entropy_final"], v["scaled_entropy_final"],
                          v["unscaled_logit_std_step0"])
         p = v.get(f"gap_vs_dqk{first}_paired_p")
-        out.append(f"| {d} | {g['mean']:.3f} [{g['ci95_lo']:.3f}, {g['ci95_hi']:.3f}]{zero_note(g['ci95_lo'], g['ci95_hi'])} "
-                   f"| {g['min']:.3f}, "
-                   f"{g['max']:.3f} | {ul['mean']:.3f} | {fmt_number(round(ue['mean'], 5))} | {se['mean']:.3f} | "
-                   f"{'' if p is None else f'{p:.2g}'} | {_modes_note(v) or 'one'} |")
-    return out
+        table.append([d, f"{g['mean']:.3f} [{g['ci95_lo']:.3f}, {g['ci95_hi']:.3f}]{zero_note(g['ci95_lo'], g['ci95_hi'])}",
+                      f"{g['min']:.3f}, {g['max']:.3f}", f"{ul['mean']:.3f}", fmt_number(round(ue['mean'], 5)),
+                      f"{se['mean']:.3f}", "" if p is None else f"{p:.2g}", _modes_note(v) or "one"])
+    return out + md_table(header, table)
 
 
 def report_markdown(metrics: dict) -> str:
@@ -319,16 +318,18 @@ def report_markdown(metrics: dict) -> str:
     first = rows[0][0]
     out += [f"**Mixed width** (not one variable): the chapter's protocol at every d_head of its suggested grid, "
             f"{metrics['seeds']} seeds each (mean [min, max]), with d_model the smallest multiple of d_head ≥ 128 and "
-            "n_head = d_model / d_head, so d_model and n_head move with d_head (`stages/critical.py`).\n",
-            "| d_head | d_model | gap (unscaled − scaled) | unscaled entropy | scaled entropy | unscaled logit std, trained "
-            f"| p, gap vs d_head {first} (paired t) |", "| --- | --- | --- | --- | --- | --- | --- |"]
+            "n_head = d_model / d_head, so d_model and n_head move with d_head (`stages/critical.py`).\n"]
+    header = ["d_head", "d_model", "gap (unscaled − scaled)", "unscaled entropy", "scaled entropy",
+              "unscaled logit std, trained", f"p, gap vs d_head {first} (paired t)"]
+    table = []
     for d, v in rows:
         g, ue, se, ul = v["gap_loss_final"], v["unscaled_entropy_final"], v["scaled_entropy_final"], \
             v["unscaled_trained_logit_std_l0"]
         p = v.get(f"gap_vs_d{first}_paired_p")
-        out.append(f"| {d} | {v['d_model']} | {g['mean']:.3f} [{g['min']:.3f}, {g['max']:.3f}] | "
-                   f"{fmt_number(round(ue['mean'], 5))} | {se['mean']:.3f} | {ul['mean']:.4g} | "
-                   f"{'' if p is None else f'{p:.2g}'} |")
+        table.append([d, v["d_model"], f"{g['mean']:.3f} [{g['min']:.3f}, {g['max']:.3f}]",
+                      fmt_number(round(ue["mean"], 5)), f"{se['mean']:.3f}", f"{ul['mean']:.4g}",
+                      "" if p is None else f"{p:.2g}"])
+    out += md_table(header, table)
     o = metrics["onset"]
     widths = sorted({v["d_model"] for _, v in rows})
     rule = (f"the first d_head whose mean gap's 95% lower bound exceeds the d_head-{first} gap's upper bound, "

@@ -15,6 +15,7 @@ import torch
 
 from attnrepro.config import UserError, require, require_positive
 from attnrepro.files import read_json
+from attnrepro.formatting import md_table
 from attnrepro.measure.head_matching import HEAD_STATS, matched_to
 from attnrepro.measure.probes import ablate_heads, attention_maps, head_stats
 from attnrepro.measure.weights import position_stats
@@ -179,9 +180,10 @@ def centroid_markdown(metrics: dict) -> str:
     out = ["dist_i = Σ_j (i − j) p_ij per query row; its mean and its standard deviation over the positions "
            f"(`stages/heads.py`). Uniform causal attention spreads by {c['uniform_distance_std']:.2f} from the "
            "growth of i alone; a head whose centroid spreads more is \"conditional\" (near for some queries, far "
-           "for others).\n", "| head | centroid distance | its sd over positions | previous-token weight |",
-           "| --- | --- | --- | --- |"]
-    out += [f"| {h} | {metrics[h]['distance']:.2f} | {metrics[h]['distance_std']:.2f} | {metrics[h]['prev']:.3f} |" for h in heads]
+           "for others).\n"]
+    out += md_table(["head", "centroid distance", "its sd over positions", "previous-token weight"],
+                    [[h, f"{metrics[h]['distance']:.2f}", f"{metrics[h]['distance_std']:.2f}", f"{metrics[h]['prev']:.3f}"]
+                     for h in heads])
     out.append(f"\nMost conditional: **l{c['layer']}h{c['head']}** (sd {c['distance_std']:.2f}, "
                f"{'above' if c['distance_std'] > c['uniform_distance_std'] else 'not above'} the uniform baseline).")
     return "\n".join(out) + "\n\n"

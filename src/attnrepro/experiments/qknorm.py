@@ -9,6 +9,7 @@ import pandas as pd
 from attnrepro.config import require
 from attnrepro.envinfo import stage_environment
 from attnrepro.experiments.protocol import TrainConfig, corpus_inputs, model_config
+from attnrepro.formatting import md_table
 from attnrepro.run.engine import require_ok, run_sweep
 from attnrepro.run.engine_settings import EngineConfig
 from attnrepro.stats import describe, log_scale
@@ -85,17 +86,17 @@ def report_markdown(metrics: dict) -> str:
     if not metrics:
         return ""
     steps = sorted({k for v in metrics.values() for k in v if k.startswith("entropy_step")}, key=lambda k: int(k[12:]))
-    out = ["Mean [min, max] over seeds; the plain scaled and unscaled models are the references (`stages/qknorm.py`).\n",
-           "| form | seeds | loss final | val loss | logit std at init | " + " | ".join(f"entropy, step {k[12:]}" for k in steps)
-           + " | entropy, end | ‖J‖_F, end |", "| --- " * (7 + len(steps)) + "|"]
+    out = ["Mean [min, max] over seeds; the plain scaled and unscaled models are the references (`stages/qknorm.py`).\n"]
+    header = ["form", "seeds", "loss final", "val loss", "logit std at init", *(f"entropy, step {k[12:]}" for k in steps),
+              "entropy, end", "‖J‖_F, end"]
 
     def cell(s, digits=3):
         return f"{s['mean']:.{digits}g} [{s['min']:.{digits}g}, {s['max']:.{digits}g}]"
 
-    for name, v in metrics.items():
-        out.append(f"| {name} | {v['seeds']} | {cell(v['loss_final'], 4)} | {cell(v['val_loss_final'], 4)} | "
-                   f"{cell(v['logit_std_step0'])} | " + " | ".join(cell(v[k]) for k in steps)
-                   + f" | {cell(v['entropy_final'])} | {cell(v['jacobian_fro_final'])} |")
+    rows = [[name, v["seeds"], cell(v["loss_final"], 4), cell(v["val_loss_final"], 4), cell(v["logit_std_step0"]),
+             *(cell(v[k]) for k in steps), cell(v["entropy_final"]), cell(v["jacobian_fro_final"])]
+            for name, v in metrics.items()]
+    out += md_table(header, rows)
     return "\n".join(out) + "\n\n"
 
 

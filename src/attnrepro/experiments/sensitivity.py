@@ -28,10 +28,10 @@ from attnrepro.envinfo import stage_environment
 from attnrepro.experiments.failures import SYMPTOMS, FailuresConfig
 from attnrepro.experiments.protocol import TrainConfig, corpus_inputs, model_config, optim_config
 from attnrepro.files import read_yaml_mapping
-from attnrepro.formatting import number_text, table_cell, zero_note
+from attnrepro.formatting import md_table, number_text, table_cell, zero_note
 from attnrepro.run.engine import require_ok, run_sweep
 from attnrepro.run.engine_settings import EngineConfig
-from attnrepro.stats import ALPHA, Band, holm_adjusted, log_scale, t_quantile
+from attnrepro.stats import ALPHA, Band, holm_adjusted, holm_detectable, log_scale, t_quantile
 
 SENSITIVITY_FAILURES = "failures_"  # a sensitivity variant failures_<bug> names a model of the failures table
 BASELINE = "baseline"  # the protocol as written: the name of the unchanged protocol in the outputs
@@ -356,11 +356,22 @@ def load_prereg(path: Path = PREREGISTRATION) -> list[dict]:
     return entries
 
 
+def prereg_family(entries: Sequence[Mapping], m: Mapping) -> dict[tuple[str, str], float]:
+    """Holm's adjusted p of each measured pre-registered (cell, choice) over those entries alone, from
+    each row's raw p: the entries as their own family, not among every cell of the sweep."""
+    table = cells(m)
+    rows = {(e["cell"], e["choice"]): table[tuple(e["cell"].split("."))][e["choice"]] for e in entries
+            if e["choice"] in table.get(tuple(e["cell"].split(".")), {})}
+    return dict(zip(rows, holm_adjusted([r.get("p", math.nan) for r in rows.values()])))
+
+
 def prereg_verdicts(entries: Sequence[Mapping], m: Mapping,
-                    published: Mapping[tuple[str, str], tuple[float, float]], alpha: float = ALPHA) -> list[dict]:
+                    published: Mapping[tuple[str, str], tuple[float, float]], alpha: float = ALPHA,
+                    family: Optional[Mapping[tuple[str, str], float]] = None) -> list[dict]:
     """Per pre-registered entry: held (the choice accounts for the cell's deviation), failed (measured,
     and it does not: why) or not testable (why: not measured, no published figure, no deviation left
-    at the baseline)."""
+    at the baseline). Significance as the stage wrote it (Holm over every cell), or, given `family`
+    (prereg_family), over the pre-registered entries alone."""
     table = cells(m)
     out = []
     for e in entries:
@@ -375,7 +386,9 @@ def prereg_verdicts(entries: Sequence[Mapping], m: Mapping,
             res["why"] = "no published figure"
         else:
             pub, half = published[(v, metric)]
-            why = accounts_for(rows[BASELINE], rows[e["choice"]], pub, half, alpha)
+            row = rows[e["choice"]] if family is None else {**rows[e["choice"]],
+                                                             "p_holm": family[(e["cell"], e["choice"])]}
+            why = accounts_for(rows[BASELINE], row, pub, half, alpha)
             res["closes"] = closes(rows[BASELINE], rows[e["choice"]], pub)
             if why == "accounts":
                 res["verdict"] = "held"
@@ -501,9 +514,8 @@ def report_markdown(metrics: dict, exp, prereg_path: Path = PREREGISTRATION) -> 
            "scale for attention statistics and scales, ± its standard error, 95% t interval), Holm's adjusted p over "
            f"all {d.get('cells', '?')} cells, and whether the choice accounts for our deviation from the published "
            "figure (significant after Holm, toward it, not past the published figure's own band: "
-           "experiments.sensitivity.accounts_for).\n",
-           "| cell | baseline | published | choice | choice's mean | effect ± se [95% CI] | p_holm | verdict |",
-           "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+           "experiments.sensitivity.accounts_for).\n"]
+    effects = []
     for (v, metric), rows in sorted(table.items()):
         base = rows[BASELINE]
         pub = published.get((v, metric))
@@ -519,19 +531,35 @@ def report_markdown(metrics: dict, exp, prereg_path: Path = PREREGISTRATION) -> 
                 p_holm = f"{r['p_holm']:.2g}"
             else:  # _finite dropped them: a run's value is not a number
                 effect, p_holm = "not a number (a run diverged)", "—"
-            out.append(f"| {v}.{metric} | {number_text(base.get('mean'))} | {'—' if pub is None else f'{pub[0]:.4g}'} | "
-                       f"{c} | {number_text(r.get('mean'))} | {effect} | {p_holm} | {verdict} |")
+            effects.append([f"{v}.{metric}", number_text(base.get("mean")), "—" if pub is None else f"{pub[0]:.4g}",
+                            c, number_text(r.get("mean")), effect, p_holm, verdict])
+    out += md_table(["cell", "baseline", "published", "choice", "choice's mean", "effect ± se [95% CI]", "p_holm",
+                     "verdict"], effects)
     out.append("")
     if Path(prereg_path).is_file():
-        verdicts = prereg_verdicts(load_prereg(prereg_path), metrics, published, alpha)
-        n = {k: sum(x["verdict"] == k for x in verdicts) for k in ("held", "failed", "not testable")}
-        out += [f"Pre-registered explanations ({prereg_path}, committed before the sweep ran): "
-                f"{n['held']} held, {n['failed']} failed, {n['not testable']} not testable.\n",
-                "| cell | choice | verdict | gap closed | reason given in advance |", "| --- | --- | --- | --- | --- |"]
-        for x in verdicts:
-            verdict = x["verdict"] + (f" ({x['why']})" if x["why"] else "")
+        entries = load_prereg(prereg_path)
+        family = prereg_family(entries, metrics)
+        verdicts = prereg_verdicts(entries, metrics, published, alpha)
+        own = prereg_verdicts(entries, metrics, published, alpha, family)
+        n, k = ({v: sum(x["verdict"] == v for x in vs) for v in ("held", "failed", "not testable")}
+                for vs in (verdicts, own))
+        seeds = d.get("seeds", 0)
+        power = (f" At {seeds} paired seeds a cell is found with 80% power when its paired effect is at least "
+                 f"{holm_detectable(seeds, len(family)):.2g} sd of its paired differences in the pre-registered "
+                 f"family, {holm_detectable(seeds, d['cells']):.2g} among all cells (Holm's strictest threshold, "
+                 "stats.holm_detectable; checked by simulation in the tests)." if seeds > 1 and family else "")
+        out += [f"Pre-registered explanations ({prereg_path}, committed before the sweep ran): as pre-registered, "
+                f"significance by Holm over all {d.get('cells', '?')} cells, {n['held']} held, {n['failed']} failed, "
+                f"{n['not testable']} not testable. Over their own family ({len(family)} tests, the exploratory "
+                f"cells apart; a correction chosen after these results were seen), {k['held']} held, {k['failed']} "
+                f"failed. claims.yaml's `moved_by` notes keep the rule as pre-registered.{power}\n"]
+        rows = []
+        for x, y in zip(verdicts, own):
+            verdict, mine = (z["verdict"] + (f" ({z['why']})" if z["why"] else "") for z in (x, y))
             share = "—" if x.get("closes") is None else f"{100 * x['closes']:.0f}%"
-            out.append(f"| {x['cell']} | {x['choice']} | {verdict} | {share} | {table_cell(x['reason'])} |")
+            rows.append([x["cell"], x["choice"], verdict, mine, share, table_cell(x["reason"])])
+        out += md_table(["cell", "choice", "verdict (Holm, all cells)", "own family", "gap closed",
+                         "reason given in advance"], rows)
         out.append("")
     else:
         out += [f"No pre-registration at {prereg_path} (run from the repository's root): the pre-registered "
@@ -543,12 +571,10 @@ def report_markdown(metrics: dict, exp, prereg_path: Path = PREREGISTRATION) -> 
                 "failures-only choice leaves the train cells at the baseline's band) and the joint score Σ z², z = "
                 "(published − centre) / sd of that protocol's seeds (lower: closer), and the same sum in the "
                 "baseline's sd (a fixed yardstick per cell: a choice that only adds seed noise widens its own band "
-                "and lowers its own Σz², never this one).\n",
-                "| protocol | cells changed | inside | joint score Σz² | Σz² in the baseline's sd |",
-                "| --- | --- | --- | --- | --- |"]
-        for j in joint:
-            out.append(f"| {j['protocol']} | {j['changed']} | {j['inside']} of {j['cells']} | {j['score']:.4g} "
-                       f"| {j['score_base_sd']:.4g} |")
+                "and lowers its own Σz², never this one).\n"]
+        out += md_table(["protocol", "cells changed", "inside", "joint score Σz²", "Σz² in the baseline's sd"],
+                        [[j["protocol"], j["changed"], f"{j['inside']} of {j['cells']}", f"{j['score']:.4g}",
+                          f"{j['score_base_sd']:.4g}"] for j in joint])
     return "\n".join(out) + "\n\n"
 
 

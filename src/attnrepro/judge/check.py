@@ -30,7 +30,7 @@ from typing import Callable, Optional, Sequence
 from attnrepro.config import UserError
 from attnrepro.envinfo import environment
 from attnrepro.files import dvc_entry, dvc_stages, read_json, read_params, read_yaml_or_none
-from attnrepro.formatting import fmt_number
+from attnrepro.formatting import fmt_number, md_table
 from attnrepro.judge import endpoints
 from attnrepro.judge.claims import (CONCLUSIONS, ClaimResult, Expectations, Tol, band, counts, cuda_run, evaluate_all,
                                     evaluate_claim, kind, load, load_dists, load_envs, load_metrics_dir, seed_values,
@@ -649,27 +649,26 @@ def render(o: Outcome, rev: Optional[str] = None, show_all: bool = False) -> str
         lines += ["", "problems:"] + [f"- {p}" for p in o.problems]
     if o.endpoints:
         lines += ["", "primary endpoints (this run's mean against the reference seeds' mean; shift on the log scale "
-                  "as a factor)", "", "| endpoint | margin | seeds (run, ref) | this run | reference | shift | answer |",
-                  "| --- | --- | --- | --- | --- | --- | --- |"]
-        lines += [f"| {j.endpoint.metric} | {j.endpoint.text} | {j.n}, {j.n_ref} | {_md_number(j.run_mean)} | "
-                  f"{_md_number(j.ref_mean)} | {j.shift_text()} | {j.answer}"
-                  + (f": {j.need_text()}" if j.need_text() else "") + " |" for j in o.endpoints]
+                  "as a factor)", ""]
+        lines += md_table(["endpoint", "margin", "seeds (run, ref)", "this run", "reference", "shift", "answer"],
+                          [[j.endpoint.metric, j.endpoint.text, f"{j.n}, {j.n_ref}", _md_number(j.run_mean),
+                            _md_number(j.ref_mean), j.shift_text(),
+                            j.answer + (f": {j.need_text()}" if j.need_text() else "")] for j in o.endpoints])
     shown = [r for r in o.rows if show_all or r.failure]
     if shown:
-        lines += ["", "all metrics" if show_all else "other metrics that failed", "",
-                  "| metric | this run | reference run | reference band | how | verdict |",
-                  "| --- | --- | --- | --- | --- | --- |"]
-        lines += [f"| {r.key} | {_md_number(r.cur)} | {_md_number(r.ref)} | {r.band_text()} | {r.how} | {r.verdict} |"
-                  for r in shown]
+        lines += ["", "all metrics" if show_all else "other metrics that failed", ""]
+        lines += md_table(["metric", "this run", "reference run", "reference band", "how", "verdict"],
+                          [[r.key, _md_number(r.cur), _md_number(r.ref), r.band_text(), r.how, r.verdict] for r in shown])
     claims = [r for r in o.results if show_all or (r.gated_failure and r.claim.id not in o.not_reproduced)]
     if claims:
-        lines += ["", "claims" if show_all else "claims that failed", "",
-                  "| claim | class | result | detail |", "| --- | --- | --- | --- |"]
+        lines += ["", "claims" if show_all else "claims that failed", ""]
+        rows = []
         for r in claims:
             detail = r.detail or (f"{_md_number(r.value)} vs {_md_number(r.claim.published)}" if r.claim.is_cell else "")
             if r.seeds_n:
                 detail = detail if r.share_text() in detail else (detail + "; " if detail else "") + r.share_text()
-            lines.append(f"| {r.claim.id} | {r.claim.cls} | {r.status} | {detail} |")
+            rows.append([r.claim.id, r.claim.cls, r.status, detail])
+        lines += md_table(["claim", "class", "result", "detail"], rows)
     if not show_all:
         lines += ["", "(`attnrepro check --all` lists every metric and claim, timings included)"]
     return "\n".join(lines) + "\n"

@@ -33,7 +33,7 @@ from attnrepro.experiments import (charlm, choices, comparison, critical, failur
 from attnrepro.experiments.comparison import (diagnostics_figure, headline_markdown, loss_figure, modes_markdown,
                                               pairs_by_dhead)
 from attnrepro.files import read_json
-from attnrepro.formatting import dig, fmt
+from attnrepro.formatting import dig, fmt, md_table
 from attnrepro.judge import endpoints
 from attnrepro.judge.claims import (ClaimResult, claims_json, counts, evaluate_all, kind, load, load_dists, load_envs,
                                     load_metrics_dir, tally_lines)
@@ -296,16 +296,16 @@ def per_seed_markdown(dist: dict, this: dict, keys: list[str], prefix: str) -> s
         return ""
     seeds = sorted(runs, key=lambda s: (not s.isdigit(), int(s) if s.isdigit() else 0, s))
     out = [f"Per seed: the headline metrics of `{prefix}` for each of the {len(seeds)} seeds of metrics/dist/{prefix}.json "
-           "(mean and sd over those seeds):\n",
-           "| metric | this run | " + " | ".join(f"seed {s}" for s in seeds) + " | mean | sd |",
-           "| --- | --- |" + " --- |" * len(seeds) + " --- | --- |"]
+           "(mean and sd over those seeds):\n"]
+    header = ["metric", "this run", *(f"seed {s}" for s in seeds), "mean", "sd"]
+    table = []
     for k in rows:
         vals = [dig(runs[s], k) for s in seeds]
         xs = [v for v in vals if isinstance(v, (int, float))]
         b = Band.of(xs) if xs else None
         mean, sd = (b.mean if b else None), (b.sd if b and b.n > 1 else None)
-        out.append(f"| {k} | {fmt(dig(this, k), 4)} | " + " | ".join(fmt(v, 4) for v in vals)
-                   + f" | {fmt(mean, 4)} | {fmt(sd, 3)} |")
+        table.append([k, fmt(dig(this, k), 4), *(fmt(v, 4) for v in vals), fmt(mean, 4), fmt(sd, 3)])
+    out += md_table(header, table)
     return "\n".join(out) + "\n"
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from attnrepro.formatting import fmt_number, table_cell
+from attnrepro.formatting import fmt_number, md_table, table_cell
 from attnrepro.judge.claims import ClaimResult, printed
 
 MARK = {"pass": "✅", "fail": "❌", "missing": "❌ missing", "skipped": "⏭ skipped"}
@@ -77,13 +77,14 @@ def experiment_markdown(title: str | None, results: list[ClaimResult],
         rs = [r for r in results if r.claim.cls == cls]
         if not rs:
             continue
-        out += [f"**{CLASS_WORDS[cls].capitalize()}**\n", "| claim | test | this run | result |", "| --- | --- | --- | --- |"]
+        out.append(f"**{CLASS_WORDS[cls].capitalize()}**\n")
+        rows = []
         for r in rs:
             test = _expr(r) if not r.claim.is_cell else f"`{table_cell(r.claim.metric)}` = {printed(r.claim)} ({r.claim.tol.text()})"
             label = r.claim.text if not r.claim.is_cell else r.claim.id.split(".", 2)[-1]
             mark = "❌ not reproduced" if cls == "conclusion" and r.status == "fail" else MARK.get(r.status, r.status)
-            out.append(f"| {table_cell(label)} | {test} | {this_run_text(r) if not r.claim.is_cell else fmt_number(r.value)} | "
-                       f"{mark} |")
+            rows.append([table_cell(label), test, this_run_text(r) if not r.claim.is_cell else fmt_number(r.value), mark])
+        out += md_table(["claim", "test", "this run", "result"], rows)
         out.append("")
     values = [r for r in results if r.claim.cls == "value" and "value" in classes]
     tables: dict[str, list[ClaimResult]] = {}
@@ -91,14 +92,16 @@ def experiment_markdown(title: str | None, results: list[ClaimResult],
         tables.setdefault(r.claim.id.split(".")[1], []).append(r)
     for rs in tables.values():
         c = rs[0].claim
-        out += [f"**{table_cell(c.text)}**" + (f" — {table_cell(c.note)}" if c.note else "") + "\n",
-                "| cell | published | this run | percentile of the published figure among our seeds | "
-                "our band (95% PI over seeds) or tolerance | z | verdict | explanation |",
-                "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        out.append(f"**{table_cell(c.text)}**" + (f" — {table_cell(c.note)}" if c.note else "") + "\n")
+        header = ["cell", "published", "this run", "percentile of the published figure among our seeds",
+                  "our band (95% PI over seeds) or tolerance", "z", "verdict", "explanation"]
+        rows = []
         for r in rs:
             cell = r.claim.id.split(".", 2)[-1] + (f" (ours: {r.matched})" if r.matched else "")
-            out.append(f"| {table_cell(cell)} | {printed(r.claim)} | {fmt_number(r.value) if r.value is not None else table_cell(r.detail)} | "
-                       f"{_percentile(r)} | {_band(r)} | {z_text(r)} | {_value_verdict(r)} | {table_cell(r.explanation)} |")
+            rows.append([table_cell(cell), printed(r.claim),
+                         fmt_number(r.value) if r.value is not None else table_cell(r.detail),
+                         _percentile(r), _band(r), z_text(r), _value_verdict(r), table_cell(r.explanation)])
+        out += md_table(header, rows)
         out.append("")
     return "\n".join(out) + "\n"
 
@@ -106,12 +109,12 @@ def experiment_markdown(title: str | None, results: list[ClaimResult],
 def claims_table(results: list[ClaimResult], show_all: bool) -> str:
     """The `attnrepro claims` table: gated and failing claims (every claim with show_all)."""
     shown = [r for r in results if show_all or r.claim.gate or r.status != "pass"]
-    out = ["| claim | class | published | this run | band or tolerance | z | result |",
-           "| --- | --- | --- | --- | --- | --- | --- |"]
+    rows = []
     for r in shown:
         c = r.claim
         pub = printed(c) if c.is_cell else _expr(r)
         val = fmt_number(r.value) if c.is_cell and r.value is not None else this_run_text(r)
         band = _band(r) if c.is_cell else ""
-        out.append(f"| {c.id} | {c.cls} | {pub} | {val} | {band} | {z_text(r)} | {r.status} |")
+        rows.append([c.id, c.cls, pub, val, band, z_text(r), r.status])
+    out = md_table(["claim", "class", "published", "this run", "band or tolerance", "z", "result"], rows)
     return "\n".join(out) + "\n"

@@ -3,7 +3,7 @@ environment record, compacted (`env_markdown`)."""
 
 from __future__ import annotations
 
-from attnrepro.formatting import table_cell
+from attnrepro.formatting import md_table, table_cell
 
 
 def _short(key: str, v) -> str:
@@ -22,14 +22,15 @@ def env_markdown(envs: dict[str, dict]) -> str:
     keys = sorted({k for e in envs.values() for k in e})
     same = [k for k in keys if len({repr(envs[s].get(k)) for s in stages}) == 1]
     differ = [k for k in keys if k not in same]
-    out = [f"Shared by all {len(stages)} stages ({', '.join(stages)}):\n", "| field | value |", "| --- | --- |"]
-    out += [f"| {k} | {table_cell(_short(k, envs[stages[0]].get(k)) if envs[stages[0]].get(k) is not None else '—')} |"
-            for k in same]
+    out = [f"Shared by all {len(stages)} stages ({', '.join(stages)}):\n"]
+    out += md_table(["field", "value"],
+                    [[k, table_cell(_short(k, envs[stages[0]].get(k)) if envs[stages[0]].get(k) is not None else "—")]
+                     for k in same])
     if differ:
-        out += ["", "Fields that differ between stages:\n", "| stage | " + " | ".join(differ) + " |",
-                "| --- |" + " --- |" * len(differ)]
-        out += [f"| {s} | " + " | ".join("—" if envs[s].get(k) is None else table_cell(_short(k, envs[s][k])) for k in differ)
-                + " |" for s in stages]
+        out += ["", "Fields that differ between stages:\n"]
+        out += md_table(["stage", *differ],
+                        [[s, *("—" if envs[s].get(k) is None else table_cell(_short(k, envs[s][k])) for k in differ)]
+                         for s in stages])
     return "\n".join(out) + "\n"
 
 

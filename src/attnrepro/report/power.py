@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from attnrepro.formatting import md_table
 from attnrepro.judge.endpoints import power_rows
 from attnrepro.stats import ALPHA, LOOKS
 
@@ -21,10 +22,8 @@ def power_markdown(dists: dict, exp) -> str:
            f"for a rerun of 1, 3, 5 or 10 seeds against the reference's seeds (one look, alpha {ALPHA} over the "
            f"{len(exp.primary)} endpoints: Holm's first step; docs/VERDICT.md), in the endpoint's unit (×: a factor, "
            "log scale) and in reference seed sd. A shift is seen only once it passes its margin by the error of "
-           "both means.\n",
-           "| endpoint | margin (sd) | reference seeds | " + " | ".join(f"{n} seed{'s' * (n > 1)}" for n in LOOKS) + " |",
-           "| --- | --- | --- | " + " | ".join("---" for _ in LOOKS) + " |"]
-    for r in rows:
-        out.append(f"| {r['metric']} | {r['margin']} ({r['margin_sd']:.2g}) | {r['n_ref']} | "
-                   + " | ".join(cell(r, n) for n in LOOKS) + " |")
+           "both means.\n"]
+    header = ["endpoint", "margin (sd)", "reference seeds", *(f"{n} seed{'s' * (n > 1)}" for n in LOOKS)]
+    out += md_table(header, [[r["metric"], f"{r['margin']} ({r['margin_sd']:.2g})", r["n_ref"],
+                              *(cell(r, n) for n in LOOKS)] for r in rows])
     return "\n".join(out) + "\n\n"

@@ -24,6 +24,7 @@ from attnrepro.config import from_dict
 from attnrepro.experiments import choices, comparison, critical, sensitivity
 from attnrepro.experiments.protocol import TrainConfig
 from attnrepro.files import dvc_entry, dvc_stages, read_json, read_params
+from attnrepro.formatting import md_table
 from attnrepro.judge.claims import load, printed, tally_lines
 from attnrepro.judge.endpoints import power_rows
 from attnrepro.run.stage import SWEEPS
@@ -129,36 +130,39 @@ def results(src: Sources) -> str:
         f"{n} paired seeds (mean ± sd), {where} (2 CPU cores, one torch thread per run); the chapter's figures in "
         "parentheses, from `claims.yaml`.",
         "",
-        "| variant | params | loss start | loss final (mean of last 20 steps) | over seeds | val loss | "
-        "entropy, layer 0 | over seeds | ‖J‖_F, layer 0 |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
+    header = ["variant", "params", "loss start", "loss final (mean of last 20 steps)", "over seeds", "val loss",
+              "entropy, layer 0", "over seeds", "‖J‖_F, layer 0"]
+    rows = []
     for v in VARIANTS:
         m = train[v]
-        lines.append(
-            f"| {v} | {m['params']:,} | {g(m['loss_start'])} ({pub(f'train.loss.{v}.loss_start')}) "
-            f"| {g(m['loss_final'])} ({pub(f'train.loss.{v}.loss_final')}) | {band(st, f'{v}.loss_final')} "
-            f"| {g(m['val_loss_final'])} | {g(m['entropy_final'])} | {band(st, f'{v}.entropy_final')} "
-            f"| {g(m['jacobian_fro_final'])} |")
-    lines += ["", "d_head 256, layer 0, during training (reference run):", "",
-              "| step | unscaled entropy | unscaled logit std | unscaled ‖J‖_F | scaled entropy | scaled logit std | "
-              "scaled ‖J‖_F |", "| --- | --- | --- | --- | --- | --- | --- |"]
+        rows.append([v, f"{m['params']:,}", f"{g(m['loss_start'])} ({pub(f'train.loss.{v}.loss_start')})",
+                     f"{g(m['loss_final'])} ({pub(f'train.loss.{v}.loss_final')})", band(st, f"{v}.loss_final"),
+                     g(m["val_loss_final"]), g(m["entropy_final"]), band(st, f"{v}.entropy_final"),
+                     g(m["jacobian_fro_final"])])
+    lines += md_table(header, rows)
+    lines += ["", "d_head 256, layer 0, during training (reference run):", ""]
+    header = ["step", "unscaled entropy", "unscaled logit std", "unscaled ‖J‖_F", "scaled entropy", "scaled logit std",
+              "scaled ‖J‖_F"]
+    rows = []
     for step in (0, 222, 444, 888, 1480):
         cells = [f"{g(train[v][f'{k}_step{step}'])} ({pub(f'train.d256_diagnostics.{v}.{k}_step{step}')})"
                  for v in ("d256_unscaled", "d256_scaled") for k in ("entropy", "logit_std", "jacobian_fro")]
-        lines.append(f"| {step} | " + " | ".join(cells) + " |")
-    lines += ["", f"Injected bugs (§1.11.7), small config, 300 steps, layer 0; the range is over {fn} seeds:", "",
-              "| variant | loss final | entropy | entropy, seed range | diagonal weight | max row sum | checks that fire |",
-              "| --- | --- | --- | --- | --- | --- | --- |"]
+        rows.append([step, *cells])
+    lines += md_table(header, rows)
+    lines += ["", f"Injected bugs (§1.11.7), small config, 300 steps, layer 0; the range is over {fn} seeds:", ""]
+    header = ["variant", "loss final", "entropy", "entropy, seed range", "diagonal weight", "max row sum",
+              "checks that fire"]
+    rows = []
     for v, m in failures.items():
         fired = ", ".join(k[len("check_"):] for k, x in sorted(m.items())
                           if k.startswith("check_") and not k.endswith("_value") and x == 1) or "none"
         e = fst[f"{v}.entropy"]
-        lines.append(
-            f"| {v} | {g(m['loss_final'])} ({pub(f'failures.symptoms.{v}.loss_final')}) "
-            f"| {g(m['entropy'])} ({pub(f'failures.symptoms.{v}.entropy')}) | {g(e['min'])} – {g(e['max'])} "
-            f"| {g(m['diag_weight'])} ({pub(f'failures.symptoms.{v}.diag_weight')}) "
-            f"| {g(m['max_row_sum'])} ({pub(f'failures.symptoms.{v}.max_row_sum')}) | {fired} |")
+        rows.append([v, f"{g(m['loss_final'])} ({pub(f'failures.symptoms.{v}.loss_final')})",
+                     f"{g(m['entropy'])} ({pub(f'failures.symptoms.{v}.entropy')})", f"{g(e['min'])} – {g(e['max'])}",
+                     f"{g(m['diag_weight'])} ({pub(f'failures.symptoms.{v}.diag_weight')})",
+                     f"{g(m['max_row_sum'])} ({pub(f'failures.symptoms.{v}.max_row_sum')})", fired])
+    lines += md_table(header, rows)
     lines += ["", *sweeps(src)]
     lines += ["", "Claims (`metrics/claims_summary.json`), counted as `attnrepro check` counts them:", "", "```",
               *tally_lines(summary).values(), "```", "",
