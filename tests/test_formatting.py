@@ -33,3 +33,10 @@ def test_cells_are_text_not_numbers():
 
 def test_no_rows_is_header_and_separator():
     assert md_table(["check", "status"], []) == ["| check   | status   |", "|---------|----------|"]
+
+
+def test_a_table_wider_than_its_width_is_left_unpadded():
+    """One long cell would pad every row of its column to itself: past `width` the cells are as given."""
+    lines = md_table(["claim", "verdict"], [["x" * 200, "held"], ["short", "failed"]])
+    assert lines == ["| claim | verdict |", "| --- | --- |", f"| {'x' * 200} | held |", "| short | failed |"]
+    assert md_table(["a"], [["b" * 150]], width=160)[2] == f"| {'b' * 150} |"  # within the width: aligned

@@ -27,11 +27,17 @@ def table_cell(text) -> str:
     return " ".join(str(text).split()).replace("|", "\\|")
 
 
-def md_table(header: Sequence[str], rows: Iterable[Sequence]) -> list[str]:
-    """A Markdown table's lines (header, separator, one per row), columns padded to align; cells as given."""
-    cells = [[str(c) for c in row] for row in rows]
-    return tabulate.tabulate(cells, headers=[str(h) for h in header], tablefmt="github",
-                             disable_numparse=True).split("\n")
+def md_table(header: Sequence[str], rows: Iterable[Sequence], width: int = 160) -> list[str]:
+    """A Markdown table's lines (header, separator, one per row), cells as given: columns padded to align
+    while the table fits `width` characters; past it (a long text cell would pad every row to itself)
+    unpadded."""
+    cells, header = [[str(c) for c in row] for row in rows], [str(h) for h in header]
+    lines = tabulate.tabulate(cells, headers=header, tablefmt="github", disable_numparse=True).split("\n")
+    if max(map(len, lines)) <= width:
+        return lines
+    lines = tabulate.tabulate(cells, headers=header, tablefmt="github", disable_numparse=True,
+                              stralign=None).split("\n")
+    return [lines[0], "|" + " --- |" * len(header), *lines[2:]]
 
 
 def number_text(x) -> str:
