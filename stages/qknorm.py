@@ -46,7 +46,8 @@ def figures(st: Stage, curves: Optional[list] = None) -> None:
     from that file alone."""
     cfg = st.section(qknorm.QKNormConfig, "qknorm")
     forms = list(dict.fromkeys([*cfg.references, *cfg.forms]))  # as qknorm.run orders them
-    qknorm_figure(curves or read_csv("plots/qknorm/curves.csv"), forms, "plots/qknorm/forms.png", len(cfg.seeds))
+    curves = read_csv("plots/qknorm/curves.csv") if curves is None else curves
+    qknorm_figure(curves, forms, "plots/qknorm/forms.png", len(cfg.seeds))
 
 
 if __name__ == "__main__":

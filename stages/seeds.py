@@ -66,14 +66,15 @@ def figures(st: Stage, tables: Optional[dict] = None, groups: Optional[dict] = N
     (metrics/dist/train.json): with --figures-only, from those files alone."""
     cfg = st.section(TrainConfig, "train")
     seeds = st.section(SeedsConfig, "seeds")
-    t = tables or {name: read_csv(f"plots/seeds/{name}.csv") for name in ("gaps", "curves", "per_seed", "runs")}
-    groups = groups or {v: [m["seeds"] for m in e["modes"]]
-                        for v, e in read_json("metrics/dist/train.json")["modes"].items()}
+    if tables is None:
+        tables = {name: read_csv(f"plots/seeds/{name}.csv") for name in ("gaps", "curves", "per_seed", "runs")}
+    if groups is None:
+        groups = {v: [m["seeds"] for m in e["modes"]] for v, e in read_json("metrics/dist/train.json")["modes"].items()}
     variants = list(cfg.variants)
-    seed_bands_figure(t["curves"], variants, "plots/seeds/bands.png", len(seeds.seeds))
-    seed_gaps_figure(t["gaps"], *gap_d_heads(pairs_by_dhead(cfg)), "plots/seeds/gaps.png")
-    seed_points_figure(t["per_seed"], variants, groups, "plots/seeds/points.png", seeds.mode_statistic)
-    seed_runs_figure(t["runs"], variants, "plots/seeds/runs.png")
+    seed_bands_figure(tables["curves"], variants, "plots/seeds/bands.png", len(seeds.seeds))
+    seed_gaps_figure(tables["gaps"], *gap_d_heads(pairs_by_dhead(cfg)), "plots/seeds/gaps.png")
+    seed_points_figure(tables["per_seed"], variants, groups, "plots/seeds/points.png", seeds.mode_statistic)
+    seed_runs_figure(tables["runs"], variants, "plots/seeds/runs.png")
 
 
 if __name__ == "__main__":

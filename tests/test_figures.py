@@ -112,3 +112,13 @@ def test_a_variant_has_one_colour_in_every_figure(drawn):
                 if name:
                     seen.setdefault(name, set()).add(figures.matplotlib.colors.to_hex(line.get_color()))
     assert seen == {v: {figures.SERIES_COLOURS[v]} for v in variants}
+
+
+def test_a_variant_without_its_own_colour_takes_its_arms(drawn):
+    from attnrepro.experiments import comparison
+    series = {v: {"step": [0, 1], "loss": [3.0, 2.0]} for v in ("d64_unscaled", "d64_scaled")}
+    comparison.loss_figure(series, [(64, {False: "d64_unscaled", True: "d64_scaled"})], 1)
+    fig, = drawn
+    colours = {ln.get_label(): figures.matplotlib.colors.to_hex(ln.get_color()) for ln in fig.axes[0].get_lines()}
+    assert colours["unscaled (d64_unscaled)"] == figures.SERIES_COLOURS["unscaled"]
+    assert colours["scaled (÷√d) (d64_scaled)"] == figures.SERIES_COLOURS["scaled"]

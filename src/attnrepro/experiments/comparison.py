@@ -281,6 +281,11 @@ CURVE_STRIDE = 5  # every 5th step: thin lines need no more, and the CSV stays s
 LABEL = {True: "scaled (÷√d)", False: "unscaled"}
 
 
+def _colour(variant: str, scaled: bool) -> str:
+    """The variant's own colour, else scaled attention's or unscaled's (figures.SERIES_COLOURS)."""
+    return figures.named_colour(variant) or figures.SERIES_COLOURS["scaled" if scaled else "unscaled"]
+
+
 def moving_average(xs: list[float], window: int) -> list[float]:
     out, acc, q = [], 0.0, []
     for x in xs:
@@ -312,7 +317,7 @@ def loss_figure(series: dict[str, dict], pairs, smooth: int) -> bytes | None:
             name = pair.get(scaled)
             if name not in series:
                 continue
-            s, color = series[name], figures.named_colour(name) or figures.SERIES_COLOURS[LABEL[scaled]]
+            s, color = series[name], _colour(name, scaled)
             ax.plot(s["step"], s["loss"], color=color, alpha=0.2, lw=0.6)
             ax.plot(s["step"], moving_average(s["loss"], smooth), color=color, lw=1.5,
                     label=f"{LABEL[scaled]} ({name})")
@@ -341,7 +346,7 @@ def diagnostics_figure(series: dict[str, dict], pairs) -> bytes | None:
             pts = [(x, y) for x, y in zip(s["step"], s.get(key, [])) if not math.isnan(y) and y > 0]
             if not pts:
                 continue
-            color = figures.named_colour(name) or figures.SERIES_COLOURS[LABEL[scaled]]
+            color = _colour(name, scaled)
             ax.plot([p[0] for p in pts], [p[1] for p in pts], color=color,
                     ls="-" if d_head == pairs[-1][0] else "--", lw=1.3, label=f"d_head {d_head} {LABEL[scaled]}")
         ax.set_yscale("log")
