@@ -93,7 +93,9 @@ def test_the_document_names_every_package_and_top_module_and_nothing_else():
     assert sorted(pkg for _, pkg in LAYERS) == packages
     top = sorted(p.name for p in PKG.glob("*.py") if p.name != "__init__.py")
     assert sorted(TOP) == top
-    assert len(top) <= 10 and all(len(list((PKG / pkg).glob("*.py"))) - 1 <= 14 for _, pkg in LAYERS)
+    sizes = {pkg: len(list((PKG / pkg).glob("*.py"))) - 1 for _, pkg in LAYERS}
+    # experiments/ holds one module per experiment and grows with each (docs/ADDING_AN_EXPERIMENT.md)
+    assert len(top) <= 10 and all(n <= 11 for pkg, n in sizes.items() if pkg != "experiments"), sizes
 
 
 def test_the_document_names_each_module_of_its_layers():
