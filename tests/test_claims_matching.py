@@ -204,8 +204,8 @@ def test_the_chapters_mode_is_read_off_its_published_diagnostic_not_the_figure_j
     assert res["train.v.loss_final"].mode_by == "train.v.entropy_step222"
     # its z is from the chapter's mode (0, loss 4.6), not from the mode nearest the published 4.1 (1, loss 4.0)
     b = res["train.v.loss_final"].band
-    assert res["train.v.loss_final"].z == pytest.approx(b.z(4.1, mode=0)) == pytest.approx((4.1 - 4.6) / 0.02)
-    assert b.z(4.1) == pytest.approx((4.1 - 4.0) / 0.02)
+    assert res["train.v.loss_final"].z == pytest.approx(b.z_score(4.1, mode=0)) == pytest.approx((4.1 - 4.6) / 0.02)
+    assert b.z_score(4.1) == pytest.approx((4.1 - 4.0) / 0.02)
     assert _by_metric(_two_cells(tmp_path, "0.65"), metrics)["train.v.loss_final"].mode == 1
     # without the chapter's figure of the statistic its mode is not known: none, never the figure's own nearest
     res = _by_metric(_two_cells(tmp_path), metrics)

@@ -30,7 +30,7 @@ def test_intervals_follow_the_spec_formula():
     assert b.prediction_interval() == pytest.approx((3 - half, 3 + half))
     assert b.confidence_interval() == pytest.approx((3 - half / math.sqrt(6), 3 + half / math.sqrt(6)))
     assert b.contains(3 + 0.99 * half) and not b.contains(3 + 1.01 * half)
-    assert b.z(3 + math.sqrt(2.5)) == pytest.approx(1.0)
+    assert b.z_score(3 + math.sqrt(2.5)) == pytest.approx(1.0)
 
 
 def test_log_scale_for_values_near_zero():
@@ -184,7 +184,7 @@ def test_a_band_over_modes_is_per_mode_not_one_normal_band():
     assert b1.contains(2.0) and not b2.contains(2.0)  # between the modes: normal band yes, modes no
     assert b2.contains(1.0) and b2.contains(3.05)
     assert two["mean"] == one["mean"] and two["sd"] == one["sd"]  # effects in seed sd unchanged
-    assert b2.z(3.05) == pytest.approx(0.0)  # from the nearest mode
+    assert b2.z_score(3.05) == pytest.approx(0.0)  # from the nearest mode
 
 
 def test_seed_headline_per_seed_ratio_is_median_and_range_and_split_gaps_get_a_bootstrap_interval():
@@ -249,7 +249,7 @@ def test_the_gap_tests_p_value_falls_as_the_gap_grows():
 
 def test_a_log_band_judges_a_value_at_or_below_zero_impossible():
     b = Band.of([0.001, 0.002, 0.0015, 0.0012], log=True)
-    assert b.z(0.0) == -math.inf and b.p_new(0.0) == 0.0 and b.p_new(-1.0) == 0.0 and not b.contains(0.0)
+    assert b.z_score(0.0) == -math.inf and b.p_new(0.0) == 0.0 and b.p_new(-1.0) == 0.0 and not b.contains(0.0)
     assert b.p_new(float("nan")) == 0.0 and b.p_new(0.0015) > 0.5
     lo, hi = b.prediction_interval()
     assert b.p_new(hi * 1.0001) < 0.05 < b.p_new(hi * 0.9999)  # the interval holds exactly p_new >= alpha
@@ -259,8 +259,8 @@ def test_z_from_a_given_mode_and_modes_need_a_degree_of_freedom():
     vals = [1.0, 1.1, 0.9, 3.0, 3.1]
     b = stats.from_summary(stats.describe(vals, groups=[[0, 1, 2], [3, 4]]))
     sd = b.mode_sd
-    assert b.z(3.05) == pytest.approx(0.0)  # nearest: mode 1
-    assert b.z(3.05, mode=0) == pytest.approx((3.05 - 1.0) / sd)  # the mode asked for, not the nearest
+    assert b.z_score(3.05) == pytest.approx(0.0)  # nearest: mode 1
+    assert b.z_score(3.05, mode=0) == pytest.approx((3.05 - 1.0) / sd)  # the mode asked for, not the nearest
     with pytest.raises(ValueError, match="no degree of freedom"):
         stats.describe([1.0, 2.0], groups=[[0], [1]])
 

@@ -103,7 +103,7 @@ class Band:
         intervals = self.mode_intervals(alpha) if self.modes else [self.prediction_interval(alpha)]
         return any(lo <= value <= hi for lo, hi in intervals)
 
-    def z(self, value: float, mode: Optional[int] = None) -> float:
+    def z_score(self, value: float, mode: Optional[int] = None) -> float:
         """How many seed standard deviations `value` lies from the mean (on the band's scale); with modes,
         from mode `mode` (an index into self.modes; default the nearest) in within-mode sd."""
         if self.log and value <= 0:

@@ -218,7 +218,7 @@ def published_cells(claims) -> dict[str, float]:
     return out
 
 
-def _z(published: Optional[float], entry: Mapping, log: bool) -> str:
+def _published_z(published: Optional[float], entry: Mapping, log: bool) -> str:
     """Where the published figure sits in an arm's seeds, in that arm's seed sd (log scale for log cells)."""
     if published is None or not entry.get("sd") or (log and published <= 0):
         return "—"
@@ -255,8 +255,8 @@ def report_markdown(arms: Mapping[str, Mapping], claims=()) -> str:
                     if log else f"{e['diff']:+.3g} {_ci(e, 'diff_lo', 'diff_hi', '+')}")
             p = pub.get(cell)
             rows.append([cell, "—" if p is None else f"{p:.4g}", f"{base[cell]['mean']:.4g} {_ci(base[cell])}",
-                         f"{e['mean']:.4g} {_ci(e)}", diff, f"{e['p_holm']:.2g}", _z(p, base[cell], log),
-                         _z(p, e, log)])
+                         f"{e['mean']:.4g} {_ci(e)}", diff, f"{e['p_holm']:.2g}", _published_z(p, base[cell], log),
+                         _published_z(p, e, log)])
         out += md_table(header, rows)
         out.append(f"\nThe ratio of the mean gaps (largest d_head over smallest) with Fieller's 95% interval: baseline "
                    f"{_ratio_text(base['gap_ratio'])}; {name} {_ratio_text(m[ARM]['gap_ratio'])}"

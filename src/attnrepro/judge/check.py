@@ -237,7 +237,7 @@ class Row:
         if self.band is None:
             return "—"
         lo, hi = self.band.prediction_interval(self.alpha)
-        z = self.band.z(self.cur) if isinstance(self.cur, (int, float)) and self.band.sd > 0 else None
+        z = self.band.z_score(self.cur) if isinstance(self.cur, (int, float)) and self.band.sd > 0 else None
         return f"{lo:.4g} – {hi:.4g} (n={self.band.n})" + ("" if z is None else f", z {z:+.2g}")
 
 

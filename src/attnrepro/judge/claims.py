@@ -810,7 +810,7 @@ def _judge(claim: Claim, key: str, metrics, dists) -> ClaimResult:
         seeds = seed_values(dists, key)
         # where the band has modes, which one the chapter's run was in is chapter_modes' (once per variant)
         return ClaimResult(claim, "pass" if rounds_to or _meets(b, lo_p, hi_p) else "fail", value=value, band=b,
-                           z=b.z(claim.published), percentile=percentile_of(seeds, claim.published),
+                           z=b.z_score(claim.published), percentile=percentile_of(seeds, claim.published),
                            percentile_range=(percentile_of(seeds, lo_p), percentile_of(seeds, hi_p)))
     closest = min(max(value, lo_p), hi_p) if math.isfinite(value) else claim.published
     return ClaimResult(claim, "pass" if (claim.tol or Tol("exact")).ok(value, closest) else "fail", value=value)
@@ -840,7 +840,7 @@ def chapter_modes(results: list[ClaimResult], dists: Mapping[str, dict]) -> None
         r.mode = b.nearest_mode(published[key]) if key in published and b is not None and b.modes else None
         r.mode_by = key if r.mode is not None else ""
         if r.mode is not None and len(r.band.modes) == len(b.modes):  # z from the chapter's mode, not the nearest
-            r.z = r.band.z(r.claim.published, mode=r.mode)
+            r.z = r.band.z_score(r.claim.published, mode=r.mode)
 
 
 def evaluate_all(exp: Expectations, metrics, dists, envs) -> list[ClaimResult]:

@@ -24,7 +24,7 @@ from attnrepro.config import from_dict
 from attnrepro.experiments import choices, comparison, critical, sensitivity
 from attnrepro.experiments.protocol import TrainConfig
 from attnrepro.files import dvc_entry, dvc_stages, read_json, read_params
-from attnrepro.formatting import md_table
+from attnrepro.formatting import fmt, md_table
 from attnrepro.judge.claims import load, printed, tally_lines
 from attnrepro.judge.endpoints import power_rows
 from attnrepro.run.stage import SWEEPS
@@ -40,10 +40,6 @@ COUNT = re.compile(r"<!--count:([a-z0-9_]+)-->(.*?)<!--/count-->")
 
 class ReadmeError(Exception):
     """The README lacks a marker, or names a count nobody generates (the message says which)."""
-
-
-def g(x: float) -> str:
-    return f"{x:.4g}"
 
 
 class Sources:
@@ -67,7 +63,7 @@ class Sources:
 
 def band(stats: dict, key: str) -> str:
     s = stats.get(key)
-    return f"{g(s['mean'])} ± {g(s['sd'])}" if s else "–"
+    return f"{fmt(s['mean'], 4)} ± {fmt(s['sd'], 4)}" if s else "–"
 
 
 def headline(src: Sources) -> str:
@@ -84,15 +80,17 @@ def headline(src: Sources) -> str:
     return "\n".join([
         f"Measured here over {n} paired seeds (mean and 95% confidence interval; the chapter's figure in brackets):",
         "remove the scaling and at `d_head = 32` the final loss rises by "
-        f"**{g(d32['mean'])}** [{g(d32['ci95_lo'])}, {g(d32['ci95_hi'])}] ({pub('train.gaps.gap_d32_loss_final')}), "
-        f"at `d_head = 256` by **{g(d256['mean'])}** [{g(d256['ci95_lo'])}, {g(d256['ci95_hi'])}] "
+        f"**{fmt(d32['mean'], 4)}** [{fmt(d32['ci95_lo'], 4)}, {fmt(d32['ci95_hi'], 4)}] "
+        f"({pub('train.gaps.gap_d32_loss_final')}), "
+        f"at `d_head = 256` by **{fmt(d256['mean'], 4)}** [{fmt(d256['ci95_lo'], 4)}, {fmt(d256['ci95_hi'], 4)}] "
         f"({pub('train.gaps.gap_d256_loss_final')}). Their ratio, **{r['value']:.1f}×** "
         f"({pub('train.gap_ratio.gap_ratio_of_means_loss_final')}×), is ill-conditioned: the small gap is known to "
         f"within a factor of {d32['ci95_hi'] / d32['ci95_lo']:.0f}, so Fieller's 95% interval of the ratio, {ratio_iv}. "
-        f"The unscaled `d_head = 256` attention collapses: layer-0 entropy {g(e222['mean'])} at step 222 "
-        f"(range {g(e222['min'])}–{g(e222['max'])}; {pub('train.d256_diagnostics.d256_unscaled.entropy_step222')}), "
-        f"and its softmax Jacobian ends at {g(jf['mean'])}, "
-        f"{js['mean'] / jf['mean']:.0f}× below the scaled model's {g(js['mean'])} "
+        f"The unscaled `d_head = 256` attention collapses: layer-0 entropy {fmt(e222['mean'], 4)} at step 222 "
+        f"(range {fmt(e222['min'], 4)}–{fmt(e222['max'], 4)}; "
+        f"{pub('train.d256_diagnostics.d256_unscaled.entropy_step222')}), "
+        f"and its softmax Jacobian ends at {fmt(jf['mean'], 4)}, "
+        f"{js['mean'] / jf['mean']:.0f}× below the scaled model's {fmt(js['mean'], 4)} "
         "(the chapter: four orders of magnitude).",
         "",
         one_seed_power(src, dist),
@@ -136,17 +134,17 @@ def results(src: Sources) -> str:
     rows = []
     for v in VARIANTS:
         m = train[v]
-        rows.append([v, f"{m['params']:,}", f"{g(m['loss_start'])} ({pub(f'train.loss.{v}.loss_start')})",
-                     f"{g(m['loss_final'])} ({pub(f'train.loss.{v}.loss_final')})", band(st, f"{v}.loss_final"),
-                     g(m["val_loss_final"]), g(m["entropy_final"]), band(st, f"{v}.entropy_final"),
-                     g(m["jacobian_fro_final"])])
+        rows.append([v, f"{m['params']:,}", f"{fmt(m['loss_start'], 4)} ({pub(f'train.loss.{v}.loss_start')})",
+                     f"{fmt(m['loss_final'], 4)} ({pub(f'train.loss.{v}.loss_final')})", band(st, f"{v}.loss_final"),
+                     fmt(m["val_loss_final"], 4), fmt(m["entropy_final"], 4), band(st, f"{v}.entropy_final"),
+                     fmt(m["jacobian_fro_final"], 4)])
     lines += md_table(header, rows)
     lines += ["", "d_head 256, layer 0, during training (reference run):", ""]
     header = ["step", "unscaled entropy", "unscaled logit std", "unscaled ‖J‖_F", "scaled entropy", "scaled logit std",
               "scaled ‖J‖_F"]
     rows = []
     for step in (0, 222, 444, 888, 1480):
-        cells = [f"{g(train[v][f'{k}_step{step}'])} ({pub(f'train.d256_diagnostics.{v}.{k}_step{step}')})"
+        cells = [f"{fmt(train[v][f'{k}_step{step}'], 4)} ({pub(f'train.d256_diagnostics.{v}.{k}_step{step}')})"
                  for v in ("d256_unscaled", "d256_scaled") for k in ("entropy", "logit_std", "jacobian_fro")]
         rows.append([step, *cells])
     lines += md_table(header, rows)
@@ -158,10 +156,11 @@ def results(src: Sources) -> str:
         fired = ", ".join(k[len("check_"):] for k, x in sorted(m.items())
                           if k.startswith("check_") and not k.endswith("_value") and x == 1) or "none"
         e = fst[f"{v}.entropy"]
-        rows.append([v, f"{g(m['loss_final'])} ({pub(f'failures.symptoms.{v}.loss_final')})",
-                     f"{g(m['entropy'])} ({pub(f'failures.symptoms.{v}.entropy')})", f"{g(e['min'])} – {g(e['max'])}",
-                     f"{g(m['diag_weight'])} ({pub(f'failures.symptoms.{v}.diag_weight')})",
-                     f"{g(m['max_row_sum'])} ({pub(f'failures.symptoms.{v}.max_row_sum')})", fired])
+        rows.append([v, f"{fmt(m['loss_final'], 4)} ({pub(f'failures.symptoms.{v}.loss_final')})",
+                     f"{fmt(m['entropy'], 4)} ({pub(f'failures.symptoms.{v}.entropy')})",
+                     f"{fmt(e['min'], 4)} – {fmt(e['max'], 4)}",
+                     f"{fmt(m['diag_weight'], 4)} ({pub(f'failures.symptoms.{v}.diag_weight')})",
+                     f"{fmt(m['max_row_sum'], 4)} ({pub(f'failures.symptoms.{v}.max_row_sum')})", fired])
     lines += md_table(header, rows)
     lines += ["", *sweeps(src)]
     lines += ["", "Claims (`metrics/claims_summary.json`), counted as `attnrepro check` counts them:", "", "```",
@@ -183,18 +182,19 @@ def sweeps(src: Sources) -> list[str]:
         oq = q["onset"]
         out += [f"The critical width with one variable (exercise 2, {q['seeds']} seeds; the {q['model']} model with only "
                 f"its query/key width d_qk moving, docs/CRITICAL.md): loss gap "
-                + ", ".join(f"{d}: {g(v['gap_loss_final']['mean'])}" for d, v in pts)
+                + ", ".join(f"{d}: {fmt(v['gap_loss_final']['mean'], 4)}" for d, v in pts)
                 + (f". The gap rises beyond its d_qk-{pts[0][0]} value's seed noise in d_qk "
                    f"**({oq['after_d_qk']:.0f}, {oq['by_d_qk']:.0f}]** (the grid's resolution)."
                    if oq.get("reached") else ". No d_qk of the grid rises beyond the first one's seed noise."), ""]
     out += [f"The critical d_head, mixed width (exercise 2, {crit['seeds']} seeds; d_model = the smallest multiple of "
-            "d_head ≥ 128): loss gap " + ", ".join(f"{d}: {g(v['gap_loss_final']['mean'])}" for d, v in rows)
-            + "; unscaled final entropy " + ", ".join(f"{d}: {g(v['unscaled_entropy_final']['mean'])}" for d, v in rows)
+            "d_head ≥ 128): loss gap " + ", ".join(f"{d}: {fmt(v['gap_loss_final']['mean'], 4)}" for d, v in rows)
+            + "; unscaled final entropy "
+            + ", ".join(f"{d}: {fmt(v['unscaled_entropy_final']['mean'], 4)}" for d, v in rows)
             + (f". The gap rises beyond its d_head-{rows[0][0]} value's seed noise in d_head "
                f"**({o['after_d_head']:.0f}, {o['by_d_head']:.0f}]** (the grid's resolution; d_model moves with d_head)."
                if o.get("reached") else ".")]
     out += ["", "QK-norm at d_head 256 (mean over seeds: final loss, final layer-0 entropy): "
-            + "; ".join(f"{n} {g(m['loss_final']['mean'])}, {g(m['entropy_final']['mean'])}" for n, m in qk.items())
+            + "; ".join(f"{n} {fmt(m['loss_final']['mean'], 4)}, {fmt(m['entropy_final']['mean'], 4)}" for n, m in qk.items())
             + "."]
     return out
 
