@@ -418,8 +418,14 @@ def holm_detectable(n: int, tests: int, alpha: float = ALPHA, power: float = 0.8
     over n pairs finds with probability `power` at Holm's strictest threshold alpha / tests (so at
     least that power anywhere in the family): T is noncentral t, n - 1 degrees of freedom,
     noncentrality effect * sqrt(n) (the far tail, under alpha / (2 tests), ignored)."""
-    df, crit = n - 1, float(student_t.isf(alpha / (2 * tests), n - 1))
-    return brentq(lambda d: float(nct.sf(crit, df, d * math.sqrt(n))) - power, 0.0, 100.0)
+    return noncentrality(alpha / (2 * tests), n - 1, power) / math.sqrt(n)
+
+
+def noncentrality(alpha: float, df: int, power: float) -> float:
+    """The noncentrality at which a one-sided t-test at level alpha with df degrees of freedom rejects
+    with probability `power` (a noncentral t's upper tail past the test's critical value)."""
+    crit = float(student_t.isf(alpha, df))
+    return brentq(lambda d: float(nct.sf(crit, df, d)) - power, 0.0, 100.0)
 
 
 # ---------------------------------------------------------------- equivalence margins (docs/VERDICT.md)
@@ -459,6 +465,4 @@ def shift_detected(sd: float, n: int, n_ref: int, margin: float, alpha: float, p
     """The smallest true shift (in the metric's analysis unit) that `margin_p` calls DIFFERENT at one-sided
     level alpha with probability `power`, for n rerun seeds against n_ref reference seeds of seed sd `sd`:
     (shift - margin) / se is noncentral t with n_ref - 1 degrees of freedom (the other tail ignored)."""
-    df, crit = n_ref - 1, float(student_t.isf(alpha, n_ref - 1))
-    ncp = brentq(lambda d: float(nct.sf(crit, df, d)) - power, 0.0, 100.0)
-    return margin + ncp * sd * math.sqrt(1 / n + 1 / n_ref)
+    return margin + noncentrality(alpha, n_ref - 1, power) * sd * math.sqrt(1 / n + 1 / n_ref)
