@@ -468,8 +468,9 @@ def test_a_missing_or_broken_params_file_is_one_line(repo, capsys, damage):
     assert rc == 2 and out.count("\n") == 1 and out.startswith(f"error: {p}") and expected in out, out
 
 
-def test_a_sweep_mean_that_a_conclusion_reads_is_gated_by_welch(repo, live, capsys):
-    """Sweep summaries are informational, except those a gated conclusion reads (issue 18, 5c)."""
+def test_a_sweep_summary_is_informational_and_its_conclusion_gated(repo, live, capsys):
+    """Judged statistically, a sweep's summaries are shown, never gated (issue 42: only the primary endpoints,
+    checksums and conclusions decide); the conclusion that reads them still must come out as on the reference."""
     dump(repo / "metrics/sweep.json", {"seeds": 3, "gap": 0.2, "cell": {"mean": 0.5, "sd": 0.05, "min": 0.45,
                                                                         "max": 0.55}})
     claims = CONCLUSIONS + [("sweep", "conclusion", "cell_positive", "the cell's gap is positive",
@@ -479,15 +480,12 @@ def test_a_sweep_mean_that_a_conclusion_reads_is_gated_by_welch(repo, live, caps
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "-m", "a sweep cell and its conclusion")
     another_machine(repo, live)
-    edit(repo, "sweep", lambda d: d["cell"].update(mean=0.56, min=0.5))  # within its seeds' noise
+    edit(repo, "sweep", lambda d: d["cell"].update(mean=0.9, min=0.85, max=0.95))  # far, but the conclusion holds
     rc, out = check(repo, capsys)
-    assert rc == 0 and "1 sweep means read by a conclusion" in out, out
-    edit(repo, "sweep", lambda d: d["cell"].update(mean=0.9, min=0.85, max=0.95))  # the conclusion still holds
+    assert rc == 0 and "sweep.cell.mean" not in out, out
+    edit(repo, "sweep", lambda d: d["cell"].update(min=-0.1))  # the conclusion stops holding
     rc, out = check(repo, capsys)
-    assert rc == 1 and "metric sweep.cell.mean: this run's seeds differ from the reference's (Welch p" in out, out
-    edit(repo, "sweep", lambda d: d.update(gap=5.0))  # read by no conclusion: still informational
-    edit(repo, "sweep", lambda d: d["cell"].update(mean=0.5, min=0.45, max=0.55))
-    assert check(repo, capsys)[0] == 0
+    assert rc == 1 and "conclusion sweep.cell_positive fails" in out, out
 
 
 def test_a_seed_distribution_is_judged_in_the_mode_of_the_stage_that_writes_it(repo):

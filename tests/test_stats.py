@@ -1,4 +1,4 @@
-"""Seed statistics without scipy: Student's t, the intervals, Welch, the paired t-test, bootstrap."""
+"""Seed statistics: Student's t, the intervals, the paired t-test, bootstrap, Fieller, Holm, power."""
 
 from __future__ import annotations
 
@@ -43,10 +43,7 @@ def test_log_scale_for_values_near_zero():
         describe([1.0])
 
 
-def test_welch_and_paired_t():
-    a, same = Band.of([4.0, 4.1, 3.9, 4.05, 3.95]), Band.of([4.01, 4.09, 3.92, 4.04, 3.96])
-    far = Band.of([4.5, 4.6, 4.4, 4.55, 4.45])
-    assert a.welch(same) > 0.5 and a.welch(far) < 1e-4
+def test_paired_t():
     x = [1.0, 2.0, 3.0, 4.0]
     assert paired_t_p(x, [v + 0.5 for v in x]) == 0.0  # a constant shift: no spread at all
     assert paired_t_p(x, [1.1, 1.9, 3.05, 3.95]) > 0.5
@@ -59,11 +56,9 @@ def test_bootstrap_is_deterministic():
     assert lo < sum(num) / sum(den) < hi
 
 
-def test_welch_and_paired_t_are_scipys_on_unequal_samples():
+def test_paired_t_is_scipys():
     from scipy import stats as sp
 
-    x, y = [4.0, 4.1, 3.9], [4.3, 4.9, 3.8, 4.6, 4.1, 4.4]  # unequal n and sd: Welch's df differ from Student's
-    assert Band.of(x).welch(Band.of(y)) == pytest.approx(sp.ttest_ind(x, y, equal_var=False).pvalue, rel=1e-9)
     a, b = [1.0, 2.0, 3.0, 4.0, 5.0], [1.3, 2.1, 3.6, 4.2, 5.9]
     assert paired_t_p(a, b) == pytest.approx(sp.ttest_rel(b, a).pvalue, rel=1e-9)
 
@@ -299,3 +294,58 @@ def test_holm_detectable_is_the_power_a_simulation_measures():
         assert abs(np.mean(p < stats.ALPHA / tests) - 0.8) < 0.025, (n, tests, effect)
     assert stats.holm_detectable(5, 1) < stats.holm_detectable(5, 21) < stats.holm_detectable(5, 170)
     assert stats.holm_detectable(10, 21) < stats.holm_detectable(5, 21)
+
+
+GRID = [8, 10, 12, 14, 16, 32, 48, 64, 80, 96, 128, 192, 256]  # the one-variable grid
+
+
+def _seed_curves(rng, level, n=5, seed_sd=0.1, noise=0.05):
+    """n seeds' curves over GRID: a seed offset (cancels in paired tests) plus independent noise per point."""
+    return [[level(x) + off + noise * rng.standard_normal() for x in GRID]
+            for off in seed_sd * rng.standard_normal(n)]
+
+
+def test_the_trend_is_the_mean_per_seed_slope_per_doubling():
+    # an exact line in log2(x): every seed's slope is 0.1 per doubling whatever its offset
+    exact = [[off + 0.1 * math.log2(x) for x in GRID] for off in (0.0, 0.3, -0.2)]
+    t = stats.trend(GRID, exact)
+    assert t["slope"] == pytest.approx(0.1) and t["ci_lo"] == pytest.approx(0.1) and t["p"] == 0.0 and t["n"] == 3
+    # coverage by simulation: the 95% interval holds the true slope about 95% of the time
+    rng = np.random.default_rng(3)
+
+    ts = [stats.trend(GRID, _seed_curves(rng, lambda x: 0.05 * math.log2(x))) for _ in range(2000)]
+    cover = sum(t["ci_lo"] <= 0.05 <= t["ci_hi"] for t in ts) / len(ts)
+    assert 0.93 <= cover <= 0.97
+    null = [stats.trend(GRID, _seed_curves(rng, lambda x: 0.5))["p"] for _ in range(2000)]
+    assert 0.035 <= sum(p < 0.05 for p in null) / len(null) <= 0.065
+
+
+def test_the_paired_onset_controls_family_wise_error_and_finds_a_step():
+    rng = np.random.default_rng(4)
+    # no rise anywhere: some later point is declared an onset at most alpha of the time (Holm over 12 tests)
+    false = sum(stats.paired_onset(GRID, _seed_curves(rng, lambda x: 0.3))[0] is not None for _ in range(2000))
+    assert false / 2000 <= 0.05
+    # a step of 0.5 nats between 8 and 10 with seed offsets ten times the per-point noise: found exactly there,
+    # where the unpaired rule (intervals widened by the seed offsets) may not see it
+    step = lambda x: 0.1 + (0.5 if x >= 10 else 0.0)  # noqa: E731
+    found = [stats.paired_onset(GRID, _seed_curves(rng, step, seed_sd=0.5, noise=0.05)) for _ in range(200)]
+    assert sum(w == (8.0, 10.0) for w, _ in found) >= 190
+    where, p = found[0]
+    assert len(p) == len(GRID) - 1 and all(0 <= q <= 1 for q in p)
+    unpaired = sum(stats.onset_interval(GRID, _seed_curves(rng, step, seed_sd=0.5, noise=0.05)) == (8.0, 10.0)
+                   for _ in range(200))
+    assert unpaired < 100
+
+
+def test_the_curve_shape_after_the_onset():
+    rng = np.random.default_rng(5)
+    shape = lambda level, **kw: stats.curve_shape(GRID, _seed_curves(rng, level, **kw), 4)["shape"]  # noqa: E731
+    # a step at 16 then flat: a plateau
+    assert shape(lambda x: 0.1 + (0.6 if x >= 16 else 0.0)) == "plateau"
+    # a step then a steady climb of 0.2 per doubling: rising
+    assert shape(lambda x: 0.1 + (0.6 + 0.2 * math.log2(x / 16) if x >= 16 else 0.0)) == "rising"
+    assert shape(lambda x: 0.1 + (0.6 - 0.2 * math.log2(x / 16) if x >= 16 else 0.0)) == "falling"
+    # a tiny step in large noise: flat after it, but a rise as large as the step cannot be ruled out
+    assert shape(lambda x: 0.1 + (0.05 if x >= 16 else 0.0), noise=0.1) == "flat or rising"
+    assert stats.curve_shape(GRID, _seed_curves(rng, lambda x: 0.3), None) == {"shape": "no onset"}
+    assert stats.curve_shape(GRID, _seed_curves(rng, lambda x: 0.3), len(GRID) - 2)["shape"] == "too few points"

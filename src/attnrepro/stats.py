@@ -23,7 +23,7 @@ from typing import Callable, Iterable, Optional, Sequence
 
 import numpy as np
 from scipy.optimize import brentq
-from scipy.stats import binomtest, nct, percentileofscore
+from scipy.stats import binomtest, linregress, nct, percentileofscore, ttest_rel
 from scipy.stats import t as student_t
 
 ALPHA = 0.05  # two-sided; the check spends it family-wise over the primary endpoints (docs/VERDICT.md)
@@ -139,16 +139,6 @@ class Band:
         """The index of the mode (lowest first) whose mean lies nearest `value`, on the band's scale."""
         x = math.log(value) if self.log and value > 0 else value
         return min(range(len(self.modes)), key=lambda i: abs(x - self.modes[i][1]))
-
-    def welch(self, other: "Band") -> float:
-        """Two-sided p-value of Welch's t-test: do `other`'s seeds share this band's mean?"""
-        va, vb = self.sd ** 2 / self.n, other.sd ** 2 / other.n
-        if va + vb == 0:
-            return 1.0 if self.mean == other.mean else 0.0
-        t = (other.mean - self.mean) / math.sqrt(va + vb)
-        denom = (va ** 2 / (self.n - 1) if self.n > 1 else 0.0) + (vb ** 2 / (other.n - 1) if other.n > 1 else 0.0)
-        df = (va + vb) ** 2 / denom if denom > 0 else 1.0
-        return 2 * (1 - t_cdf(abs(t), df))
 
 
 def from_summary(s: dict) -> Band:
@@ -398,6 +388,57 @@ def onset_interval(x: Sequence[float], per_seed: Sequence[Sequence[float]],
         if Band.of(cols[i]).confidence_interval(alpha)[0] > top:
             return float(x[i - 1]), float(x[i])
     return None
+
+
+def trend(x: Sequence[float], per_seed: Sequence[Sequence[float]], alpha: float = ALPHA) -> dict:
+    """A curve's slope per doubling of x, paired over seeds: each seed's least-squares slope of y on
+    log2(x), then Student's t over those slopes (seed offsets cancel; n - 1 degrees of freedom).
+    {slope, ci_lo, ci_hi, p, n}: the mean slope, its 1 - alpha interval, the two-sided p of slope 0."""
+    lx = np.log2(np.asarray(x, dtype=float))
+    slopes = Band.of([linregress(lx, y).slope for y in per_seed])
+    lo, hi = slopes.confidence_interval(alpha)
+    se = slopes.sd / math.sqrt(slopes.n)
+    p = 2 * (1 - t_cdf(abs(slopes.mean) / se, slopes.n - 1)) if se > 0 else float(slopes.mean == 0)
+    return {"slope": slopes.mean, "ci_lo": lo, "ci_hi": hi, "p": p, "n": slopes.n}
+
+
+def paired_onset(x: Sequence[float], per_seed: Sequence[Sequence[float]],
+                 alpha: float = ALPHA) -> tuple[Optional[tuple[float, float]], list[float]]:
+    """Where a curve starts to rise above its first point, paired over seeds: the one-sided paired t-test
+    of y(x[i]) > y(x[0]) at every later grid point, Holm over those len(x) - 1 tests; the onset is
+    (x[i-1], x[i]] for the first x[i] that rejects at family-wise alpha (None: none does), with the
+    Holm-adjusted p of every x[i], i >= 1."""
+    cols = np.asarray(per_seed, dtype=float).T
+    p = [float(ttest_rel(cols[i], cols[0], alternative="greater").pvalue) for i in range(1, len(x))]
+    adjusted = holm_adjusted(p)
+    first = next((i for i, q in enumerate(adjusted, 1) if q < alpha), None)
+    return (None if first is None else (float(x[first - 1]), float(x[first]))), adjusted
+
+
+def curve_shape(x: Sequence[float], per_seed: Sequence[Sequence[float]], onset_at: Optional[int],
+                alpha: float = ALPHA) -> dict:
+    """What a curve does after its onset x[onset_at] (an index; None: no onset): the step from x[0] to
+    the onset (paired, its 1 - alpha interval) and the trend from the onset to the grid's end. "plateau"
+    where that trend's interval holds 0 and the most it allows over the rest of the grid (its upper bound
+    times the doublings) is below the step's lower bound; "rising" / "falling" where the interval
+    excludes 0; "flat or rising" where it holds 0 but cannot rule out a rise as large as the step;
+    "too few points" with fewer than 3 from the onset on; "no onset"."""
+    if onset_at is None:
+        return {"shape": "no onset"}
+    step = Band.of([c[onset_at] - c[0] for c in per_seed])
+    out = {"step": step.mean, "step_ci_lo": step.confidence_interval(alpha)[0],
+           "step_ci_hi": step.confidence_interval(alpha)[1]}
+    if len(x) - onset_at < 3:
+        return {**out, "shape": "too few points"}
+    after = trend(x[onset_at:], [c[onset_at:] for c in per_seed], alpha)
+    most = after["ci_hi"] * math.log2(x[-1] / x[onset_at])
+    if after["ci_lo"] > 0:
+        shape = "rising"
+    elif after["ci_hi"] < 0:
+        shape = "falling"
+    else:
+        shape = "plateau" if most < out["step_ci_lo"] else "flat or rising"
+    return {**out, "after": after, "most_rise_after": most, "shape": shape}
 
 
 def holm_adjusted(pvalues: Sequence[float]) -> list[float]:

@@ -219,15 +219,13 @@ class Row:
     key: str
     ref: Optional[float]
     cur: Optional[float]
-    how: str  # exact | band, not gated | the drift tolerance's text | not gated | sweep mean (Welch)
-    verdict: str  # ok | OUTSIDE | DRIFT | MISSING | new | skipped | info
+    how: str  # exact | band, not gated | the drift tolerance's text | not gated
+    verdict: str  # ok | DRIFT | MISSING | new | skipped | info
     band: Optional[Band] = None
-    alpha: float = ALPHA
-    p: Optional[float] = None  # a sweep mean's Welch p-value (gate_sweep_means)
 
     @property
     def failure(self) -> bool:
-        return self.verdict in ("OUTSIDE", "DRIFT", "MISSING")
+        return self.verdict in ("DRIFT", "MISSING")
 
     @property
     def file(self) -> str:
@@ -236,7 +234,7 @@ class Row:
     def band_text(self) -> str:
         if self.band is None:
             return "—"
-        lo, hi = self.band.prediction_interval(self.alpha)
+        lo, hi = self.band.prediction_interval(ALPHA)
         z = self.band.z_score(self.cur) if isinstance(self.cur, (int, float)) and self.band.sd > 0 else None
         return f"{lo:.4g} – {hi:.4g} (n={self.band.n})" + ("" if z is None else f", z {z:+.2g}")
 
@@ -418,7 +416,6 @@ def run_check(rev: str = "HEAD", root: str | Path = ".", metrics_dir: str = "met
     cur, judged_dists = heads_as_judged(cur, cur_dists, ref.metrics, modes.get("heads", "exact"), "heads" in remade)
     rows = compare(cur, ref, exp, modes, envs, judged_dists, producers)
     results = evaluate_all(exp, cur, ref.dists, envs)  # conclusions: on this run and the reference's seeds
-    gate_sweep_means(rows, results, cur, ref.metrics)
     judged = endpoints.judge(exp.primary, *endpoint_values(exp, ref, cur, judged_dists, remade, modes))
     looks = decide(exp.primary, ref.dists, read_params(root / "params.yaml"), decide_with, max_seeds) \
         if decide_with else []
@@ -472,33 +469,6 @@ def _what_it_read(res: ClaimResult, metrics: dict) -> str:
     return f" (it read {', '.join(shown)}{' and more' if len(res.read) > 6 else ''})" if shown else ""
 
 
-def gate_sweep_means(rows: list[Row], results: list[ClaimResult], cur: dict, ref: dict) -> None:
-    """A sweep's summaries are informational, except the ones a gated conclusion reads (issue 18, 5c):
-    for each statistic it reads of a sweep cell (its mean, min, max or sd over the sweep's seeds), the
-    cell's mean is judged by Welch's test of this run's seeds against the reference's, from the two
-    summaries (mean, sd, and the sweep's seed count, `<prefix>.seeds`), at ALPHA over the number of
-    such means (Bonferroni: they are few)."""
-    read = {k for r in results if r.claim.cls == "conclusion" for k in r.read}
-    cells = {k.rsplit(".", 1)[0] for k in read if k.rsplit(".", 1)[-1] in ("mean", "min", "max", "sd")}
-    targets = [r for r in rows if r.how == "not gated" and r.key.endswith(".mean") and r.key[:-5] in cells]
-    for row in targets:
-        cell = row.key[:-5]
-        n_ref, n_cur = _sweep_seeds(ref, cell), _sweep_seeds(cur, cell)
-        if None in (n_ref, n_cur, ref.get(f"{cell}.sd"), cur.get(f"{cell}.sd")) or min(n_ref, n_cur) < 2:
-            continue
-        theirs = Band(int(n_ref), row.ref, ref[f"{cell}.sd"])
-        row.p = theirs.welch(Band(int(n_cur), row.cur, cur[f"{cell}.sd"]))
-        row.alpha = ALPHA / len(targets)
-        row.how, row.verdict = "sweep mean (Welch)", "OUTSIDE" if row.p < row.alpha else "ok"
-
-
-def _sweep_seeds(metrics: dict, cell: str) -> Optional[float]:
-    """The seed count of a sweep cell: `<prefix>.seeds` for the longest prefix of the cell that has one."""
-    parts = cell.split(".")
-    return next((metrics[f"{'.'.join(parts[:i])}.seeds"] for i in range(len(parts) - 1, 0, -1)
-                 if f"{'.'.join(parts[:i])}.seeds" in metrics), None)
-
-
 def metric_problems(rows: list[Row], label: str) -> list[str]:
     out = []
     for r in rows:
@@ -507,9 +477,6 @@ def metric_problems(rows: list[Row], label: str) -> list[str]:
                        + ("is missing" if r.verdict == "MISSING" else f"differs from {label}'s"))
         elif r.verdict == "MISSING":
             out.append(f"metric {r.key} is in {label} but missing from this run")
-        elif r.verdict == "OUTSIDE":
-            out.append(f"metric {r.key}: this run's seeds differ from the reference's (Welch p = {r.p:.3g}, "
-                       f"alpha {r.alpha:.2g})")
         elif r.verdict == "DRIFT":
             out.append(f"metric {r.key} = {fmt_number(r.cur)} drifted from {fmt_number(r.ref)} ({r.how})")
     return out
@@ -628,9 +595,8 @@ def render(o: Outcome, rev: Optional[str] = None, show_all: bool = False) -> str
     if o.endpoints:
         lines.append(f"  {endpoints.summary_line(o.endpoints)}")
     lines.append(f"  metrics     {sum(not r.failure for r in gated)} of {len(gated)} gated metrics hold "
-                 f"({sum(r.how.startswith('exact') for r in gated)} exact, "
-                 f"{sum(r.how == 'sweep mean (Welch)' for r in gated)} sweep means read by a conclusion, "
-                 f"the others to their drift tolerance); not gated: "
+                 f"({sum(r.how.startswith('exact') for r in gated)} exact, the others to their drift tolerance); "
+                 f"not gated: "
                  f"{sum(r.how == 'band, not gated' for r in o.rows)} with seeds (band and z shown), "
                  f"{sum(r.how == 'timing, not gated' for r in o.rows)} timings, "
                  f"{sum(r.how == 'not gated' for r in o.rows)} informational")
