@@ -261,11 +261,11 @@ class CaseTree:
                 return seconds, stage
         return seconds, ""
 
-    def check(self, code: Path | None = None) -> dict:
+    def check(self, code: Path | None = None, extra: tuple[str, ...] = ()) -> dict:
         """`attnrepro check --rev <reference>` on the tree, with the case's own checker or `code`'s (a src/)."""
         env = {**self.env, "PYTHONPATH": str(code)} if code else self.env
-        chk = sh([sys.executable, "-m", "attnrepro.commands.main", "check", "--rev", self.rev, "--json"], self.tree, env,
-                 check=False)
+        chk = sh([sys.executable, "-m", "attnrepro.commands.main", "check", "--rev", self.rev, "--json", *extra],
+                 self.tree, env, check=False)
         try:
             return json.loads(chk.stdout)
         except json.JSONDecodeError:
@@ -279,7 +279,7 @@ class CaseTree:
             shutil.rmtree(self.tmp, ignore_errors=True)
 
 
-def run_case(case: Case, rev: str, keep: bool) -> dict:
+def run_case(case: Case, rev: str, keep: bool, decide: int = 0) -> dict:
     t0 = time.perf_counter()
     with CaseTree(case, rev, keep) as t:
         golden = sh([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_golden.py"], t.tree,
@@ -299,7 +299,33 @@ def run_case(case: Case, rev: str, keep: bool) -> dict:
             verdict = t.check()
             if verdict.get("verdict") != "PASS":  # caught (or broken) on what ran so far
                 break
-    return {**_result(case, t0, golden.returncode, verdict, seconds), "stages_rerun": rerun}
+        more = {}
+        if decide and "train" in rerun and not verdict.get("stage_failed"):
+            t1 = time.perf_counter()
+            more["decide"] = {**decided(case, t.check(extra=("--decide", str(decide)))),
+                              "seconds": round(time.perf_counter() - t1, 1)}
+    return {**_result(case, t0, golden.returncode, verdict, seconds), "stages_rerun": rerun, **more}
+
+
+def decided(case: Case, verdict: dict) -> dict:
+    """What `check --decide` said of a case, against what the case expects (issue 42): a faithful rerun and a
+    harmless mutant must never be DIFFERENT ("ok", else "wrongly DIFFERENT"); a harmful mutant is "caught" when
+    an endpoint is DIFFERENT within the looks, "SAME at the margins" when every endpoint is shown within its
+    margin (a finding about the margins, listed with its shifts), else "not decided"; "error" where no look
+    finished. CPU time: the last look's, which holds every run of the looks before it."""
+    looks, ends = verdict.get("looks", []), verdict.get("endpoints", [])
+    different = any(look["DIFFERENT"] for look in looks) or any(e["answer"] == "DIFFERENT" for e in ends)
+    if not looks:
+        finding = "error"  # the reruns did not finish: says nothing of the case
+    elif case.expect == "harmful":
+        finding = "caught" if different else ("SAME at the margins" if ends and all(e["answer"] == "SAME" for e in ends)
+                                              else "not decided")
+    else:
+        finding = "wrongly DIFFERENT" if different else "ok"
+    return {"verdict": verdict.get("verdict"), "finding": finding, "looks": looks,
+            "seeds": len(looks[-1]["seeds"]) if looks else 0, "cpu_seconds": looks[-1]["cpu_seconds"] if looks else 0.0,
+            "endpoints": [{k: e.get(k) for k in ("metric", "answer", "shift", "shift_sd", "seeds")} for e in ends],
+            "problems": [] if looks else verdict.get("problems", [])}
 
 
 def stage_failure(stage: str, error: str, mutant: bool = True) -> dict:
@@ -529,6 +555,8 @@ def table(results: list[dict], seed_results: dict | None = None) -> str:
                 if "verdict" in s else "—")
         if s.get("vs_control"):
             more += f" / {s['vs_control'].get('verdict', 'error')}"
+        if r.get("decide"):
+            more += f"; --decide {r['decide']['seeds']}: {r['decide']['finding']}"
         lines.append(f"{r['case']:<22} {r['area']:<12} {r['expect']:<9} {r['verdict']:<5} {r['golden_test']:<6} "
                      f"{r['seconds'] / 60:>5.1f}  {more:<38}{', '.join(r['caught_by']) or '—'}")
     return "\n".join(lines)
@@ -581,6 +609,10 @@ def main(argv=None) -> int:
                                                  "(a quick trial of the harness)")
     ap.add_argument("--data", type=Path, default=ROOT / "data",
                     help="the data folder each case starts from (default: this checkout's)")
+    ap.add_argument("--decide", type=int, nargs="?", const=10, default=0, metavar="MAX_SEEDS",
+                    help="after each case's one-run verdict, `attnrepro check --decide MAX_SEEDS` on it (the primary "
+                         "endpoints rerun at the reference's first 1, 3, 5, 10 seeds until decided; default 10): its "
+                         "looks, answers and CPU time go in the results under `decide`")
     ap.add_argument("--seeds", type=int, default=0, metavar="N",
                     help="instead of the check: each case's train variants at the reference's first N seeds, "
                          "paired with the reference's runs (is a mutant the gate passed harmless?)")
@@ -615,9 +647,11 @@ def main(argv=None) -> int:
         names = [n for n in names if n not in done]
     for i, name in enumerate(names):
         print(f"[{i + 1}/{len(names)}] {name}: {CASES[name].why}", flush=True)
-        r = run_case(CASES[name], rev, args.keep)
+        r = run_case(CASES[name], rev, args.keep, args.decide)
         print(f"  gate {r['verdict']}, golden test {r['golden_test']}, {r['seconds'] / 60:.1f} min; caught by: "
-              f"{', '.join(r['caught_by']) or 'nothing'}", flush=True)
+              f"{', '.join(r['caught_by']) or 'nothing'}"
+              + (f"; --decide: {r['decide']['finding']} at {r['decide']['seeds']} seeds, "
+                 f"{r['decide']['cpu_seconds'] / 60:.0f} CPU-min" if "decide" in r else ""), flush=True)
         save(rev, lambda d, r=r: _put(d["results"], r))
     everything = load_results(rev)  # with any other run's cases
     results = {r["case"]: r for r in everything["results"]}

@@ -618,6 +618,12 @@ def test_decide_prints_its_looks_in_order_and_its_last_answers_decide(repo, live
     assert rc == 1 and "- primary endpoint train.unscaled.loss_final: DIFFERENT from the reference, shift +0.33" in out
     assert endpoint_row(out, "train.unscaled.loss_final").startswith(
         "| train.unscaled.loss_final | ±0.2 | 3, 5 | 5.47 | 5.14 | +0.33 ")
+    rc, out = check(repo, capsys, "--decide", "3", "--json")  # the looks in order, for scripts (gate_power)
+    assert rc == 1 and json.loads(out)["looks"] == [
+        {"seeds": [0], "SAME": 0, "DIFFERENT": 0, "INCONCLUSIVE": 2, "MISSING": 0, "NOT A NUMBER": 0, "runs": 2,
+         "trained": 2, "cpu_seconds": 60.0},
+        {"seeds": [0, 1, 2], "SAME": 0, "DIFFERENT": 1, "INCONCLUSIVE": 1, "MISSING": 0, "NOT A NUMBER": 0, "runs": 6,
+         "trained": 4, "cpu_seconds": 180.0}]
 
 
 def test_the_projects_own_findings_are_counted_apart_from_the_chapters_conclusions():

@@ -62,7 +62,7 @@ def test_results_of_another_reference_are_not_mixed_in(tmp_path, monkeypatch, ca
     monkeypatch.setattr(gp, "RESULTS", results)
     rev = gp.sh(["git", "rev-parse", "HEAD"], gp.ROOT).stdout.strip()
     results.write_text(json.dumps({"reference": "0" * 40, "results": [{"case": "avx2", "expect": "faithful"}]}))
-    monkeypatch.setattr(gp, "run_case", lambda case, r, keep: {
+    monkeypatch.setattr(gp, "run_case", lambda case, r, keep, decide=0: {
         "case": case.name, "area": case.area, "expect": case.expect, "verdict": "PASS", "golden_test": "PASS",
         "seconds": 1.0, "caught_by": []})
     assert gp.main(["--cases", "no_simd"]) == 0
@@ -88,7 +88,7 @@ def test_resume_skips_the_cases_already_judged_and_reruns_an_error(tmp_path, mon
         record(gp.CASES["avx2"]), record(gp.CASES["no_simd"], "ERROR")]}))
     ran = []
 
-    def run_case(case, r, keep):
+    def run_case(case, r, keep, decide=0):
         ran.append(case.name)
         return record(case)
     monkeypatch.setattr(gp, "run_case", run_case)
@@ -325,3 +325,30 @@ def test_a_conclusion_the_reference_does_not_reproduce_starting_to_hold_is_a_cat
                                                "reference's run (abc), which reports it not reproduced: ..."]}
     assert gp.caught_by(verdict, False) == ["conclusion"]
     assert gp.caught_by({"verdict": "PASS", "problems": []}, False) == []
+
+
+def test_decide_findings_follow_what_each_case_expects():
+    """--decide (issue 42): faithful and harmless cases must never be DIFFERENT; a harmful one is caught when an
+    endpoint is DIFFERENT at some look, "SAME at the margins" when every endpoint is shown within its margin."""
+    def look(n, same=0, different=0, inconclusive=0):
+        return {"seeds": list(range(n)), "SAME": same, "DIFFERENT": different, "INCONCLUSIVE": inconclusive,
+                "runs": 4 * n, "trained": 4, "cpu_seconds": 500.0 * n}
+
+    def ends(*answers):
+        return [{"metric": f"train.m{i}", "answer": a, "shift": 0.1, "shift_sd": 1.0, "seeds": 3}
+                for i, a in enumerate(answers)]
+
+    harmful, harmless, faithful = gp.CASES["scale_by_d"], gp.CASES["gelu_tanh"], gp.CASES["avx2"]
+    caught = {"verdict": "FAIL", "looks": [look(1, inconclusive=2), look(3, different=1, inconclusive=1)],
+              "endpoints": ends("DIFFERENT", "INCONCLUSIVE")}
+    d = gp.decided(harmful, caught)
+    assert (d["finding"], d["seeds"], d["cpu_seconds"]) == ("caught", 3, 1500.0)  # the last look holds the others
+    assert gp.decided(harmless, caught)["finding"] == gp.decided(faithful, caught)["finding"] == "wrongly DIFFERENT"
+    same = {"verdict": "PASS", "looks": [look(1, inconclusive=2), look(3, same=2)], "endpoints": ends("SAME", "SAME")}
+    assert gp.decided(harmful, same)["finding"] == "SAME at the margins"
+    assert gp.decided(harmless, same)["finding"] == gp.decided(faithful, same)["finding"] == "ok"
+    open_ = {"verdict": "PASS", "looks": [look(n, same=1, inconclusive=1) for n in (1, 3, 5, 10)],
+             "endpoints": ends("SAME", "INCONCLUSIVE")}
+    assert gp.decided(harmful, open_)["finding"] == "not decided" and gp.decided(harmful, open_)["seeds"] == 10
+    broken = gp.decided(faithful, {"verdict": "ERROR", "problems": ["boom"]})
+    assert broken["looks"] == [] and broken["problems"] == ["boom"] and broken["finding"] == "error"

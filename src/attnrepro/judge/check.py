@@ -337,6 +337,7 @@ class Outcome:
     problems: list[str] = field(default_factory=list)
     not_reproduced: list[str] = field(default_factory=list)  # conclusions the reference does not reproduce either
     provenance: list[str] = field(default_factory=list)  # which code made each stage's results
+    looks: list = field(default_factory=list)  # --decide's looks (judge.decide.Look), in order
 
     @property
     def ok(self) -> bool:
@@ -421,7 +422,7 @@ def run_check(rev: str = "HEAD", root: str | Path = ".", metrics_dir: str = "met
         if decide_with else []
     if looks:  # the endpoints --decide reran replace their one-run answers
         judged = [next((j for j in looks[-1].judgements if j.endpoint == e.endpoint), e) for e in judged]
-    out = Outcome(rows, results, modes, why, exp.headline, judged, ref.label)
+    out = Outcome(rows, results, modes, why, exp.headline, judged, ref.label, looks=looks)
     out.notes = m.notes + changes(revision, ref, root, claims_path, params, cur_dists, metrics_dir)
     out.notes += [f"--decide: {look.line()}" for look in looks]
     out.notes += [f"{f}: judged exactly, and its seeds, remade by the {producers.get(f, f)} stage, against the reference's"
@@ -562,6 +563,8 @@ def as_json(o: Outcome) -> dict:
                            "reference_seeds": j.n_ref, "run_mean": j.run_mean, "reference_mean": j.ref_mean,
                            "shift": j.shift, "shift_sd": j.shift_sd, "p_same": j.p_same, "p_different": j.p_different,
                            "seeds_needed": j.seeds_needed} for j in o.endpoints],
+            "looks": [{"seeds": look.seeds, **endpoints.summary(look.judgements), "runs": look.runs,
+                       "trained": look.trained, "cpu_seconds": look.cpu_seconds} for look in o.looks],
             "failed_metrics": [{"key": r.key, "run": r.cur, "reference": r.ref, "how": r.how, "verdict": r.verdict}
                                for r in o.rows if r.failure]}
 
