@@ -32,8 +32,11 @@ apart), per case the checks that caught it (golden test, dvc.lock or records, ch
 conclusion, train metric, other metric) and its cost, and writes
 benchmarks/results/gate_power.json (a --stages trial writes gate_power.trial.json).
 
-    python benchmarks/gate_power.py [--cases a,b,...] [--rev REV] [--keep] [--list]
+    python benchmarks/gate_power.py [--cases a,b,...] [--rev REV] [--keep] [--list] [--decide [MAX_SEEDS]]
     python benchmarks/gate_power.py --seeds 5 --cases <a mutant the gate passed>
+
+With --decide, each case is then judged by `attnrepro check --decide` too (its results' `decide`: the looks,
+the endpoints' answers, the seeds and CPU time; `decided` says what issue 42 asks of each kind of case).
 
 The second form trains the mutant's four train variants at the first 5 seeds of seeds.seeds
 and compares each gated train metric with the reference's runs at the same seeds (paired
