@@ -515,11 +515,18 @@ def caught_by(verdict: dict, golden_failed: bool) -> list[str]:
     if any(e.get("answer") in ("DIFFERENT", "NOT A NUMBER") for e in verdict.get("endpoints", [])):
         kinds.append("primary endpoint")
     keys = [m["key"] for m in verdict.get("failed_metrics", [])]
+    if keys and all(_init_statistic(k) for k in keys):  # issue 42: those belong to the golden tests
+        return kinds + ["init statistics only"]
     if any(k.startswith(("train.", "seeds.")) for k in keys):
         kinds.append("train metric")
     if any(not k.startswith(("train.", "seeds.")) for k in keys):
         kinds.append("other metric")
     return kinds
+
+
+def _init_statistic(key: str) -> bool:
+    """A statistic of the untrained model: the init sweep's, or a stage's init_* diagnostics."""
+    return key.startswith("init_sweep.") or ".init_" in key
 
 
 # ---------------------------------------------------------------- the tables

@@ -327,6 +327,16 @@ def test_a_conclusion_the_reference_does_not_reproduce_starting_to_hold_is_a_cat
     assert gp.caught_by({"verdict": "PASS", "problems": []}, False) == []
 
 
+def test_a_catch_through_initialisation_statistics_alone_is_named_as_such():
+    """Issue 42: no case may be caught by the statistical verdict only through statistics of the untrained model
+    (the golden tests' business), so the matrix names such a catch apart."""
+    init = {"verdict": "FAIL", "failed_metrics": [{"key": "init_sweep.d64.logit_std"},
+                                                  {"key": "train.d32_scaled.init_q_std_l0"}]}
+    assert gp.caught_by(init, True) == ["golden test", "init statistics only"]
+    init["failed_metrics"].append({"key": "train.d32_scaled.loss_final"})
+    assert gp.caught_by(init, False) == ["train metric", "other metric"]
+
+
 def test_decide_findings_follow_what_each_case_expects():
     """--decide (issue 42): faithful and harmless cases must never be DIFFERENT; a harmful one is caught when an
     endpoint is DIFFERENT at some look, "SAME at the margins" when every endpoint is shown within its margin."""
