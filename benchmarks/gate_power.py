@@ -29,7 +29,7 @@ reference itself must pass its own check first, or every case fails. A stage tha
 diverge or crash under the change fails the gate; any other failure (DVC, data, the machine)
 is an ERROR, never counted as caught. Prints a confusion matrix (expected x verdict, ERROR
 apart), per case the checks that caught it (golden test, dvc.lock or records, checksum,
-conclusion, train metric, other metric) and its cost, and writes
+conclusion, train metric, other metric, or init statistics only) and its cost, and writes
 benchmarks/results/gate_power.json (a --stages trial writes gate_power.trial.json).
 
     python benchmarks/gate_power.py [--cases a,b,...] [--rev REV] [--keep] [--list] [--decide [MAX_SEEDS]]
