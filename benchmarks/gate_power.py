@@ -29,7 +29,8 @@ reference itself must pass its own check first, or every case fails. A stage tha
 diverge or crash under the change fails the gate; any other failure (DVC, data, the machine)
 is an ERROR, never counted as caught. Prints a confusion matrix (expected x verdict, ERROR
 apart), per case the checks that caught it (golden test, dvc.lock or records, checksum,
-conclusion, train metric, other metric, or init statistics only) and its cost, and writes
+conclusion, primary endpoint, train metric, other metric, or failed metrics: init statistics
+only) and its cost, and writes
 benchmarks/results/gate_power.json (a --stages trial writes gate_power.trial.json).
 
     python benchmarks/gate_power.py [--cases a,b,...] [--rev REV] [--keep] [--list] [--decide [MAX_SEEDS]]
@@ -314,12 +315,14 @@ def decided(case: Case, verdict: dict) -> dict:
     """What `check --decide` said of a case, against what the case expects (issue 42): a faithful rerun and a
     harmless mutant must never be DIFFERENT ("ok", else "wrongly DIFFERENT"); a harmful mutant is "caught" when
     an endpoint is DIFFERENT within the looks, "SAME at the margins" when every endpoint is shown within its
-    margin (a finding about the margins, listed with its shifts), else "not decided"; "error" where no look
-    finished. CPU time: the last look's, which holds every run of the looks before it."""
+    margin (a finding about the margins, listed with its shifts), else "not decided" (NOT A NUMBER counts as
+    DIFFERENT); "error" where no look finished or an endpoint is MISSING. CPU time: the last look's, which holds every run of the looks before it."""
     looks, ends = verdict.get("looks", []), verdict.get("endpoints", [])
-    different = any(look["DIFFERENT"] for look in looks) or any(e["answer"] == "DIFFERENT" for e in ends)
-    if not looks:
-        finding = "error"  # the reruns did not finish: says nothing of the case
+    # a value that is not a number (a diverged rerun) fails the check as DIFFERENT does
+    different = any(look["DIFFERENT"] or look.get("NOT A NUMBER") for look in looks) or \
+        any(e["answer"] in ("DIFFERENT", "NOT A NUMBER") for e in ends)
+    if not looks or any(e["answer"] == "MISSING" for e in ends):
+        finding = "error"  # the reruns did not finish, or an endpoint has no value: says nothing of the case
     elif case.expect == "harmful":
         finding = "caught" if different else ("SAME at the margins" if ends and all(e["answer"] == "SAME" for e in ends)
                                               else "not decided")
@@ -516,7 +519,7 @@ def caught_by(verdict: dict, golden_failed: bool) -> list[str]:
         kinds.append("primary endpoint")
     keys = [m["key"] for m in verdict.get("failed_metrics", [])]
     if keys and all(_init_statistic(k) for k in keys):  # issue 42: those belong to the golden tests
-        return kinds + ["init statistics only"]
+        return kinds + ["failed metrics: init statistics only"]
     if any(k.startswith(("train.", "seeds.")) for k in keys):
         kinds.append("train metric")
     if any(not k.startswith(("train.", "seeds.")) for k in keys):

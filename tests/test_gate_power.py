@@ -332,7 +332,7 @@ def test_a_catch_through_initialisation_statistics_alone_is_named_as_such():
     (the golden tests' business), so the matrix names such a catch apart."""
     init = {"verdict": "FAIL", "failed_metrics": [{"key": "init_sweep.d64.logit_std"},
                                                   {"key": "train.d32_scaled.init_q_std_l0"}]}
-    assert gp.caught_by(init, True) == ["golden test", "init statistics only"]
+    assert gp.caught_by(init, True) == ["golden test", "failed metrics: init statistics only"]
     init["failed_metrics"].append({"key": "train.d32_scaled.loss_final"})
     assert gp.caught_by(init, False) == ["train metric", "other metric"]
 
@@ -360,5 +360,9 @@ def test_decide_findings_follow_what_each_case_expects():
     open_ = {"verdict": "PASS", "looks": [look(n, same=1, inconclusive=1) for n in (1, 3, 5, 10)],
              "endpoints": ends("SAME", "INCONCLUSIVE")}
     assert gp.decided(harmful, open_)["finding"] == "not decided" and gp.decided(harmful, open_)["seeds"] == 10
+    nan = {"verdict": "FAIL", "looks": [look(1, inconclusive=1)], "endpoints": ends("NOT A NUMBER", "INCONCLUSIVE")}
+    assert gp.decided(harmful, nan)["finding"] == "caught" and gp.decided(faithful, nan)["finding"] == "wrongly DIFFERENT"
+    missing = {"verdict": "FAIL", "looks": [look(1, inconclusive=1)], "endpoints": ends("MISSING", "INCONCLUSIVE")}
+    assert gp.decided(harmful, missing)["finding"] == gp.decided(faithful, missing)["finding"] == "error"
     broken = gp.decided(faithful, {"verdict": "ERROR", "problems": ["boom"]})
     assert broken["looks"] == [] and broken["problems"] == ["boom"] and broken["finding"] == "error"
