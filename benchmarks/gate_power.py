@@ -316,7 +316,8 @@ def decided(case: Case, verdict: dict) -> dict:
     harmless mutant must never be DIFFERENT ("ok", else "wrongly DIFFERENT"); a harmful mutant is "caught" when
     an endpoint is DIFFERENT within the looks, "SAME at the margins" when every endpoint is shown within its
     margin (a finding about the margins, listed with its shifts), else "not decided" (NOT A NUMBER counts as
-    DIFFERENT); "error" where no look finished or an endpoint is MISSING. CPU time: the last look's, which holds every run of the looks before it."""
+    DIFFERENT); "error" where no look finished or an endpoint is MISSING. CPU time: the last look's, which
+    holds every run of the looks before it."""
     looks, ends = verdict.get("looks", []), verdict.get("endpoints", [])
     # a value that is not a number (a diverged rerun) fails the check as DIFFERENT does
     different = any(look["DIFFERENT"] or look.get("NOT A NUMBER") for look in looks) or \

@@ -305,6 +305,12 @@ def _seed_curves(rng, level, n=5, seed_sd=0.1, noise=0.05):
             for off in seed_sd * rng.standard_normal(n)]
 
 
+def test_a_trend_over_a_value_that_is_not_a_number_has_no_p():
+    t = stats.trend([1, 2, 4], [[0.0, 0.1, 0.2], [0.0, math.nan, 0.2], [0.1, 0.2, 0.3]])
+    assert math.isnan(t["slope"]) and math.isnan(t["p"])
+    assert stats.holm_adjusted([t["p"], 0.01]) == [1.0, 0.02]  # counted as 1, never as a rejection
+
+
 def test_the_trend_is_the_mean_per_seed_slope_per_doubling():
     # an exact line in log2(x): every seed's slope is 0.1 per doubling whatever its offset
     exact = [[off + 0.1 * math.log2(x) for x in GRID] for off in (0.0, 0.3, -0.2)]
@@ -312,7 +318,6 @@ def test_the_trend_is_the_mean_per_seed_slope_per_doubling():
     assert t["slope"] == pytest.approx(0.1) and t["ci_lo"] == pytest.approx(0.1) and t["p"] == 0.0 and t["n"] == 3
     # coverage by simulation: the 95% interval holds the true slope about 95% of the time
     rng = np.random.default_rng(3)
-
     ts = [stats.trend(GRID, _seed_curves(rng, lambda x: 0.05 * math.log2(x))) for _ in range(2000)]
     cover = sum(t["ci_lo"] <= 0.05 <= t["ci_hi"] for t in ts) / len(ts)
     assert 0.93 <= cover <= 0.97
@@ -345,7 +350,13 @@ def test_the_curve_shape_after_the_onset():
     # a step then a steady climb of 0.2 per doubling: rising
     assert shape(lambda x: 0.1 + (0.6 + 0.2 * math.log2(x / 16) if x >= 16 else 0.0)) == "rising"
     assert shape(lambda x: 0.1 + (0.6 - 0.2 * math.log2(x / 16) if x >= 16 else 0.0)) == "falling"
-    # a tiny step in large noise: flat after it, but a rise as large as the step cannot be ruled out
-    assert shape(lambda x: 0.1 + (0.05 if x >= 16 else 0.0), noise=0.1) == "flat or rising"
+    # a tiny step in large noise: flat after it, but a change as large as the step cannot be ruled out
+    assert shape(lambda x: 0.1 + (0.05 if x >= 16 else 0.0), noise=0.1) == "undetermined"
+    # a plateau needs both bounds small: a trend interval that allows a fall as large as the step is not one
+    wide_fall = [[0.1 + (0.6 if x >= 16 else 0.0) + 0.05 * rng.standard_normal()
+                  + (s * math.log2(x / 16) if x >= 16 else 0.0) for x in GRID] for s in (-0.3, 0.1, -0.2, 0.15, 0.0)]
+    got = stats.curve_shape(GRID, wide_fall, 4)
+    assert got["after"]["ci_lo"] < 0 < got["after"]["ci_hi"] and got["shape"] == "undetermined"
+    assert got["most_change_after"] == pytest.approx(-got["after"]["ci_lo"] * math.log2(256 / 16))
     assert stats.curve_shape(GRID, _seed_curves(rng, lambda x: 0.3), None) == {"shape": "no onset"}
     assert stats.curve_shape(GRID, _seed_curves(rng, lambda x: 0.3), len(GRID) - 2)["shape"] == "too few points"

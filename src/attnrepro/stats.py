@@ -6,12 +6,12 @@ denominator). Two intervals follow (spec §11):
   confidence interval of the mean      m +- t(0.975, n-1) * s / sqrt(n)
   prediction interval of one new run   m +- t(0.975, n-1) * s * sqrt(1 + 1/n)
 
-A new single run is consistent with the reference when it falls in the prediction
-interval (ALPHA = 0.05, two-sided); a multi-seed run is compared by Welch's t-test on
-the means, as MLPerf's reference convergence points compare a submission with their
-reference runs. Metrics that live near zero and move by factors (a collapsed entropy,
-the softmax Jacobian, logit scales) are judged on the log scale: the same formulas on
-log(x). Student's t, quantiles and tests come from scipy.stats.
+A new single run is shown against the prediction interval (its band; ALPHA = 0.05, two-sided);
+the verdict judges the primary endpoints' shift from the reference's mean against equivalence
+margins (margin_p: two one-sided tests and the beyond-margin test; docs/VERDICT.md). Metrics
+that live near zero and move by factors (a collapsed entropy, the softmax Jacobian, logit
+scales) are judged on the log scale: the same formulas on log(x). Student's t, quantiles and
+tests come from scipy.stats.
 """
 
 from __future__ import annotations
@@ -393,12 +393,16 @@ def onset_interval(x: Sequence[float], per_seed: Sequence[Sequence[float]],
 def trend(x: Sequence[float], per_seed: Sequence[Sequence[float]], alpha: float = ALPHA) -> dict:
     """A curve's slope per doubling of x, paired over seeds: each seed's least-squares slope of y on
     log2(x), then Student's t over those slopes (seed offsets cancel; n - 1 degrees of freedom).
-    {slope, ci_lo, ci_hi, p, n}: the mean slope, its 1 - alpha interval, the two-sided p of slope 0."""
+    {slope, ci_lo, ci_hi, p, n}: the mean slope, its 1 - alpha interval, the two-sided p of slope 0 (nan where
+    a value is not finite: Holm counts it as 1)."""
     lx = np.log2(np.asarray(x, dtype=float))
     slopes = Band.of([linregress(lx, y).slope for y in per_seed])
     lo, hi = slopes.confidence_interval(alpha)
     se = slopes.sd / math.sqrt(slopes.n)
-    p = 2 * (1 - t_cdf(abs(slopes.mean) / se, slopes.n - 1)) if se > 0 else float(slopes.mean == 0)
+    if not (math.isfinite(slopes.mean) and math.isfinite(se)):
+        p = math.nan
+    else:
+        p = 2 * (1 - t_cdf(abs(slopes.mean) / se, slopes.n - 1)) if se > 0 else float(slopes.mean == 0)
     return {"slope": slopes.mean, "ci_lo": lo, "ci_hi": hi, "p": p, "n": slopes.n}
 
 
@@ -418,11 +422,12 @@ def paired_onset(x: Sequence[float], per_seed: Sequence[Sequence[float]],
 def curve_shape(x: Sequence[float], per_seed: Sequence[Sequence[float]], onset_at: Optional[int],
                 alpha: float = ALPHA) -> dict:
     """What a curve does after its onset x[onset_at] (an index; None: no onset): the step from x[0] to
-    the onset (paired, its 1 - alpha interval) and the trend from the onset to the grid's end. "plateau"
-    where that trend's interval holds 0 and the most it allows over the rest of the grid (its upper bound
-    times the doublings) is below the step's lower bound; "rising" / "falling" where the interval
-    excludes 0; "flat or rising" where it holds 0 but cannot rule out a rise as large as the step;
-    "too few points" with fewer than 3 from the onset on; "no onset"."""
+    the onset (paired, its 1 - alpha interval) and the trend from the onset to the grid's end (its
+    unadjusted 1 - alpha interval). "plateau" where that interval holds 0 and the most it allows over the
+    rest of the grid, either way (its bounds times the doublings), is smaller than the step's lower bound;
+    "rising" / "falling" where the interval excludes 0; "undetermined" where it holds 0 but cannot rule
+    out a rise or fall as large as the step; "too few points" with fewer than 3 from the onset on; "no
+    onset"."""
     if onset_at is None:
         return {"shape": "no onset"}
     step = Band.of([c[onset_at] - c[0] for c in per_seed])
@@ -431,14 +436,15 @@ def curve_shape(x: Sequence[float], per_seed: Sequence[Sequence[float]], onset_a
     if len(x) - onset_at < 3:
         return {**out, "shape": "too few points"}
     after = trend(x[onset_at:], [c[onset_at:] for c in per_seed], alpha)
-    most = after["ci_hi"] * math.log2(x[-1] / x[onset_at])
+    doublings = math.log2(x[-1] / x[onset_at])
+    most = max(after["ci_hi"], -after["ci_lo"]) * doublings  # the largest change either way the interval allows
     if after["ci_lo"] > 0:
         shape = "rising"
     elif after["ci_hi"] < 0:
         shape = "falling"
     else:
-        shape = "plateau" if most < out["step_ci_lo"] else "flat or rising"
-    return {**out, "after": after, "most_rise_after": most, "shape": shape}
+        shape = "plateau" if most < out["step_ci_lo"] else "undetermined"
+    return {**out, "after": after, "most_change_after": most, "shape": shape}
 
 
 def holm_adjusted(pvalues: Sequence[float]) -> list[float]:
