@@ -262,17 +262,21 @@ def _children(pid: int) -> list[int]:
 
 
 def _workers_ignore_sigint(pid: int) -> bool:
-    """Both worker processes are up and ignore SIGINT (their preload ran)."""
-    ignoring = 0
+    """Both worker processes are up and every process below the stage ignores SIGINT (their preload ran).
+    Counting only the ignoring ones once let a nanny's worker still importing torch take the Ctrl-C (a
+    traceback on a loaded machine)."""
+    ignoring = []
     for kid in _children(pid):
         try:
             status = Path(f"/proc/{kid}/status").read_text()
             cmd = Path(f"/proc/{kid}/cmdline").read_bytes()
         except OSError:
             continue
+        if b"resource_tracker import main" in cmd:
+            continue
         sig_ign = int(next(ln.split()[1] for ln in status.splitlines() if ln.startswith("SigIgn")), 16)
-        ignoring += b"resource_tracker import main" not in cmd and bool(sig_ign & (1 << (signal.SIGINT - 1)))
-    return ignoring >= 2
+        ignoring.append(bool(sig_ign & (1 << (signal.SIGINT - 1))))
+    return len(ignoring) >= 2 and all(ignoring)
 
 
 @pytest.mark.parametrize("how,code,word", [("SIGINT to the group", 130, "interrupted"),
