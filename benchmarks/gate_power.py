@@ -319,9 +319,7 @@ def decided(case: Case, verdict: dict) -> dict:
     DIFFERENT); "error" where no look finished or an endpoint is MISSING. CPU time: the last look's, which
     holds every run of the looks before it."""
     looks, ends = verdict.get("looks", []), verdict.get("endpoints", [])
-    # a value that is not a number (a diverged rerun) fails the check as DIFFERENT does
-    different = any(look["DIFFERENT"] or look.get("NOT A NUMBER") for look in looks) or \
-        any(e["answer"] in ("DIFFERENT", "NOT A NUMBER") for e in ends)
+    different = any(look.get(a) for look in looks for a in FAILING) or any(e["answer"] in FAILING for e in ends)
     if not looks or any(e["answer"] == "MISSING" for e in ends):
         finding = "error"  # the reruns did not finish, or an endpoint has no value: says nothing of the case
     elif case.expect == "harmful":
@@ -344,6 +342,7 @@ def stage_failure(stage: str, error: str, mutant: bool = True) -> dict:
     return {"verdict": "FAIL" if caught else "ERROR", "stage_failed": stage, "problems": [error]}
 
 
+FAILING = ("DIFFERENT", "NOT A NUMBER")  # the endpoint answers that fail the check (a diverged rerun: not a number)
 EQUIVALENCE_SD = 1.0  # "within seed noise": an effect smaller than one reference seed sd
 
 
@@ -516,7 +515,7 @@ def caught_by(verdict: dict, golden_failed: bool) -> list[str]:
     if claims.get("conclusion", {}).get("failed", 0) > len(verdict.get("not_reproduced", [])) \
             or "holds on this run, but not on the reference's run" in problems:  # a finding that moved
         kinds.append("conclusion")
-    if any(e.get("answer") in ("DIFFERENT", "NOT A NUMBER") for e in verdict.get("endpoints", [])):
+    if any(e.get("answer") in FAILING for e in verdict.get("endpoints", [])):
         kinds.append("primary endpoint")
     keys = [m["key"] for m in verdict.get("failed_metrics", [])]
     if keys and all(_init_statistic(k) for k in keys):  # issue 42: those belong to the golden tests

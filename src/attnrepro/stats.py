@@ -396,14 +396,10 @@ def trend(x: Sequence[float], per_seed: Sequence[Sequence[float]], alpha: float 
     {slope, ci_lo, ci_hi, p, n}: the mean slope, its 1 - alpha interval, the two-sided p of slope 0 (nan where
     a value is not finite: Holm counts it as 1)."""
     lx = np.log2(np.asarray(x, dtype=float))
-    slopes = Band.of([linregress(lx, y).slope for y in per_seed])
+    each = [linregress(lx, y).slope for y in per_seed]
+    slopes = Band.of(each)
     lo, hi = slopes.confidence_interval(alpha)
-    se = slopes.sd / math.sqrt(slopes.n)
-    if not (math.isfinite(slopes.mean) and math.isfinite(se)):
-        p = math.nan
-    else:
-        p = 2 * (1 - t_cdf(abs(slopes.mean) / se, slopes.n - 1)) if se > 0 else float(slopes.mean == 0)
-    return {"slope": slopes.mean, "ci_lo": lo, "ci_hi": hi, "p": p, "n": slopes.n}
+    return {"slope": slopes.mean, "ci_lo": lo, "ci_hi": hi, "p": paired_t_p([0.0] * len(each), each), "n": slopes.n}
 
 
 def paired_onset(x: Sequence[float], per_seed: Sequence[Sequence[float]],
@@ -431,8 +427,8 @@ def curve_shape(x: Sequence[float], per_seed: Sequence[Sequence[float]], onset_a
     if onset_at is None:
         return {"shape": "no onset"}
     step = Band.of([c[onset_at] - c[0] for c in per_seed])
-    out = {"step": step.mean, "step_ci_lo": step.confidence_interval(alpha)[0],
-           "step_ci_hi": step.confidence_interval(alpha)[1]}
+    lo, hi = step.confidence_interval(alpha)
+    out = {"step": step.mean, "step_ci_lo": lo, "step_ci_hi": hi}
     if len(x) - onset_at < 3:
         return {**out, "shape": "too few points"}
     after = trend(x[onset_at:], [c[onset_at:] for c in per_seed], alpha)
