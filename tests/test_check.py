@@ -639,7 +639,7 @@ def test_the_projects_own_findings_are_counted_apart_from_the_chapters_conclusio
                result("kv_cache", "d", "skipped"), result("sensitivity", "e", "pass"),
                result("sensitivity", "f", "fail")]
     assert OWN_FINDINGS == ("sensitivity",)
-    o = Outcome([], results, {}, {}, [], not_reproduced=["heads.c", "sensitivity.f"])
+    o = Outcome([], results, {}, {}, not_reproduced=["heads.c", "sensitivity.f"])
     lines = render(o).splitlines()
     conclusions = next(i for i, line in enumerate(lines) if line.startswith("  conclusions "))
     assert lines[conclusions:conclusions + 4] == [
@@ -648,7 +648,7 @@ def test_the_projects_own_findings_are_counted_apart_from_the_chapters_conclusio
         "              1 not reproduced, as on the reference: heads.c",
         "  findings    1 of 2 hold (this project's own, pre-registered: the sensitivity sweep)",
         "              1 not reproduced, as on the reference: sensitivity.f"]
-    o = Outcome([], results[:4], {}, {}, [])
+    o = Outcome([], results[:4], {}, {})
     assert not any(line.startswith("  findings") for line in render(o).splitlines())  # none: no line
 
 

@@ -15,10 +15,15 @@ import yaml
 from attnrepro.files import dvc_stages
 
 from attnrepro.judge.check import checkout_root, run_record_findings
-from attnrepro.judge.revision import lock_findings, lock_problems, out_md5
+from attnrepro.judge.revision import lock_findings, out_md5
 from attnrepro.store.run_store import key_of, spec_record
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def lock_problems(root):
+    """lock_findings' problems, without a reference."""
+    return lock_findings(root)[0]
 
 
 def _get(d, key: str):

@@ -102,17 +102,6 @@ def test_a_revision_without_predicates_is_one_line(repo, capsys):
                                "it cannot be the reference of this version of the check\n")
 
 
-def test_a_revision_from_before_the_layers_keeps_its_predicates_at_the_old_path(repo, capsys):
-    """A reference committed before the package had layer folders holds src/attnrepro/conclusions.py."""
-    (repo / "src/attnrepro/conclusions.py").write_text(
-        (repo / "src/attnrepro/judge/conclusions.py").read_text(encoding="utf-8"), encoding="utf-8")
-    git(repo, "rm", "-q", "src/attnrepro/judge/conclusions.py")
-    git(repo, "add", "src/attnrepro/conclusions.py")
-    git(repo, "commit", "-qm", "the predicates where they were")
-    rc, out = check(repo, capsys)
-    assert rc == 0 and out.splitlines()[0].startswith("check: PASS"), out
-
-
 def test_each_kind_of_claims_change_is_named(tmp_path):
     from attnrepro.judge.claims import load
     from attnrepro.judge.revision import claims_changes
@@ -143,8 +132,7 @@ def test_each_kind_of_claims_change_is_named(tmp_path):
 
 
 def test_a_loosened_primary_margin_is_named(tmp_path):
-    """A wider margin is loosened (±x and ×x alike), a narrower one changed, a new endpoint added; `headline`, the
-    list of an old claims.yaml without `primary:`, is named only there."""
+    """A wider margin is loosened (±x and ×x alike), a narrower one changed, a new endpoint added."""
     from attnrepro.judge.claims import load
     from attnrepro.judge.revision import claims_changes
 
@@ -168,20 +156,6 @@ def test_a_loosened_primary_margin_is_named(tmp_path):
     assert claims_changes(expectations(), added) == {"claims.yaml": {"added": ["primary train.scaled.loss_final"]}}
     assert claims_changes(added, expectations()) == {
         "claims.yaml": {"loosened": ["primary train.scaled.loss_final removed"]}}
-
-    def old(headline):  # a revision before the primary endpoints: a list of keys
-        def change(c):
-            del c["primary"]
-            c["headline"] = headline
-        return change
-
-    before = expectations(change=old(["train.unscaled.loss_final"]))
-    assert claims_changes(before, expectations(change=old(["train.unscaled.loss_final"]))) == {}
-    assert claims_changes(before, expectations(change=old(["train.scaled.loss_final"]))) == {
-        "claims.yaml": {"changed": ["headline"]}}
-    # against such a revision, the endpoints are new, and so is the list of their metrics
-    assert claims_changes(before, expectations()) == {"claims.yaml": {
-        "added": ["primary train.unscaled.loss_final", "primary train.unscaled.entropy"], "changed": ["headline"]}}
 
 
 def test_a_predicate_is_compared_by_its_code_not_its_layout_comments_or_text(tmp_path):
@@ -445,7 +419,7 @@ def test_json_and_md_forms_carry_the_same_verdict(tmp_path, capsys):
 
     from attnrepro.judge.check import Outcome, as_json, render, render_md
 
-    o = Outcome(rows=[], results=[], modes={"train": "exact"}, why={}, headline=[], label="abc1234",
+    o = Outcome(rows=[], results=[], modes={"train": "exact"}, why={}, label="abc1234",
                 problems=["metric train.x = 2 drifted from 1 (exact)"], not_reproduced=["train.j"])
     d = as_json(o)
     assert d["verdict"] == "FAIL" and d["problems"] == o.problems and d["not_reproduced"] == ["train.j"]

@@ -328,8 +328,8 @@ def test_no_effect_is_an_equivalence_and_of_the_order_of_noise_is_a_ratio():
 def test_ran_on_cuda_is_the_device_the_stage_ran_on_not_what_the_machine_has(tmp_path):
     """A CPU stage on a GPU box did not run on CUDA: its `requires: cuda` claims are skipped, not missing."""
     on_gpu_box = {"latency": {"cuda_available": 1, "device": "cpu"}, "kv_cache": {"cuda_available": 1, "device": "cuda"}}
-    assert C.cuda_run("latency", on_gpu_box) is False and C.cuda_run("kv_cache", on_gpu_box) is True
-    assert C.cuda_run("precision", on_gpu_box) is None  # no record of its own: unknown, not another stage's device
+    assert C.ran_on("latency", on_gpu_box) == "cpu" and C.ran_on("kv_cache", on_gpu_box) == "cuda"
+    assert C.ran_on("precision", on_gpu_box) is None  # no record of its own: unknown, not another stage's device
     exp = C.load(write(tmp_path, {"latency": {"section": "§7"}}, predicates(
         ("latency", "conclusion", "fast", "t", 'm["latency.gpu_ms"] < 1', "cuda"))))
     r = C.evaluate_all(exp, {}, {}, on_gpu_box)[0]

@@ -35,7 +35,7 @@ DVC = Path(sys.executable).parent / "dvc"
 DVC_YAML = yaml.safe_load((REPO / "dvc.yaml").read_text(encoding="utf-8"))
 PARAMS = yaml.safe_load((REPO / "params.yaml").read_text(encoding="utf-8"))
 CLAIMS = yaml.safe_load((REPO / "claims.yaml").read_text(encoding="utf-8"))
-# the headline's metrics: the primary endpoints' (claims.yaml `primary:`; `headline:` in a claims.yaml before them)
+# the headline's metrics: the primary endpoints' (claims.yaml `primary:`)
 HEADLINE = load_claims(REPO / "claims.yaml").headline
 TEMPLATES = REPO / ".dvc" / "plots"
 IMAGE = (".png", ".jpg", ".jpeg", ".svg", ".gif")

@@ -227,7 +227,7 @@ def test_one_verdict_rendered_twice():
     from attnrepro.report.assemble import build
 
     rep = build(REPO / "claims.yaml", REPO / "metrics", REPO / "plots", pairs=[])
-    check = render(Outcome([], rep.results, {}, {}, [])).splitlines()
+    check = render(Outcome([], rep.results, {}, {})).splitlines()
     tally = tally_lines(counts(rep.results))
     assert set(tally) == {"conclusion", "finding", "checksum", "value"}
     for line in tally.values():

@@ -32,9 +32,9 @@ from attnrepro.envinfo import environment
 from attnrepro.files import dvc_entry, dvc_stages, read_json, read_params, read_yaml_or_none
 from attnrepro.formatting import fmt_number, md_table
 from attnrepro.judge import endpoints
-from attnrepro.judge.claims import (CONCLUSIONS, ClaimResult, Expectations, Tol, band, counts, cuda_run, evaluate_all,
-                                    evaluate_claim, kind, load, load_dists, load_envs, load_metrics_dir, seed_values,
-                                    tally_lines)
+from attnrepro.judge.claims import (CONCLUSIONS, ClaimResult, Expectations, Tol, band, counts, evaluate_all,
+                                    evaluate_claim, kind, load, load_dists, load_envs, load_metrics_dir, ran_on,
+                                    seed_values, tally_lines)
 from attnrepro.judge.decide import decide, store_findings, sweep_findings
 from attnrepro.judge.endpoints import Judgement
 from attnrepro.judge.revision import (Reference, Revision, claims_changes, get_leaf, key_leaves, listed, lock_findings,
@@ -256,7 +256,7 @@ def compare(cur: dict, ref: Reference, exp: Expectations, modes: dict[str, str],
             rows.append(Row(key, ref.metrics.get(key), cur.get(key), "timing, not gated", "info"))
             continue
         if key not in cur:
-            skip = exp.is_gpu_only(key) and cuda_run(file, envs) is not True
+            skip = exp.is_gpu_only(key) and ran_on(file, envs) != "cuda"
             rows.append(Row(key, ref.metrics[key], None, "—", "skipped" if skip else "MISSING"))
             continue
         if key not in ref.metrics:
@@ -330,7 +330,6 @@ class Outcome:
     results: list[ClaimResult]
     modes: dict[str, str]  # metrics file -> exact | statistical
     why: dict[str, str]  # metrics file -> why statistical
-    headline: list[str]
     endpoints: list[Judgement] = field(default_factory=list)
     label: str = "HEAD"  # the reference revision, as the verdict names it
     notes: list[str] = field(default_factory=list)  # the first lines: where the run was made, what the tree changes
@@ -422,7 +421,7 @@ def run_check(rev: str = "HEAD", root: str | Path = ".", metrics_dir: str = "met
         if decide_with else []
     if looks:  # the endpoints --decide reran replace their one-run answers
         judged = [next((j for j in looks[-1].judgements if j.endpoint == e.endpoint), e) for e in judged]
-    out = Outcome(rows, results, modes, why, exp.headline, judged, ref.label, looks=looks)
+    out = Outcome(rows, results, modes, why, judged, ref.label, looks=looks)
     out.notes = m.notes + changes(revision, ref, root, claims_path, params, cur_dists, metrics_dir)
     out.notes += [f"--decide: {look.line()}" for look in looks]
     out.notes += [f"{f}: judged exactly, and its seeds, remade by the {producers.get(f, f)} stage, against the reference's"

@@ -1,73 +1,7 @@
 """The expectations: claims.yaml (what the chapter publishes, and the tolerances: data) and
-src/attnrepro/judge/conclusions.py (what it concludes, and this repository's checksums: Python
-predicates), in one list of claims with one tolerance grammar.
-
-    gpu_only: [globs]          metrics that exist only on a CUDA run ("skipped" on a CPU run)
-    timings: [globs]           metrics that depend on the machine's speed and load: never compared
-    primary: [[metric, margin, reason]]  the primary endpoints that decide `attnrepro check`
-                               (judge/endpoints.py; a revision before them has `headline:`, a list of keys)
-    experiments:
-      <file>:                  one per metrics/<file>.json, in the spec's order
-        section: "§2 train"
-        checksums: [tables]    class checksum: true by construction (a count, an identity, an
-                               IEEE fact, an injected invariant). Gated, counted apart.
-        values: [tables]       class value: the chapter's published numbers. Informational.
-        drift: [[glob, tol, why], ...]   how far a rerun on another machine may move the
-                               metrics that have no seed distribution (first match wins)
-
-A table is `{id, text, metric, columns, rows}` with `metric` a template such as
-"train.{row}.{col}" that is a metric key once {row} and {col} are replaced, and
-`rows: {row: [one number per column]}` (null: nothing published); a one-row table gives
-`published: {col: number}` instead. Its cells are claims `<id>.<row>.<col>`. A table may carry
-`tol` (how close a cell must come when no seed distribution exists), `interval: [lo, hi]` (two
-key templates with {col}: our interval for the number), `requires: cuda` (or `cpu`), `note`, and
-`explain: {cell or "*": {by: [metric keys], moved_by: [sensitivity rows], note: ...}}` (the
-measurement in this repository that explains a deviation; a value outside its band with no
-explanation is reported "unexplained"); a table with rows may carry `match: <regex>` (see
-Matching). `moved_by` cites rows <variant>.<metric>.<choice> of the sensitivity stage: the
-explanation stands only while each row accounts for the deviation by the sweep's own rule
-(experiments.sensitivity.accounts_for: significant after Holm's correction over all its
-cells, toward the published figure, not past the published figure's own band); on a run
-where one does not, the cell is "unexplained".
-
-Conclusions (class conclusion: the chapter's experimental findings, gated) and the checksums
-that are not tables are functions of conclusions.py, `@claim(experiment, cls, id, text)`, each
-a predicate over a View of the metrics: m["<file>.<key>"] a float, m.all("<glob>") the sorted
-matches; the view records what it reads. `load` executes that file (never imports it: the
-check runs the reference revision's copy); its path is CONCLUSIONS beside claims.yaml (a tree
-without one has no predicates). Within an experiment the claims come as conclusions, checksum
-tables, checksum predicates, values.
-
-Tolerance grammar (Tol): exact | ±x | ±x% | ×x (within x times either way) |
-<= N eps32 / <= N eps64 (float noise: N machine epsilons, whatever the reference) | info
-(reported, never gated).
-
-Evaluation. A conclusion is recomputed from the raw per-variant metrics, on the run in
-metrics/ and, where a file it reads has a seed distribution (metrics/dist/<file>.json), on
-every seed: it holds when it holds on the run and on more than half of the seeds (the share is
-reported with its exact 95% interval; a rule that does not tighten as seeds are added). A predicate that
-raises an arithmetic error (x/0, log of a negative) does not hold. A value cell
-whose metric has a seed distribution is judged by where the published figure falls in
-it: inside the 95% prediction interval of one new run, or k seed standard deviations
-away (attnrepro.stats); without a distribution, by its `tol`.
-
-Printed precision. A published figure stands for every number that rounds to it as printed:
-"1.20" for [1.195, 1.205], "42" for [41.5, 42.5], "3.4e38" for [3.35e38, 3.45e38]
-(half a unit of the last digit in the YAML text, Claim.published_half). A value cell passes
-when ours lies in that interval, when the interval meets our band (prediction interval or
-`interval`), or when the interval's point closest to ours passes the `tol`. Checksums and
-conclusions are not widened: `exact` stays exact.
-
-Matching. Some rows carry no identity across training runs (head 2 of one run is not head 2
-of another). `match: "l(\\d+)h\\d+"` names them: every row must match the regex, and rows
-whose first group agree (here the layer) form a group; groups are of equal size. Each
-time the claims are evaluated, the published rows of a group are matched one-to-one with
-ours (same row names, same group) by the assignment of least total cost (the Hungarian
-method), the cost of a pair being the sum over columns of |ours - published| / the sd of
-the published column over all the table's rows (so each column weighs by how much rows
-differ in it, whatever its unit; a table's single `tol` would let the widest column
-decide). Each cell is then judged against the matched row of ours, which its result names
-(ClaimResult.matched).
+judge/conclusions.py (what it concludes, and this repository's checksums: Python predicates), in one
+list of claims with one tolerance grammar, evaluated on a run. The format and the rules of
+evaluation: docs/CLAIMS.md; how the verdict uses them: docs/VERDICT.md.
 """
 
 from __future__ import annotations
@@ -98,7 +32,6 @@ REQUIRES = {None: "", "cuda": "CUDA", "cpu": "CPU"}
 ID_RE = re.compile(r"^[a-z0-9_]+$")
 KEY_RE = re.compile(r"^[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)+$")  # a metric key: <file>.<key path>
 CONCLUSIONS = "src/attnrepro/judge/conclusions.py"  # the predicates, relative to the directory of claims.yaml
-CONCLUSIONS_BEFORE_LAYERS = "src/attnrepro/conclusions.py"  # where a revision before the layered package keeps them
 EPS = {"eps16": 2.0 ** -10, "epsbf16": 2.0 ** -7, "eps32": 2.0 ** -23, "eps64": 2.0 ** -52}
 
 
@@ -275,10 +208,14 @@ class Expectations:
     drift: list[DriftRule]
     gpu_only: list[str]
     timings: list[str]  # metrics that depend on the machine's speed and load: reported, never compared
-    headline: list[str]  # the primary endpoints' metrics (an older claims.yaml: its `headline:` list)
     sections: dict[str, str]  # experiment -> section title
     primary: list[Endpoint] = field(default_factory=list)
     causes: dict[str, "Cause"] = field(default_factory=dict)  # conclusion id -> its measured cause (`causes:`)
+
+    @property
+    def headline(self) -> list[str]:
+        """The primary endpoints' metrics."""
+        return [e.metric for e in self.primary]
 
     def drift_rule(self, key: str) -> Optional[DriftRule]:
         return next((r for r in self.drift if fnmatch.fnmatchcase(key, r.glob)), None)
@@ -332,7 +269,7 @@ def load(path: str | Path = "claims.yaml", conclusions: str | Path | None = None
     path = Path(path)
     read_yaml_mapping(path, "claims file not found", ClaimError)  # a missing or malformed file: one line
     data = yaml.load(path.read_text(encoding="utf-8"), Loader=_PrintedLoader) or {}
-    unknown = sorted(set(data) - {"gpu_only", "timings", "primary", "causes", "headline", "experiments"})
+    unknown = sorted(set(data) - {"gpu_only", "timings", "primary", "causes", "experiments"})
     if unknown:
         raise ClaimError(f"{path}: unknown top-level key {unknown[0]!r} (known: experiments, gpu_only, timings, "
                          "primary, causes)")
@@ -369,7 +306,7 @@ def load(path: str | Path = "claims.yaml", conclusions: str | Path | None = None
         if c.id in seen:
             raise ClaimError(f"{path}: claim {c.id} appears twice")
         seen.add(c.id)
-    lists = {k: data.get(k) or [] for k in ("gpu_only", "timings", "headline")}
+    lists = {k: data.get(k) or [] for k in ("gpu_only", "timings")}
     for what, val in lists.items():
         if not isinstance(val, list) or not all(isinstance(v, str) for v in val):
             raise ClaimError(f"{path}: {what}: expected a list of metric keys (globs)")
@@ -377,10 +314,9 @@ def load(path: str | Path = "claims.yaml", conclusions: str | Path | None = None
         primary = parse_primary(data["primary"], f"{path}: primary") if "primary" in data else []
     except EndpointError as e:
         raise ClaimError(str(e)) from None
-    headline = [e.metric for e in primary] if primary else lists["headline"]  # `headline:`: a revision before them
     known = {c.id for c in preds if c.cls == "conclusion"} if preds else None  # None: read without the predicates
     causes = parse_causes(data.get("causes") or {}, known, f"{path}: causes")
-    return Expectations(claims, drift, lists["gpu_only"], lists["timings"], headline, sections, primary, causes)
+    return Expectations(claims, drift, lists["gpu_only"], lists["timings"], sections, primary, causes)
 
 
 @dataclass(frozen=True)
@@ -627,12 +563,6 @@ def ran_on(stage: str, envs: Mapping[str, dict]) -> Optional[str]:
     if not device:
         return None
     return "cuda" if str(device).startswith("cuda") else "cpu"
-
-
-def cuda_run(stage: str, envs: Mapping[str, dict]) -> Optional[bool]:
-    """Did `stage` run on CUDA (`ran_on`)? None if unknown."""
-    where = ran_on(stage, envs)
-    return None if where is None else where == "cuda"
 
 
 def band(dists: Mapping[str, dict], key: str) -> Optional[Band]:

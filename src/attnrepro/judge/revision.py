@@ -10,7 +10,7 @@ to judge.
 
 The run's own record is dvc.lock: every metrics/ and plots/ output of the pipeline's stages
 with its md5 (a directory's as DVC computes it, `out_md5`) and every param value each stage
-ran with. A file or param that differs from it was edited after the run (`lock_problems`).
+ran with. A file or param that differs from it was edited after the run (`lock_findings`).
 """
 
 from __future__ import annotations
@@ -28,8 +28,7 @@ import yaml
 
 from attnrepro.config import UserError
 from attnrepro.files import dvc_stages, parse_json, read_yaml_or_none
-from attnrepro.judge.claims import (CONCLUSIONS, CONCLUSIONS_BEFORE_LAYERS, METRIC_FILES_EXCLUDED, ClaimError,
-                                    Expectations, Tol, load)
+from attnrepro.judge.claims import CONCLUSIONS, METRIC_FILES_EXCLUDED, ClaimError, Expectations, Tol, load
 from attnrepro.stats import flatten
 
 
@@ -85,16 +84,11 @@ class Revision:
         file: the revision's text, in a temporary one; the predicates from the revision's text)."""
         text = self.show(path)
         preds = (Path(path).parent / CONCLUSIONS).as_posix()
-        code = None
-        for where in (preds, (Path(path).parent / CONCLUSIONS_BEFORE_LAYERS).as_posix()):
-            try:
-                code = self._git("show", f"{self.commit}:{where}")
-                break
-            except UserError:
-                continue
-        if code is None:
+        try:
+            code = self._git("show", f"{self.commit}:{preds}")
+        except UserError:
             raise UserError(f"{self.name} has no {preds} (the predicates of its conclusions): it cannot be the "
-                            "reference of this version of the check")
+                            "reference of this version of the check") from None
         with tempfile.TemporaryDirectory() as d:
             tmp = Path(d) / Path(path).name
             tmp.write_text(text, encoding="utf-8")
@@ -225,8 +219,6 @@ def claims_changes(ref: Expectations, tree: Expectations) -> dict[str, dict[str,
     out["changed"] += [f"primary {m} margin {pa[m].text} -> {pb[m].text}" for m in pa
                        if m in pb and pb[m].margin < pa[m].margin]
     out["added"] += [f"primary {m}" for m in pb if m not in pa]
-    if not pa and ref.headline != tree.headline:  # a revision before the primary endpoints
-        out["changed"].append("headline")
     return {f: {k: v for k, v in d.items() if v} for f, d in files.items() if any(d.values())}
 
 
@@ -299,11 +291,6 @@ def get_leaf(d, path: tuple):
             return None
         d = d[part]
     return d
-
-
-def lock_problems(root: Path, metrics_dir: str = "metrics") -> list[str]:
-    """lock_findings' problems, without a reference."""
-    return lock_findings(root, metrics_dir)[0]
 
 
 def lock_findings(root: Path, metrics_dir: str = "metrics",

@@ -4,7 +4,7 @@
 declares one small file, metrics/headline.json (every other metrics/*.json is a plain output
 that attnrepro reads):
 
-    run         this run's values of claims.yaml's `headline:` metrics (`<file>.<key>` names,
+    run         this run's values of the primary endpoints (claims.yaml `primary:`; `<file>.<key>` names,
                 nested: `run.train.d32_unscaled.loss_final`)
     over_seeds  the seed summaries of the headline gaps (metrics/seeds.json): mean and 95%
                 interval of each gap, the ratio of the mean gaps with its interval, n_seeds
@@ -65,22 +65,22 @@ def headline(names: Sequence[str], timings: Sequence[str], metrics: Mapping[str,
              summary: Mapping) -> dict:
     """metrics/headline.json's content.
 
-    names: claims.yaml `headline:` (`<file>.<key>`); timings: claims.yaml `timings:` globs;
+    names: the primary endpoints' metrics (`<file>.<key>`); timings: claims.yaml `timings:` globs;
     metrics: {file stem: that metrics file's content}; seeds: metrics/seeds.json;
     summary: metrics/claims_summary.json."""
     run: dict = {}
     for name in names:
         if any(fnmatch.fnmatchcase(name, g) for g in timings):
-            raise UserError(f"claims.yaml headline: {name} is a timing (claims.yaml timings); "
+            raise UserError(f"claims.yaml primary: {name} is a timing (claims.yaml timings); "
                             "timings stay out of the declared metrics")
         stem = name.split(".", 1)[0]
         if stem not in metrics:
-            raise UserError(f"claims.yaml headline: {name}: no metrics/{stem}.json among the headline's inputs")
+            raise UserError(f"claims.yaml primary: {name}: no metrics/{stem}.json among the headline's inputs")
         value = _number(metrics_value(metrics[stem], name.split(".")[1:]))
         if value is None:  # a key with a dot in it: by its flattened name
             value = flatten(metrics[stem], f"{stem}.").get(name)
         if value is None:
-            raise UserError(f"claims.yaml headline: metrics/{stem}.json has no number {name}")
+            raise UserError(f"claims.yaml primary: metrics/{stem}.json has no number {name}")
         _nest(run, name, value)
     over_seeds: dict = {}
     if "n_seeds" in seeds:
@@ -95,7 +95,7 @@ def headline(names: Sequence[str], timings: Sequence[str], metrics: Mapping[str,
     out = {"run": run, "over_seeds": over_seeds, "claims": claims}
     n = len(flatten(out))
     if n >= MAX_LEAVES:
-        raise UserError(f"{HEADLINE}: {n} numbers; a headline has fewer than {MAX_LEAVES} (claims.yaml headline)")
+        raise UserError(f"{HEADLINE}: {n} numbers; a headline has fewer than {MAX_LEAVES} (claims.yaml primary)")
     return out
 
 
