@@ -12,6 +12,7 @@ covers outputs edited after the run).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -580,6 +581,9 @@ def test_a_conclusion_the_reference_does_not_reproduce_is_kept_both_ways(repo, l
     edit(repo, "train", lambda m: m["unscaled"].__setitem__("entropy", 0.005))
     rc, out = check(repo, capsys)
     assert rc == 1 and "conclusion train.collapse holds on this run, but not on the reference's run" in out, out
+    edit(repo, "train", lambda m: m["unscaled"].pop("entropy"))  # what it reads is gone: a problem, never dropped
+    rc, out = check(repo, capsys)
+    assert rc == 1 and "- conclusion train.collapse fails: " in out and "metric train.unscaled.entropy not found" in out
 
 
 def test_decide_prints_its_looks_in_order_and_its_last_answers_decide(repo, live, capsys, monkeypatch):
@@ -626,6 +630,28 @@ def test_decide_prints_its_looks_in_order_and_its_last_answers_decide(repo, live
          "trained": 4, "cpu_seconds": 180.0}]
 
 
+def test_what_the_check_prints_while_it_works_goes_to_stderr(repo, capfd, monkeypatch):
+    """stdout holds the verdict alone: --decide's sweeps print their progress, in this process and in their worker
+    processes (straight to the file descriptor), and a script reading --json (gate_power) must not see it."""
+    from attnrepro.judge.decide import Look
+
+    def decide(family, ref_dists, params, engine, max_seeds):
+        print("sweep check --decide (train): 8 runs, 0 in the store")
+        os.write(1, b"a worker's line\n")
+        return [Look([0], [], 8, 8, 60.0)]
+
+    monkeypatch.setattr("attnrepro.judge.check.decide", decide)
+    monkeypatch.setattr("attnrepro.run.engine_settings.engine_config", lambda params: "the engine")
+    relock(repo)
+    rc = main(["check", "--root", str(repo), "--decide", "1", "--json"])
+    out, err = capfd.readouterr()
+    assert json.loads(out)["looks"][0]["runs"] == 8 and rc == 0
+    assert "8 runs, 0 in the store" in err and "a worker's line" in err
+    main(["check", "--root", str(repo), "--decide", "1"])
+    out, err = capfd.readouterr()
+    assert out.startswith("check: PASS") and "a worker's line" not in out and "a worker's line" in err
+
+
 def test_the_projects_own_findings_are_counted_apart_from_the_chapters_conclusions():
     """judge.claims.OWN_FINDINGS (the sensitivity sweep's pre-registered entries): their own "findings" line, never in
     the chapter's "conclusions" count; one the reference does not reproduce is named under its own line."""
@@ -633,7 +659,7 @@ def test_the_projects_own_findings_are_counted_apart_from_the_chapters_conclusio
     from attnrepro.judge.claims import OWN_FINDINGS, Claim, ClaimResult
 
     def result(experiment, cid, status):
-        return ClaimResult(Claim(f"{experiment}.{cid}", experiment, "§", "conclusion", "t"), status)
+        return ClaimResult(Claim(f"{experiment}.{cid}", experiment, "conclusion", "t"), status)
 
     results = [result("train", "a", "pass"), result("train", "b", "pass"), result("heads", "c", "fail"),
                result("kv_cache", "d", "skipped"), result("sensitivity", "e", "pass"),

@@ -94,6 +94,18 @@ def test_a_predicate_edited_in_the_working_tree_is_named_and_the_revisions_is_us
             'train.unscaled.entropy = 0.5)') in out  # HEAD's predicate, on this run
 
 
+def test_a_committed_yaml_file_that_does_not_parse_is_one_line(repo):
+    from attnrepro.config import UserError
+    from attnrepro.judge.revision import Revision
+
+    (repo / "dvc.lock").write_text("stages: [", encoding="utf-8")
+    git(repo, "commit", "-qam", "a broken lock")
+    with pytest.raises(UserError, match=r"^HEAD:dvc.lock is not valid YAML \(") as e:
+        Revision("HEAD", repo).yaml("dvc.lock")
+    assert "\n" not in str(e.value)
+    assert Revision("HEAD", repo).yaml("no such file.yaml") == {}
+
+
 def test_a_revision_without_predicates_is_one_line(repo, capsys):
     git(repo, "rm", "-q", "src/attnrepro/judge/conclusions.py")
     git(repo, "commit", "-qm", "no predicates")

@@ -87,6 +87,7 @@ def test_bad_predicates_are_one_line_errors(tmp_path, claim, msg):
     ("×2", 3.9, 2.0, True), ("×2", 0.9, 2.0, False), ("×2", -2.0, 2.0, False),
     ("<= 4 eps64", 8e-16, 1.0, True), ("<= 4 eps64", 9e-16, 0.0, False),
     ("info", 1e9, 0.0, True), ("±0.1", float("nan"), 2.0, False),
+    ("exact", float("nan"), float("nan"), True), ("exact", float("nan"), 2.0, False),  # nan on both: not moved
 ])
 def test_one_tolerance_grammar(text, value, ref, ok):
     assert C.Tol.parse(text).ok(value, ref) is ok
@@ -198,6 +199,17 @@ def test_a_conclusion_is_evaluated_on_the_seeds_of_every_file_it_reads(tmp_path)
     dist = {"run": distribution({1: {"ok": 1.0}, 2: {"ok": -1.0}}), **dist}
     r = C.evaluate_all(exp, {"run.ok": 1.0, "train.v1.loss": 4.0}, dist, {})[0]
     assert r.status == "fail" and (r.seeds_held, r.seeds_n) == (1, 2)  # seed 2: run.ok -1 and train's 4.1
+
+
+def test_a_conclusion_reading_files_of_other_seeds_is_evaluated_on_the_seeds_they_share(tmp_path):
+    """Two files of other seeds (here failures has seed 0, train not): a conclusion reading both holds or not on
+    the seeds both have, never "missing" for a seed only one of them has."""
+    exp = C.load(write(tmp_path, {"failures": {"section": "s"}, "train": {"section": "§2"}}, predicates(
+        ("train", "conclusion", "c", "t", 'm["failures.a.x"] < m["train.v1.loss"]'))))
+    dist = {"failures": distribution({s: {"a": {"x": 1.0}} for s in (0, 1, 2)}),
+            **seeds_dist({s: {"v1": {"loss": 4.0}} for s in (1, 2)})}
+    r = C.evaluate_all(exp, {"failures.a.x": 1.0, "train.v1.loss": 4.0}, dist, {})[0]
+    assert r.passed and (r.seeds_held, r.seeds_n) == (2, 2), r.detail
 
 
 def test_published_values_are_placed_in_the_seed_band(tmp_path):

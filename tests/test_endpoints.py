@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from attnrepro.judge import endpoints as E
-from attnrepro.judge.claims import load, seed_values, load_dists
-from attnrepro.stats import ALPHA, bootstrap_ratio, fieller_ratio, margin_p, seeds_to_decide, shift_detected
+from attnrepro.judge.claims import load, load_json_dir, seed_values
+from attnrepro.stats import ALPHA, LOOKS, bootstrap_ratio, fieller_ratio, margin_p, seeds_to_decide, shift_detected
 
 
 def ep(metric="train.a.loss_final", margin="±1", reason="r"):
@@ -44,6 +44,13 @@ def test_three_answers():
         "SAME", "DIFFERENT", "INCONCLUSIVE", "MISSING", "NOT A NUMBER"]
     assert E.INVALID == "NOT A NUMBER"
     assert got["m.inc"].need_text() and got["m.diff"].shift == pytest.approx(9.0)
+    # the seeds that would decide it are counted at the alpha --decide, the way to add them, spends per look
+    j = E.judge([ep("m.x", "±1")], {"m.x": REF}, {"m.x": [2.0]})[0]
+    assert (j.answer, j.seeds_needed) == ("INCONCLUSIVE", seeds_to_decide(j.shift, j.ref_sd, 10, 1.0, ALPHA / len(LOOKS)))
+    assert j.seeds_needed == 6 and seeds_to_decide(j.shift, j.ref_sd, 10, 1.0, ALPHA) == 3
+    far = E.judge([ep("m.x", "±1")], {"m.x": REF}, {"m.x": [1.8]})[0]
+    assert far.need_text() == "14 seeds would decide it (--decide stops at the reference's 10)"
+    assert got["m.inc"].need_text() == "no number of seeds up to 100 decides it against 10 reference seeds at this shift"
     assert (got["m.nan"].n, got["m.nan"].n_ref, got["m.nan"].shift) == (2, 10, None)
     assert E.summary(got.values()) == {"SAME": 1, "DIFFERENT": 1, "INCONCLUSIVE": 1, "MISSING": 1, "NOT A NUMBER": 1}
 
@@ -139,7 +146,7 @@ def test_fieller_matches_a_clear_denominator():
 def test_claims_declare_at_most_20_endpoints_with_reference_seeds():
     exp = load("claims.yaml")
     assert 0 < len(exp.primary) <= E.MAX_ENDPOINTS
-    dists = load_dists("metrics/dist")
+    dists = load_json_dir("metrics/dist")
     assert all(len(seed_values(dists, e.metric)) >= 2 for e in exp.primary), "every endpoint needs reference seeds"
     assert exp.headline == [e.metric for e in exp.primary]
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from attnrepro.judge.claims import claims_json, counts, evaluate_all, kind, load, load_dists, load_envs, load_metrics_dir
+from attnrepro.judge.claims import claims_json, counts, evaluate_all, kind, load, load_json_dir, load_metrics_dir
 from attnrepro.commands.main import main
 from attnrepro.stats import from_summary
 from test_check_lock import relock
@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def evaluate():
     m = REPO / "metrics"
-    return evaluate_all(load(REPO / "claims.yaml"), load_metrics_dir(m), load_dists(m / "dist"), load_envs(m / "env"))
+    return evaluate_all(load(REPO / "claims.yaml"), load_metrics_dir(m), load_json_dir(m / "dist"), load_json_dir(m / "env"))
 
 
 def test_committed_claims_equal_a_fresh_evaluation():

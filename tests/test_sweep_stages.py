@@ -206,10 +206,10 @@ def test_check_makes_each_sweep_again_from_the_store(repo, tmp_path):
     from the store each sweep is a note, and nothing trains."""
     from attnrepro.envinfo import environment
     from attnrepro.files import read_params
-    from attnrepro.judge.claims import load_envs
+    from attnrepro.judge.claims import load_json_dir
     from attnrepro.judge.decide import sweep_findings
 
-    params, envs = read_params(repo / "params.yaml"), load_envs(repo / "metrics" / "env")
+    params, envs = read_params(repo / "params.yaml"), load_json_dir(repo / "metrics" / "env")
     seen: list[str] = []
     here = Path.cwd()
     os.chdir(repo)

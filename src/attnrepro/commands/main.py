@@ -9,6 +9,7 @@ one. `attnrepro audit` runs the chapter's battery on your own attention function
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -98,7 +99,6 @@ def _check_parser(sub) -> None:
                    "one: say which (printed in the verdict); without it a run whose env records describe another "
                    "machine is refused")
     p.add_argument("--root", default=".", help="repository root (default: current directory)")
-    p.add_argument("--metrics", default="metrics", help="metrics folder, relative to the root")
     p.add_argument("--claims", default="claims.yaml", help="claims file, read from the reference revision "
                                                            "(default claims.yaml)")
     p.add_argument("--mode", choices=("auto", "exact", "statistical"), default="auto",
@@ -155,9 +155,9 @@ def _run_check(args) -> int:
     if args.decide is not None and args.decide < 1:
         raise UserError(f"--decide: got {args.decide}, expected at least 1 seed")
     engine = engine_config(read_params(Path(args.root) / "params.yaml")) if args.decide else None
-    outcome = run_check(rev=args.rev, root=args.root, metrics_dir=args.metrics, claims_path=args.claims,
-                        mode=args.mode, made_on=args.made_on, base=args.base, decide_with=engine,
-                        max_seeds=args.decide or 10)
+    with _progress_to_stderr():
+        outcome = run_check(rev=args.rev, root=args.root, claims_path=args.claims, mode=args.mode,
+                            made_on=args.made_on, base=args.base, decide_with=engine, max_seeds=args.decide)
     if args.json:
         sys.stdout.write(json.dumps(as_json(outcome), indent=1, ensure_ascii=False) + "\n")
     else:
@@ -165,8 +165,25 @@ def _run_check(args) -> int:
     return 0 if outcome.ok else 1
 
 
+@contextlib.contextmanager
+def _progress_to_stderr():
+    """What the check prints while it works (--decide's sweeps and their workers, remade sweeps) goes to
+    stderr, at the file descriptor too (worker processes write to it): stdout holds the verdict alone, which
+    scripts parse (--json)."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 def _run_claims(args) -> int:
-    from attnrepro.judge.claims import (counts, evaluate_all, kind, load, load_dists, load_envs, load_metrics_dir,
+    from attnrepro.judge.claims import (counts, evaluate_all, kind, load, load_json_dir, load_metrics_dir,
                                         tally_lines)
     from attnrepro.report.claims_tables import claims_table
 
@@ -174,7 +191,7 @@ def _run_claims(args) -> int:
     if not (root / args.metrics).is_dir():
         raise UserError(f"{root / args.metrics}: no metrics folder here (run the pipeline first: dvc repro)")
     results = evaluate_all(load(root / args.claims), load_metrics_dir(root / args.metrics),
-                           load_dists(root / args.metrics / "dist"), load_envs(root / args.metrics / "env"))
+                           load_json_dir(root / args.metrics / "dist"), load_json_dir(root / args.metrics / "env"))
     sys.stdout.write(claims_table(results, args.all))
     sys.stdout.write("\n" + "\n".join(tally_lines(counts(results)).values()) + "\n")
     not_reproduced = [r.claim.id for r in results if kind(r.claim) == "conclusion" and r.gated_failure]

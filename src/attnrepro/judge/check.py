@@ -19,7 +19,6 @@ the verdict.
 
 from __future__ import annotations
 
-import math
 import re
 import subprocess
 import sys
@@ -32,9 +31,9 @@ from attnrepro.envinfo import environment
 from attnrepro.files import dvc_entry, dvc_stages, read_json, read_params, read_yaml_or_none
 from attnrepro.formatting import fmt_number, md_table
 from attnrepro.judge import endpoints
-from attnrepro.judge.claims import (CONCLUSIONS, ClaimResult, Expectations, Tol, band, counts, evaluate_all,
-                                    evaluate_claim, kind, load, load_dists, load_envs, load_metrics_dir, ran_on,
-                                    seed_values, tally_lines)
+from attnrepro.judge.claims import (CONCLUSIONS, METRICS, ClaimResult, Expectations, Tol, band, counts,
+                                    evaluate_all, evaluate_claim, kind, load, load_json_dir, load_metrics_dir, ran_on,
+                                    same, seed_values, tally_lines)
 from attnrepro.judge.decide import decide, store_findings, sweep_findings
 from attnrepro.judge.endpoints import Judgement
 from attnrepro.judge.revision import (Reference, Revision, claims_changes, get_leaf, key_leaves, listed, lock_findings,
@@ -42,7 +41,7 @@ from attnrepro.judge.revision import (Reference, Revision, claims_changes, get_l
 from attnrepro.measure.head_matching import heads_renamed, seeds_renamed
 from attnrepro.run.engine_settings import EngineConfig
 from attnrepro.run.execute import NUMERICS
-from attnrepro.stats import ALPHA, Band
+from attnrepro.stats import ALPHA, LOOKS, Band
 from attnrepro.store.run_store import recorded_key
 
 # what decides whether a rerun must be byte-identical: the machine's float order and the software
@@ -64,15 +63,14 @@ def _resolve(text: str, params: dict) -> str:
     return re.sub(r"\$\{([^}]+)\}", look, text)
 
 
-def dist_producers(root: Path, metrics_dir: str = "metrics") -> dict[str, str]:
+def dist_producers(root: Path) -> dict[str, str]:
     """{seed distribution's file stem: the metrics file of the stage that writes it} (dvc.yaml)."""
     out = {}
     for st in dvc_stages(root, required=False).values():
-        st = st.get("do", st)
         paths = [dvc_entry(o)[0] for k in ("outs", "metrics") for o in st.get(k) or []]
-        own = [Path(p).stem for p in paths if p.startswith(f"{metrics_dir}/") and p.count("/") == 1]
+        own = [Path(p).stem for p in paths if p.startswith(f"{METRICS}/") and p.count("/") == 1]
         for p in paths:
-            if p.startswith(f"{metrics_dir}/dist/") and own:
+            if p.startswith(f"{METRICS}/dist/") and own:
                 out[Path(p).stem] = own[0]
     return out
 
@@ -82,7 +80,6 @@ def file_stages(root: Path, params: dict) -> dict[str, set[str]]:
     stages = dvc_stages(root, required=False)
     outs, deps = {}, {}
     for name, st in stages.items():
-        st = st.get("do", st)
         outs[name] = [dvc_entry(o)[0] for k in ("outs", "metrics", "plots") for o in st.get(k) or []]
         deps[name] = [_resolve(dvc_entry(d)[0], params) for d in st.get("deps") or []]
 
@@ -156,8 +153,7 @@ class Machines:
     notes: list[str]  # for the first lines (--made-on)
 
 
-def machines(files, envs: dict, ref_envs: dict, made_on: Optional[str], live: Callable[[str], dict],
-             env_dir: str) -> Machines:
+def machines(files, envs: dict, ref_envs: dict, made_on: Optional[str], live: Callable[[str], dict]) -> Machines:
     """The machine each metrics file's results come from. An env record equal to the reference's is
     the reference's own (its stage was not rerun): its machine. Another record must describe the
     live machine (cpu, capability, torch, python; CUDA and the GPU for a CUDA stage), whose values are used, with the threads,
@@ -173,7 +169,7 @@ def machines(files, envs: dict, ref_envs: dict, made_on: Optional[str], live: Ca
             elsewhere[f] = why
     first = next(iter(elsewhere.items()), None)
     if made_on is None and first:
-        raise UserError(f"{env_dir}/{first[0]}.json says the run was made on another machine ({first[1]}"
+        raise UserError(f"{METRICS}/env/{first[0]}.json says the run was made on another machine ({first[1]}"
                         + (f"; and {len(elsewhere) - 1} more records" if len(elsewhere) > 1 else "")
                         + '): judge it here only by saying where it was made: --made-on "<machine>"')
     if made_on is not None:
@@ -182,7 +178,7 @@ def machines(files, envs: dict, ref_envs: dict, made_on: Optional[str], live: Ca
     for f in sorted(files):
         env = envs.get(f)
         if env is None and f in ref_envs:
-            out.problems.append(f"{env_dir}/{f}.json is missing: the machine {f} ran on is unknown (judged as the "
+            out.problems.append(f"{METRICS}/env/{f}.json is missing: the machine {f} ran on is unknown (judged as the "
                                 "reference's)")
         if env is None or env == ref_envs.get(f) or made_on is not None:
             out.of[f] = machine(env if env is not None else ref_envs.get(f))
@@ -227,10 +223,6 @@ class Row:
     def failure(self) -> bool:
         return self.verdict in ("DRIFT", "MISSING")
 
-    @property
-    def file(self) -> str:
-        return self.key.split(".", 1)[0]
-
     def band_text(self) -> str:
         if self.band is None:
             return "—"
@@ -239,12 +231,8 @@ class Row:
         return f"{lo:.4g} – {hi:.4g} (n={self.band.n})" + ("" if z is None else f", z {z:+.2g}")
 
 
-def _same(a, b) -> bool:
-    return a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
-
-
 def compare(cur: dict, ref: Reference, exp: Expectations, modes: dict[str, str], envs: dict,
-            cur_dists: dict, producers: Optional[dict[str, str]] = None) -> list[Row]:
+            cur_dists: dict, producers: dict[str, str]) -> list[Row]:
     """Every metric's row. Judged exactly: identical (timings aside). Judged statistically: a metric
     with seeds is informational (its band and z: the primary endpoints decide, `endpoints`), one
     without keeps its drift tolerance from claims.yaml."""
@@ -265,7 +253,7 @@ def compare(cur: dict, ref: Reference, exp: Expectations, modes: dict[str, str],
         r, c = ref.metrics[key], cur[key]
         b, rule = band(ref.dists, key), exp.drift_rule(key)
         if modes.get(file) == "exact":
-            rows.append(Row(key, r, c, "exact", "ok" if _same(r, c) else "DRIFT", b))
+            rows.append(Row(key, r, c, "exact", "ok" if same(r, c) else "DRIFT", b))
         elif rule is not None and rule.tol.kind == "info":
             rows.append(Row(key, r, c, "not gated", "info"))
         elif b is not None and b.sd > 0:
@@ -275,7 +263,7 @@ def compare(cur: dict, ref: Reference, exp: Expectations, modes: dict[str, str],
             rows.append(Row(key, r, c, tol.text(), "ok" if tol.ok(c, r) else "DRIFT"))
     for file in sorted({k.split(".", 1)[0] for k in keys}):
         # a seed distribution is exact where the stage that writes it is (seeds writes dist/train and dist/heads)
-        if modes.get((producers or {}).get(file, file)) == "exact" and file in ref.dists \
+        if modes.get(producers.get(file, file)) == "exact" and file in ref.dists \
                 and cur_dists.get(file) != ref.dists[file]:
             rows.append(Row(f"dist/{file}", None, None, "exact", "DRIFT" if file in cur_dists else "MISSING"))
     return rows
@@ -343,7 +331,7 @@ class Outcome:
         return not self.problems
 
 
-def run_record_findings(root: Path, metrics_dir: str = "metrics") -> list[str]:
+def run_record_findings(root: Path) -> list[str]:
     """The metrics of a stage that keeps its runs' folders (data/<stage>/<name>/: spec.json and
     summary.json, as the run store wrote them) against those records: each folder's spec.json must
     hash to its key, and every number its summary shares with metrics/<stage>.json[<name>] must be
@@ -359,13 +347,13 @@ def run_record_findings(root: Path, metrics_dir: str = "metrics") -> list[str]:
         if recorded_key(record) != record.get("key"):
             problems.append(f"{where}/spec.json does not hash to its key: the run's record was edited")
             continue
-        metrics_file = root / metrics_dir / f"{stage}.json"
+        metrics_file = root / METRICS / f"{stage}.json"
         mine = read_json(metrics_file).get(name) if metrics_file.is_file() else None
         if not isinstance(mine, dict):
             continue
         for key, recorded in sorted(read_json(folder / "summary.json").items()):
-            if key in mine and mine[key] != recorded:
-                problems.append(f"{metrics_dir}/{stage}.json {name}.{key} = {fmt_number(mine[key])}, but the run that "
+            if key in mine and not same(mine[key], recorded):
+                problems.append(f"{METRICS}/{stage}.json {name}.{key} = {fmt_number(mine[key])}, but the run that "
                                 f"made it ({where}, run {record['key'][:12]}) recorded {fmt_number(recorded)}")
     return problems
 
@@ -385,18 +373,19 @@ def checkout_root(root: Path) -> Path:
                     "in an attnrepro checkout (or give --root)")
 
 
-def run_check(rev: str = "HEAD", root: str | Path = ".", metrics_dir: str = "metrics",
-              claims_path: str | Path = "claims.yaml", mode: str = "auto", made_on: Optional[str] = None,
-              base: Optional[str] = None, decide_with: Optional[EngineConfig] = None, max_seeds: int = 10) -> Outcome:
+def run_check(rev: str = "HEAD", root: str | Path = ".", claims_path: str | Path = "claims.yaml", mode: str = "auto",
+              made_on: Optional[str] = None, base: Optional[str] = None, decide_with: Optional[EngineConfig] = None,
+              max_seeds: Optional[int] = None) -> Outcome:
     """The verdict on the run in `root` against the reference at `rev` (docs/VERDICT.md); `decide_with`
-    (the run engine's settings): --decide, the primary endpoints judged by reruns at the reference's seeds."""
+    (the run engine's settings): --decide, the primary endpoints judged by reruns at the reference's seeds, up to
+    `max_seeds` (default: as many as its looks ask for)."""
     root, claims_path = checkout_root(Path(root)), Path(claims_path).as_posix()
     revision = Revision(rev, root, base)
-    envs = load_envs(root / metrics_dir / "env")
-    ref = reference(revision, metrics_dir, claims_path, envs)
+    envs = load_json_dir(root / METRICS / "env")
+    ref = reference(revision, claims_path, envs)
     exp = ref.expectations
-    cur = load_metrics_dir(root / metrics_dir)
-    cur_dists = load_dists(root / metrics_dir / "dist")
+    cur = load_metrics_dir(root / METRICS)
+    cur_dists = load_json_dir(root / METRICS / "dist")
     params = read_params(root / "params.yaml")
     files = {k.split(".", 1)[0] for k in set(cur) | set(ref.metrics)}
     seen: dict[str, dict] = {}
@@ -406,35 +395,34 @@ def run_check(rev: str = "HEAD", root: str | Path = ".", metrics_dir: str = "met
             seen[device] = live_environment(device)
         return seen[device]
 
-    m = machines(files, envs, ref.envs, made_on, live, f"{metrics_dir}/env")
+    m = machines(files, envs, ref.envs, made_on, live)
     ref_lock = revision.yaml("dvc.lock")
-    lock_probs, lock_notes = lock_findings(root, metrics_dir, ref_lock)
+    lock_probs, lock_notes = lock_findings(root, ref_lock)
     modes, why = decide_modes(files, m, ref, made_with_other_params(root, params, ref_lock, ref.params), mode)
-    producers = dist_producers(root, metrics_dir)
+    producers = dist_producers(root)
     remade = remade_seeds(cur_dists, ref.dists, modes, producers)
 
     cur, judged_dists = heads_as_judged(cur, cur_dists, ref.metrics, modes.get("heads", "exact"), "heads" in remade)
     rows = compare(cur, ref, exp, modes, envs, judged_dists, producers)
     results = evaluate_all(exp, cur, ref.dists, envs)  # conclusions: on this run and the reference's seeds
     judged = endpoints.judge(exp.primary, *endpoint_values(exp, ref, cur, judged_dists, remade, modes))
-    looks = decide(exp.primary, ref.dists, read_params(root / "params.yaml"), decide_with, max_seeds) \
-        if decide_with else []
+    looks = decide(exp.primary, ref.dists, params, decide_with, max_seeds or max(LOOKS)) if decide_with else []
     if looks:  # the endpoints --decide reran replace their one-run answers
         judged = [next((j for j in looks[-1].judgements if j.endpoint == e.endpoint), e) for e in judged]
     out = Outcome(rows, results, modes, why, judged, ref.label, looks=looks)
-    out.notes = m.notes + changes(revision, ref, root, claims_path, params, cur_dists, metrics_dir)
+    out.notes = m.notes + changes(revision, ref, root, claims_path, params, cur_dists)
     out.notes += [f"--decide: {look.line()}" for look in looks]
     out.notes += [f"{f}: judged exactly, and its seeds, remade by the {producers.get(f, f)} stage, against the reference's"
                   for f in remade if modes.get(f) == "exact"]
     out.provenance, numerics = provenance(envs)
     sweep_probs, sweep_notes = sweep_findings(root, params, envs, live, lambda line: print(line, file=sys.stderr))
     out.notes += lock_notes + sweep_notes
-    out.problems = (lock_probs + run_record_findings(root, metrics_dir)
+    out.problems = (lock_probs + run_record_findings(root)
                     + store_findings(root, params, cur, cur_dists, envs, producers) + sweep_probs + m.problems + numerics
                     + metric_problems(rows, ref.name) + endpoint_problems(judged, rows))
     for res in results:
         c = res.claim
-        if c.cls == "conclusion" and not_reproduced(c.id, ref.verdicts):
+        if c.cls == "conclusion" and res.status != "missing" and not_reproduced(c.id, ref.verdicts):
             if starts_to_hold(c, cur, envs, ref):  # a finding of the reference changed: something moved
                 out.problems.append(f"conclusion {c.id} holds on this run, but not on the reference's run "
                                     f"({ref.name}), which reports it not reproduced: {c.text}")
@@ -451,13 +439,14 @@ def endpoint_problems(judged: Sequence[Judgement], rows: Sequence[Row]) -> list[
     """DIFFERENT and not-a-number endpoints; one whose row failed already (missing, or drifted on the reference's
     machine) is listed there once."""
     failed = {r.key for r in rows if r.failure}
+    family = sum(j.answer not in (endpoints.MISSING, endpoints.INVALID) for j in judged)  # what Holm ran over
     out = []
     for j in judged:
         if j.endpoint.metric in failed:
             continue
         if j.answer == endpoints.DIFFERENT:
             out.append(f"primary endpoint {j.endpoint.metric}: DIFFERENT from the reference, shift {j.shift_text()} "
-                       f"beyond its margin {j.endpoint.text} (p {j.p_different:.2g}, Holm over {len(judged)})")
+                       f"beyond its margin {j.endpoint.text} (p {j.p_different:.2g}, Holm over {family})")
         elif j.answer == endpoints.INVALID:
             out.append(f"primary endpoint {j.endpoint.metric}: this run's value is not a number its scale can judge")
     return out
@@ -482,8 +471,7 @@ def metric_problems(rows: list[Row], label: str) -> list[str]:
     return out
 
 
-def changes(revision: Revision, ref: Reference, root: Path, claims_path: str, params: dict, cur_dists: dict,
-            metrics_dir: str) -> list[str]:
+def changes(revision: Revision, ref: Reference, root: Path, claims_path: str, params: dict, cur_dists: dict) -> list[str]:
     """The first lines: what the working tree (and HEAD's commits, against an older revision) change of the
     reference. The verdict uses the revision's files whatever they say."""
     lines = []
@@ -506,8 +494,8 @@ def changes(revision: Revision, ref: Reference, root: Path, claims_path: str, pa
     own = sorted(f for f in cur_dists if f in ref.dists and _runs(cur_dists, f) != _runs(ref.dists, f))
     if own:
         lines.append(f"seed distributions differ from {ref.name}'s (bands and conclusions use {ref.name}'s): "
-                     + ", ".join(f"{metrics_dir}/dist/{f}.json" for f in own))
-    committed = revision.changed_since([claims_path, preds, "params.yaml", "dvc.yaml", metrics_dir])
+                     + ", ".join(f"{METRICS}/dist/{f}.json" for f in own))
+    committed = revision.changed_since([claims_path, preds, "params.yaml", "dvc.yaml", METRICS])
     if committed:
         lines.append(f"HEAD's commits change the reference since {ref.name}: {listed(committed)}")
     return lines
@@ -578,13 +566,13 @@ def render_md(o: Outcome, show_all: bool = False) -> str:
     return "\n".join([f"### {head}", "", "```", *summary, "```", "", *rest[cut:]]).rstrip() + "\n"
 
 
-def render(o: Outcome, rev: Optional[str] = None, show_all: bool = False) -> str:
+def render(o: Outcome, show_all: bool = False) -> str:
     c = counts(o.results)
     gated = [r for r in o.rows if r.verdict not in ("info", "new", "skipped")]
     exact = sorted(f for f, m in o.modes.items() if m == "exact")
     stat = sorted(f for f, m in o.modes.items() if m == "statistical")
     lines = [f"check: {'PASS' if o.ok else 'FAIL'} — this run "
-             + ("reproduces" if o.ok else "does not reproduce") + f" the reference ({rev or o.label})"
+             + ("reproduces" if o.ok else "does not reproduce") + f" the reference ({o.label})"
              + ("" if o.ok else f": {len(o.problems)} problem(s), listed below")]
     lines += [f"  {n}" for n in o.notes] + [""]
     tally = tally_lines(c)

@@ -107,7 +107,7 @@ class Tol:
         if self.kind == "info":
             return True
         if value is None or not math.isfinite(value):
-            return self.kind == "exact" and reference is not None and value == reference
+            return self.kind == "exact" and reference is not None and same(value, reference)
         if self.kind == "eps":
             return abs(value) <= self.amount
         if reference is None or not math.isfinite(reference):
@@ -121,10 +121,6 @@ class Tol:
             return d <= self.amount * abs(reference) * (1 + 1e-12) + 1e-15
         return value * reference > 0 and abs(math.log(value / reference)) <= math.log(self.amount) + 1e-12
 
-    @property
-    def gated(self) -> bool:
-        return self.kind != "info"
-
     def text(self) -> str:
         a = fmt_number(self.amount)
         return {"exact": "exact", "info": "not gated", "abs": f"±{a}", "rel": f"±{fmt_number(100 * self.amount)}%",
@@ -137,7 +133,6 @@ class Tol:
 class Claim:
     id: str  # <experiment>.<entry id>[.<row>].<col>
     experiment: str
-    section: str
     cls: str  # conclusion | checksum | value
     text: str
     metric: str = ""  # table cells: the metric key
@@ -292,7 +287,7 @@ def load(path: str | Path = "claims.yaml", conclusions: str | Path | None = None
         sections[exp] = _text(body.get("section"), f"{where}.section")
         for cls, key in (("checksum", "checksums"), ("value", "values")):
             for i, entry in enumerate(body.get(key) or []):
-                tables += _entry(entry, cls, exp, sections[exp], f"{where}.{key}[{i}]")
+                tables += _entry(entry, cls, exp, f"{where}.{key}[{i}]")
         for i, rule in enumerate(body.get("drift") or []):
             if not (isinstance(rule, list) and len(rule) == 3 and isinstance(rule[0], str)):
                 raise ClaimError(f"{where}.drift[{i}]: expected [glob, tolerance, why]")
@@ -390,7 +385,7 @@ def predicates(text: str, where: str, sections: Mapping[str, str]) -> list[Claim
                                  "eval"), namespace)
         source = ast.get_source_segment(text, body[0].value) if len(body) == 1 and isinstance(body[0], ast.Return) \
             else "; ".join(ast.get_source_segment(text, b) for b in body)
-        out.append(Claim(f"{exp}.{cid}", exp, sections[exp], cls, _text(e.get("text"), f"{here}: text"),
+        out.append(Claim(f"{exp}.{cid}", exp, cls, _text(e.get("text"), f"{here}: text"),
                          predicate=e["fn"], source=" ".join(source.split()), sides=sides,
                          code="\n".join([ast.dump(node.args), *(ast.dump(b) for b in body), *shared]),
                          requires=e.get("requires"), note=" ".join(str(e.get("note") or "").split())))
@@ -432,7 +427,7 @@ def _key(key: str, where: str) -> str:
     return key
 
 
-def _entry(raw, cls: str, exp: str, section: str, where: str) -> list[Claim]:
+def _entry(raw, cls: str, exp: str, where: str) -> list[Claim]:
     if not isinstance(raw, dict):
         raise ClaimError(f"{where}: expected a mapping")
     cid = raw.get("id")
@@ -495,7 +490,7 @@ def _entry(raw, cls: str, exp: str, section: str, where: str) -> list[Claim]:
                 for k in ("by", "moved_by")):
             raise ClaimError(f"{where}.explain.{cell}: {shape}")
         bounds = tuple(_key(t.replace("{col}", col), f"{where}.interval") for t in interval) if interval else None
-        out.append(Claim(f"{exp}.{cid}.{cell}", exp, section, cls, text, key, published=pub, published_half=half,
+        out.append(Claim(f"{exp}.{cid}.{cell}", exp, cls, text, key, published=pub, published_half=half,
                          tol=tol, requires=requires, note=" ".join(str(raw.get("note", "")).split()),
                          evidence=tuple(ex.get("by", [])), evidence_note=" ".join(str(ex.get("note", "")).split()),
                          moved_by=tuple(ex.get("moved_by", [])), interval=bounds, match=match, row=row, col=col))
@@ -533,6 +528,7 @@ def _match(pattern, template: str, cols: list[str], rows: dict, where: str) -> M
 
 # ---------------------------------------------------------------- metrics, distributions, machines
 
+METRICS = "metrics"  # the metrics folder, as dvc.yaml's outputs name it
 METRIC_FILES_EXCLUDED = ("claims", "claims_summary", "headline")  # the report's and the DVC view's own files
 
 
@@ -546,13 +542,15 @@ def load_metrics_dir(path: str | Path = "metrics") -> dict[str, float]:
     return out
 
 
-def load_dists(path: str | Path = "metrics/dist") -> dict[str, dict]:
-    """{file: {"stats": {key: summary}, "runs": {seed: metrics}}} from metrics/dist/*.json."""
+def load_json_dir(path: str | Path) -> dict[str, dict]:
+    """{file stem: its content} of every <path>/*.json: the seed distributions of metrics/dist ({"stats":
+    {key: summary}, "runs": {seed: metrics}}), the machine records of metrics/env."""
     return {f.stem: read_json(f) for f in sorted(Path(path).glob("*.json"))}
 
 
-def load_envs(path: str | Path = "metrics/env") -> dict[str, dict]:
-    return {f.stem: read_json(f) for f in sorted(Path(path).glob("*.json"))}
+def same(a, b) -> bool:
+    """Equal, nan equal to nan (a metric that is nan on both runs has not moved)."""
+    return a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
 
 
 def ran_on(stage: str, envs: Mapping[str, dict]) -> Optional[str]:
@@ -625,18 +623,15 @@ class ClaimResult:
 
 
 def _variants(metrics: Mapping[str, float], dists: Mapping[str, dict], files: set[str]) -> list[tuple[str, dict]]:
-    """The seed runs of `files`, each as a full metrics mapping."""
+    """The seed runs of `files` (the seeds every one of them has), each as a full metrics mapping."""
     files = [f for f in sorted(files) if dists.get(f, {}).get("runs")]
     if not files:
         return []
     out = []
-    seeds = list(dists[files[0]]["runs"])
-    for seed in seeds:
+    for seed in [s for s in dists[files[0]]["runs"] if all(s in dists[f]["runs"] for f in files)]:
         m = {k: v for k, v in metrics.items() if k.split(".", 1)[0] not in files}
         for f in files:
-            run = dists[f]["runs"].get(seed)
-            if run is not None:
-                m.update(flatten(run, f"{f}."))
+            m.update(flatten(dists[f]["runs"][seed], f"{f}."))
         out.append((f"seed {seed}", m))
     return out
 
@@ -821,9 +816,7 @@ def counts(results: list[ClaimResult]) -> dict:
 
 
 def tally_lines(c: dict) -> dict[str, str]:
-    """The claims' counts (`counts`) in words, per kind: what `attnrepro check` and the report both print
-    (a summary of a revision before findings were counted apart has no "finding": no line)."""
-    c = {k: {"n": 0, "passed": 0, "skipped": 0, "unexplained": 0, **c.get(k, {})} for k in KINDS}
+    """The claims' counts (`counts`) in words, per kind: what `attnrepro check` and the report both print."""
 
     def judged(k):
         return c[k]["n"] - c[k]["skipped"]

@@ -12,7 +12,6 @@ holds is made again from them, training nothing, and its outputs compared with t
 
 from __future__ import annotations
 
-import math
 import os
 import shutil
 import subprocess
@@ -31,6 +30,7 @@ from attnrepro.experiments.protocol import CORPUS_FILES, TrainConfig, corpus_inp
 from attnrepro.files import dvc_entry, dvc_stages, read_json
 from attnrepro.formatting import fmt_number
 from attnrepro.judge import endpoints
+from attnrepro.judge.claims import same
 from attnrepro.judge.endpoints import Endpoint, Judgement
 from attnrepro.run.engine import require_ok, run_sweep
 from attnrepro.run.engine_settings import EngineConfig
@@ -129,7 +129,7 @@ def decide(family: Sequence[Endpoint], ref_dists: Mapping[str, dict], params: Ma
             for e in family:
                 if e.metric.startswith(f + "."):
                     values[e.metric] = [m[e.metric] for m in per_seed.values() if e.metric in m]
-        print(f"check --decide: {n} seed(s) in {time.monotonic() - t0:.0f} s", flush=True)
+        print(f"check --decide: {n} seed(s) in {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
         return values, seeds, runs, trained, cpu
 
     return sequential(family, reference, values_at, min(max_seeds, max(len(v) for v in order.values())))
@@ -177,7 +177,7 @@ def store_findings(root: Path, params: Mapping, metrics: Mapping[str, float], di
                 for where, stage, values in mine:
                     if any(ran_on.get(k) != (envs.get(stage) or {}).get(k) for k in MACHINE):
                         continue
-                    bad = sorted(k for k, v in recorded.items() if k in values and values[k] != v)
+                    bad = sorted(k for k, v in recorded.items() if k in values and not same(values[k], v))
                     problems += [f"{where}: {k} = {fmt_number(values[k])}, but the run that made it (store "
                                  f"{key[:12]}) recorded {fmt_number(recorded[k])}" for k in bad]
     return problems
@@ -223,7 +223,7 @@ def sweep_findings(root: Path, params: Mapping, envs: Mapping[str, dict], live: 
                     continue
                 if out.endswith(".json"):
                     a, b = flatten(read_json(mine)), flatten(read_json(again))
-                    bad = sorted(k for k in set(a) | set(b) if not _same(a.get(k), b.get(k)))
+                    bad = sorted(k for k in set(a) | set(b) if not same(a.get(k), b.get(k)))
                     problems += [f"{out}: {k} = {fmt_number(a.get(k))}, but made again from the run store's records "
                                  f"it is {fmt_number(b.get(k))}" for k in bad[:3]]
                     if len(bad) > 3:
@@ -235,10 +235,6 @@ def sweep_findings(root: Path, params: Mapping, envs: Mapping[str, dict], live: 
         notes.append(f"{', '.join(elsewhere)}: made on another machine than this one, so not made again from this "
                      "run store (its float order differs)")
     return problems, notes
-
-
-def _same(a, b) -> bool:
-    return a == b or (a is not None and b is not None and math.isnan(a) and math.isnan(b))
 
 
 def _remake(root: Path, scratch: Path, stage: Mapping, store: Path) -> tuple[bool, str]:

@@ -6,7 +6,8 @@ scale for attention statistics: stats.log_scale) a rerun of n seeds is
 
   SAME           its shift from the reference is shown inside ±margin (TOST, `stats.margin_p`),
   DIFFERENT      its shift is shown beyond the margin (one-sided, beyond the nearer edge),
-  INCONCLUSIVE   neither; with the rerun seeds that would decide it at the shift observed.
+  INCONCLUSIVE   neither; with the rerun seeds that would decide it at the shift observed (at the alpha
+                 --decide spends per look).
 
 Holm's step-down over the family spends alpha once for SAME and once for DIFFERENT, so neither
 answer is given wrongly for any endpoint with probability above alpha; `looks` > 1 (attnrepro check
@@ -27,6 +28,7 @@ from attnrepro.stats import (ALPHA, LOOKS, Band, flatten, holm_adjusted, log_sca
 SAME, DIFFERENT, INCONCLUSIVE, MISSING = "SAME", "DIFFERENT", "INCONCLUSIVE", "MISSING"
 INVALID = "NOT A NUMBER"  # the run's value is nan, inf, or not positive on a log scale: a problem
 MAX_ENDPOINTS = 20
+SEEDS_CAP = 100  # INCONCLUSIVE's hint counts rerun seeds up to this
 
 
 class EndpointError(UserError):
@@ -87,7 +89,7 @@ class Judgement:
     shift_sd: Optional[float] = None  # the shift in that sd
     p_same: float = 1.0
     p_different: float = 1.0
-    seeds_needed: Optional[int] = None  # INCONCLUSIVE: the rerun seeds that would decide it
+    seeds_needed: Optional[int] = None  # INCONCLUSIVE: the rerun seeds that would decide it at --decide's alpha
 
     def shift_text(self) -> str:
         if self.shift is None:
@@ -99,8 +101,9 @@ class Judgement:
         if self.answer != INCONCLUSIVE:
             return ""
         if self.seeds_needed is None:
-            return f"not decidable against {self.n_ref} reference seeds at this shift"
-        return f"{self.seeds_needed} seeds would decide it"
+            return f"no number of seeds up to {SEEDS_CAP} decides it against {self.n_ref} reference seeds at this shift"
+        return f"{self.seeds_needed} seeds would decide it" + (
+            f" (--decide stops at the reference's {self.n_ref})" if self.seeds_needed > self.n_ref else "")
 
 
 def seed_values(dists: Mapping[str, dict], key: str) -> list[float]:
@@ -145,9 +148,10 @@ def judge(endpoints: Sequence[Endpoint], reference: Mapping[str, Sequence[float]
         for j, p in zip(judged, holm_adjusted(ps)):
             if p < a:
                 j.answer = kind
-    for j in judged:
+    for j in judged:  # the seeds --decide, the way to add them, would need: at its alpha per look
         if j.answer == INCONCLUSIVE:
-            j.seeds_needed = seeds_to_decide(j.shift, j.ref_sd, j.n_ref, j.endpoint.margin, a / len(judged))
+            j.seeds_needed = seeds_to_decide(j.shift, j.ref_sd, j.n_ref, j.endpoint.margin,
+                                             alpha / len(LOOKS) / len(judged), SEEDS_CAP)
     return out
 
 

@@ -8,8 +8,8 @@ verdicts (metrics/claims.json). The working tree supplies only the run's outputs
 predicates or params edited there are listed (`claims_changes`, `params_changes`), never used
 to judge.
 
-The run's own record is dvc.lock: every metrics/ and plots/ output of the pipeline's stages
-with its md5 (a directory's as DVC computes it, `out_md5`) and every param value each stage
+The run's own record is dvc.lock: every output of the pipeline's stages that git holds (metrics/,
+plots/, report/) with its md5 (a directory's as DVC computes it, `out_md5`) and every param value each stage
 ran with. A file or param that differs from it was edited after the run (`lock_findings`).
 """
 
@@ -28,7 +28,7 @@ import yaml
 
 from attnrepro.config import UserError
 from attnrepro.files import dvc_stages, parse_json, read_yaml_or_none
-from attnrepro.judge.claims import CONCLUSIONS, METRIC_FILES_EXCLUDED, ClaimError, Expectations, Tol, load
+from attnrepro.judge.claims import CONCLUSIONS, METRIC_FILES_EXCLUDED, METRICS, ClaimError, Expectations, Tol, load
 from attnrepro.stats import flatten
 
 
@@ -74,10 +74,15 @@ class Revision:
         return parse_json(self.show(path), f"{self.name}:{path}")
 
     def yaml(self, path: str) -> dict:
+        """A committed YAML file ({} where the revision has none)."""
         try:
-            return yaml.safe_load(self.show(path)) or {}
+            text = self.show(path)
         except UserError:
             return {}
+        try:
+            return yaml.safe_load(text) or {}
+        except yaml.YAMLError as e:
+            raise UserError(f"{self.name}:{path} is not valid YAML ({str(e).splitlines()[0]})") from None
 
     def expectations(self, path: str) -> Expectations:
         """claims.yaml and the predicates beside it as committed (claims.load reads claims.yaml from a
@@ -122,30 +127,31 @@ def device_slug(gpu_name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", gpu_name.lower()).strip("-") or "unknown-gpu"
 
 
-def reference(r: Revision, metrics_dir: str, claims_path: str, run_envs: Optional[dict] = None) -> Reference:
+def reference(r: Revision, claims_path: str, run_envs: Optional[dict] = None) -> Reference:
     """The reference at revision r. Where the run made a GPU_FILES stage on a CUDA device (its machine
     record, `run_envs`) whose GPU reference the revision holds (metrics/gpu/<slug>/<stage>.json and
     env_<stage>.json, as scripts/gpu_check.sh writes them), that stage is judged against it instead."""
     metrics, dists, envs = {}, {}, {}
-    for name in r.files(metrics_dir):
+    held = r.files(METRICS)
+    for name in held:
         stem = Path(name).stem
         if stem not in METRIC_FILES_EXCLUDED:
             metrics.update(flatten(r.json(name), f"{stem}."))
-    for name in r.files(f"{metrics_dir}/dist"):
+    for name in r.files(f"{METRICS}/dist"):
         dists[Path(name).stem] = r.json(name)
-    for name in r.files(f"{metrics_dir}/env"):
+    for name in r.files(f"{METRICS}/env"):
         envs[Path(name).stem] = r.json(name)
     for stem in GPU_FILES:
         env = (run_envs or {}).get(stem) or {}
         if not (str(env.get("device", "")).startswith("cuda") and env.get("gpu_name")):
             continue
-        folder = f"{metrics_dir}/gpu/{device_slug(env['gpu_name'])}"
-        held = r.files(folder)
-        if f"{folder}/{stem}.json" in held and f"{folder}/env_{stem}.json" in held:
+        folder = f"{METRICS}/gpu/{device_slug(env['gpu_name'])}"
+        gpu = r.files(folder)
+        if f"{folder}/{stem}.json" in gpu and f"{folder}/env_{stem}.json" in gpu:
             metrics = {k: v for k, v in metrics.items() if not k.startswith(f"{stem}.")}
             metrics.update(flatten(r.json(f"{folder}/{stem}.json"), f"{stem}."))
             envs[stem] = r.json(f"{folder}/env_{stem}.json")
-    verdicts = r.json(f"{metrics_dir}/claims.json") if f"{metrics_dir}/claims.json" in r.files(metrics_dir) else {}
+    verdicts = r.json(f"{METRICS}/claims.json") if f"{METRICS}/claims.json" in held else {}
     return Reference(r.label, r.name, metrics, dists, envs, r.yaml("params.yaml"), verdicts, r.expectations(claims_path))
 
 
@@ -293,8 +299,7 @@ def get_leaf(d, path: tuple):
     return d
 
 
-def lock_findings(root: Path, metrics_dir: str = "metrics",
-                  reference_lock: Optional[dict] = None) -> tuple[list[str], list[str]]:
+def lock_findings(root: Path, reference_lock: Optional[dict] = None) -> tuple[list[str], list[str]]:
     """(problems, notes): each metrics/, plots/ and report/ output (what git holds) and each param that differs from what dvc.lock
     recorded for the stages of dvc.yaml (a stale lock entry of a stage dvc.yaml no longer has is ignored),
     and each metrics file no stage recorded, are problems; except that a param only stages that were not
@@ -310,7 +315,7 @@ def lock_findings(root: Path, metrics_dir: str = "metrics",
         return ["dvc.lock is not valid YAML: the outputs cannot be matched with the run that made them"], []
     stages, trees = dvc_stages(root, required=False), {}
     current = {n: st for n, st in (lock.get("stages") or {}).items()
-               if n in stages or ("@" in n and any(k in stages.get(n.split("@")[0], {}) for k in ("foreach", "matrix")))}
+               if n in stages}
     problems, notes, recorded, params_seen, ran_with_now = [], [], set(), {}, {}
     theirs = (reference_lock or {}).get("stages") or {}
     not_rerun = {n for n, st in current.items()
@@ -319,7 +324,7 @@ def lock_findings(root: Path, metrics_dir: str = "metrics",
         for out in st.get("outs") or []:
             path = str(out.get("path", ""))
             recorded.add(path)
-            if not (path == "report" or path.startswith((f"{metrics_dir}/", "plots/", "report/"))):  # git holds these
+            if not (path == "report" or path.startswith((f"{METRICS}/", "plots/", "report/"))):  # git holds these
                 continue
             if not (root / path).exists():
                 problems.append(f"{path} is missing (dvc.lock records it as an output of {name})")
@@ -346,7 +351,7 @@ def lock_findings(root: Path, metrics_dir: str = "metrics",
         else:
             problems.append(f"{file} {leaf} was edited after the run ({listed(names, 3)} ran with {ran}, it now "
                             f"reads {now})")
-    for f in sorted(p for sub in ("", "dist/", "env/") for p in (root / metrics_dir).glob(f"{sub}*.json")):
+    for f in sorted(p for sub in ("", "dist/", "env/") for p in (root / METRICS).glob(f"{sub}*.json")):
         rel = f.relative_to(root).as_posix()
         if rel not in recorded and not any(rel.startswith(r + "/") for r in recorded):
             problems.append(f"{rel} is an output of no stage in dvc.lock: not made by the run")

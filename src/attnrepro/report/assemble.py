@@ -35,7 +35,7 @@ from attnrepro.experiments.comparison import (diagnostics_figure, headline_markd
 from attnrepro.files import read_json
 from attnrepro.formatting import dig, fmt, md_table
 from attnrepro.judge import endpoints
-from attnrepro.judge.claims import (ClaimResult, claims_json, counts, evaluate_all, kind, load, load_dists, load_envs,
+from attnrepro.judge.claims import (ClaimResult, claims_json, counts, evaluate_all, kind, load, load_json_dir,
                                     load_metrics_dir, tally_lines)
 from attnrepro.model.attention_impl import BUILTIN
 from attnrepro.report.claims_tables import experiment_markdown, this_run_text
@@ -316,8 +316,8 @@ def build(claims_path: Path, metrics_dir: Path, plots_dir: Path, pairs, smooth: 
     """pairs: [(d_head, {scaled: variant})]; plots_href: plots_dir as seen from the report's folder."""
     exp = load(claims_path)
     flat = load_metrics_dir(metrics_dir)
-    dists = load_dists(metrics_dir / "dist")
-    envs = load_envs(metrics_dir / "env")
+    dists = load_json_dir(metrics_dir / "dist")
+    envs = load_json_dir(metrics_dir / "env")
     results = evaluate_all(exp, flat, dists, envs)
     c = counts(results)
     series = {}

@@ -107,9 +107,9 @@ def one_seed_power(src: Sources, dist: dict) -> str:
     one, ten = sorted(r["shift_sd_1"] for r in rows), sorted(r["shift_sd_10"] for r in rows)
     return (f"What `attnrepro check` can see: it calls one of the {len(rows)} primary endpoints DIFFERENT (80% power) "
             f"from one rerun seed only once it moves {one[0]:.1f} to {one[-1]:.1f} reference seed sd, its equivalence "
-            f"margin included; from ten seeds (`--decide`), {ten[0]:.1f} to {ten[-1]:.1f}. Smaller shifts pass as SAME "
-            "or INCONCLUSIVE: the golden tests, not the check, catch a change of the computation itself "
-            "([docs/VERDICT.md](docs/VERDICT.md)).")
+            f"margin included; from ten seeds judged at once, {ten[0]:.1f} to {ten[-1]:.1f} (`--decide` reaches ten in "
+            "four looks, each at a quarter of alpha: somewhat more). Smaller shifts pass as SAME or INCONCLUSIVE: the "
+            "golden tests, not the check, catch a change of the computation itself ([docs/VERDICT.md](docs/VERDICT.md)).")
 
 
 def results(src: Sources) -> str:
