@@ -653,18 +653,18 @@ def test_what_the_check_prints_while_it_works_goes_to_stderr(repo, capfd, monkey
 
 
 def test_the_projects_own_findings_are_counted_apart_from_the_chapters_conclusions():
-    """judge.claims.OWN_FINDINGS (the sensitivity sweep's pre-registered entries): their own "findings" line, never in
-    the chapter's "conclusions" count; one the reference does not reproduce is named under its own line."""
+    """A conclusion registered with own=True (the sensitivity sweep's pre-registered entry, QK-norm's findings): its
+    own "findings" line, never in the chapter's "conclusions" count; one the reference does not reproduce is named
+    under its own line."""
     from attnrepro.judge.check import Outcome, render
-    from attnrepro.judge.claims import OWN_FINDINGS, Claim, ClaimResult
+    from attnrepro.judge.claims import Claim, ClaimResult
 
-    def result(experiment, cid, status):
-        return ClaimResult(Claim(f"{experiment}.{cid}", experiment, "conclusion", "t"), status)
+    def result(experiment, cid, status, own=False):
+        return ClaimResult(Claim(f"{experiment}.{cid}", experiment, "conclusion", "t", own=own), status)
 
     results = [result("train", "a", "pass"), result("train", "b", "pass"), result("heads", "c", "fail"),
-               result("kv_cache", "d", "skipped"), result("sensitivity", "e", "pass"),
-               result("sensitivity", "f", "fail")]
-    assert OWN_FINDINGS == ("sensitivity",)
+               result("kv_cache", "d", "skipped"), result("qknorm", "e", "pass", own=True),
+               result("sensitivity", "f", "fail", own=True)]
     o = Outcome([], results, {}, {}, not_reproduced=["heads.c", "sensitivity.f"])
     lines = render(o).splitlines()
     conclusions = next(i for i, line in enumerate(lines) if line.startswith("  conclusions "))
@@ -672,7 +672,8 @@ def test_the_projects_own_findings_are_counted_apart_from_the_chapters_conclusio
         "  conclusions 2 of 3 hold (the chapter's; each on this run and, where a stage has seeds, on most of the "
         "reference's seeds), 1 skipped (need a GPU)",
         "              1 not reproduced, as on the reference: heads.c",
-        "  findings    1 of 2 hold (this project's own, pre-registered: the sensitivity sweep)",
+        "  findings    1 of 2 hold (this project's own, not the chapter's: the sensitivity sweep's pre-registered one, "
+        "QK-norm's)",
         "              1 not reproduced, as on the reference: sensitivity.f"]
     o = Outcome([], results[:4], {}, {})
     assert not any(line.startswith("  findings") for line in render(o).splitlines())  # none: no line

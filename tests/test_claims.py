@@ -80,6 +80,17 @@ def test_bad_predicates_are_one_line_errors(tmp_path, claim, msg):
         C.load(write(tmp_path, {"a": {"section": "s"}}, predicates(claim)))
 
 
+def test_own_marks_a_conclusion_as_this_projects_finding(tmp_path):
+    """@claim(..., own=True): judged as a conclusion, counted as a finding; on anything but a conclusion, one line."""
+    src = predicates(("a", "conclusion", "c", "t", "True"))
+    src += '\n\n@claim("a", "conclusion", "f", "t", own=True)\ndef f(m):\n    return True\n'
+    exp = C.load(write(tmp_path, {"a": {"section": "s"}}, src))
+    assert [(c.id, C.kind(c)) for c in exp.claims] == [("a.c", "conclusion"), ("a.f", "finding")]
+    bad = predicates(("a", "checksum", "k", "t", "True")).replace("requires=None)", "requires=None, own=True)")
+    with pytest.raises(C.ClaimError, match=r"own=True, expected True \(a conclusion only\) or False"):
+        C.load(write(tmp_path, {"a": {"section": "s"}}, bad))
+
+
 @pytest.mark.parametrize("text,value,ref,ok", [
     ("exact", 2.0, 2.0, True), ("exact", 2.0000001, 2.0, False),
     ("±0.1", 2.09, 2.0, True), ("±0.1", 2.11, 2.0, False),

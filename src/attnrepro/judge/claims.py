@@ -152,6 +152,7 @@ class Claim:
     match: Optional["Match"] = None  # a matched table's cell: its row is matched with one of ours
     row: str = ""  # table cells: the published row and column
     col: str = ""
+    own: bool = False  # a conclusion that is this project's finding, not the chapter's (@claim(..., own=True))
 
     @property
     def gate(self) -> bool:
@@ -376,6 +377,8 @@ def predicates(text: str, where: str, sections: Mapping[str, str]) -> list[Claim
             raise ClaimError(f"{here}: class {cls!r}, expected conclusion or checksum (published values are tables)")
         if e.get("requires") not in REQUIRES:
             raise ClaimError(f"{here}: requires={e.get('requires')!r}, expected cuda, cpu or nothing")
+        if e.get("own", False) not in (True, False) or (e.get("own") and cls != "conclusion"):
+            raise ClaimError(f"{here}: own={e.get('own')!r}, expected True (a conclusion only) or False")
         body = node.body[1:] if ast.get_docstring(node) is not None else node.body
         sides = None
         if len(body) == 1 and isinstance(body[0], ast.Return) and isinstance(body[0].value, ast.Compare) \
@@ -388,7 +391,8 @@ def predicates(text: str, where: str, sections: Mapping[str, str]) -> list[Claim
         out.append(Claim(f"{exp}.{cid}", exp, cls, _text(e.get("text"), f"{here}: text"),
                          predicate=e["fn"], source=" ".join(source.split()), sides=sides,
                          code="\n".join([ast.dump(node.args), *(ast.dump(b) for b in body), *shared]),
-                         requires=e.get("requires"), note=" ".join(str(e.get("note") or "").split())))
+                         requires=e.get("requires"), note=" ".join(str(e.get("note") or "").split()),
+                         own=bool(e.get("own"))))
     return out
 
 
@@ -794,13 +798,12 @@ def accounts(metrics: Mapping[str, float], row: str, published: float, half: flo
                         {k: metrics[f"{row}.{k}"] for k in ROW_KEYS if f"{row}.{k}" in metrics}, published, half)
 
 
-OWN_FINDINGS = ("sensitivity",)  # experiments whose conclusions are this project's findings, not the chapter's
 KINDS = ("conclusion", "finding", "checksum", "value")  # how the verdict counts claims
 
 
 def kind(claim: Claim) -> str:
-    """The verdict's count a claim belongs to: a conclusion of OWN_FINDINGS's experiments is a finding."""
-    return "finding" if claim.cls == "conclusion" and claim.experiment in OWN_FINDINGS else claim.cls
+    """The verdict's count a claim belongs to: a conclusion of this project's own (`own`) is a finding."""
+    return "finding" if claim.cls == "conclusion" and claim.own else claim.cls
 
 
 def counts(results: list[ClaimResult]) -> dict:
@@ -827,8 +830,8 @@ def tally_lines(c: dict) -> dict[str, str]:
     lines = {"conclusion": f"conclusions {c['conclusion']['passed']} of {judged('conclusion')} hold (the chapter's; "
                            f"each on this run and, where a stage has seeds, on most of the reference's seeds)"
                            f"{skipped('conclusion')}",
-             "finding": f"findings    {c['finding']['passed']} of {judged('finding')} hold (this project's own, "
-                        f"pre-registered: the sensitivity sweep){skipped('finding')}",
+             "finding": f"findings    {c['finding']['passed']} of {judged('finding')} hold (this project's own, not "
+                        f"the chapter's: the sensitivity sweep's pre-registered one, QK-norm's){skipped('finding')}",
              "checksum": f"checksums   {c['checksum']['passed']} of {judged('checksum')} hold (true by construction)",
              "value": f"published   {c['value']['passed']} of {judged('value')} published values inside our band or "
                       f"tolerance; of the others {c['value']['unexplained']} unexplained (informational)"}

@@ -1,10 +1,11 @@
 """The chapter's conclusions and this repository's checksums, as plain Python predicates.
 
 Each function below is one claim of claims.yaml's experiment <experiment>, registered by
-`@claim(experiment, cls, id, text, requires=None, note="")`:
+`@claim(experiment, cls, id, text, requires=None, note="", own=False)`:
 
     conclusion   a finding of the chapter; gated: it must hold on the run and on more than half
-                 of the seeds of the reference distribution of the files it reads
+                 of the seeds of the reference distribution of the files it reads. With own=True,
+                 this project's finding instead (judged alike, counted apart from the chapter's)
     checksum     true by construction (a count, an identity, an IEEE fact, an injected bug's
                  invariant); gated, counted apart
 
@@ -27,11 +28,12 @@ import math
 CLAIMS = []  # one dict per claim, in the order of this file (the order within an experiment)
 
 
-def claim(experiment, cls, id, text, requires=None, note=""):
-    """Register the function below as claim <experiment>.<id> of class `cls`."""
+def claim(experiment, cls, id, text, requires=None, note="", own=False):
+    """Register the function below as claim <experiment>.<id> of class `cls` (`own`: a conclusion that is this
+    project's finding, not the chapter's)."""
     def register(fn):
         CLAIMS.append({"experiment": experiment, "cls": cls, "id": id, "text": text, "requires": requires,
-                       "note": note, "fn": fn})
+                       "note": note, "own": own, "fn": fn})
         return fn
     return register
 
@@ -436,7 +438,7 @@ def init_logits_of_layernorm_instead(m):
 @claim("qknorm", "conclusion", "l2_gain_instead_prevents_the_collapse",
        "Finding: QK-norm in place of 1/sqrt(d_k), in Henry et al.'s form (unit q and k, a learned gain "
        "from 11.98), prevents the collapse on every seed (final entropy above 0.1; the unscaled model's "
-       "is below 0.01)")
+       "is below 0.01)", own=True)
 def l2_gain_instead_prevents_the_collapse(m):
     return (m["qknorm.l2_gain_instead.entropy_final.min"] > 0.1
             and m["qknorm.d256_unscaled.entropy_final.max"] < 0.01)
@@ -444,7 +446,7 @@ def l2_gain_instead_prevents_the_collapse(m):
 
 @claim("qknorm", "conclusion", "l2_gain_instead_loss",
        "Finding: ... and ends with a lower loss than the unscaled model on every seed, but higher than "
-       "the scaled model's mean")
+       "the scaled model's mean", own=True)
 def l2_gain_instead_loss(m):
     return (m["qknorm.l2_gain_instead.loss_final.max"] < m["qknorm.d256_unscaled.loss_final.min"]
             and m["qknorm.l2_gain_instead.loss_final.mean"] > m["qknorm.d256_scaled.loss_final.mean"])
@@ -452,7 +454,7 @@ def l2_gain_instead_loss(m):
 
 @claim("qknorm", "conclusion", "layernorm_instead_stays_saturated",
        "Finding: LayerNorm QK-norm with no scale at all does not prevent it: its attention ends nearly "
-       "saturated (mean final entropy below 0.1)")
+       "saturated (mean final entropy below 0.1)", own=True)
 def layernorm_instead_stays_saturated(m):
     return m["qknorm.layernorm_instead.entropy_final.mean"] < 0.1
 
@@ -461,7 +463,7 @@ def layernorm_instead_stays_saturated(m):
 
 @claim("sensitivity", "conclusion", "block_32_moves_the_failures_table",
        "Finding: 32-token blocks move the failures table's correct model toward the published symptoms, each "
-       "significant after Holm's correction over all cells (diagonal weight up, entropy down)")
+       "significant after Holm's correction over all cells (diagonal weight up, entropy down)", own=True)
 def block_32_moves_the_failures_table(m):
     return (m["sensitivity.failures_correct.diag_weight.block_32.significant"] == 1
             and m["sensitivity.failures_correct.diag_weight.block_32.diff"] > 0

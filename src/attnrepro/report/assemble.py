@@ -497,7 +497,7 @@ def verdict_markdown(exp, results: list[ClaimResult], flat: dict, dists: dict, e
         md.append("")
     own = [r for r in results if kind(r.claim) == "finding" and r.status == "fail"]
     if own:
-        md.append("This project's own pre-registered finding" + ("s" if len(own) > 1 else "") + " not holding: "
+        md.append("This project's own finding" + ("s" if len(own) > 1 else "") + " not holding: "
                   + ", ".join(f"`{r.claim.id}`" for r in own) + " (the sensitivity section).\n")
     spent = run_hours(envs, sorted(envs))
     md.append(f"**Compute spent:** {spent[1]:.1f} h of run wall time over {spent[0]} training runs (a run shared by two "
