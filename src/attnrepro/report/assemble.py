@@ -170,9 +170,9 @@ SECTIONS: tuple[Section, ...] = (
 def _claims_sentence(rs: list[ClaimResult]) -> str:
     """How this section's claims came out, in words."""
     parts = []
-    for cls, word in (("conclusion", "conclusions hold"), ("checksum", "checksums hold"),
-                      ("value", "published values lie inside our band or tolerance")):
-        xs = [r for r in rs if r.claim.cls == cls and r.status != "skipped"]
+    for k, word in (("conclusion", "conclusions hold"), ("finding", "findings of this project's own hold"),
+                    ("checksum", "checksums hold"), ("value", "published values lie inside our band or tolerance")):
+        xs = [r for r in rs if kind(r.claim) == k and r.status != "skipped"]
         if xs:
             parts.append(f"{sum(r.passed for r in xs)} of {len(xs)} {word}")
     failed = [r.claim.id for r in rs if r.claim.cls == "conclusion" and r.status == "fail"]
