@@ -220,7 +220,7 @@ def test_a_deleted_env_record_is_a_problem_and_keeps_the_exact_verdict(repo, cap
     rc, out = check(repo, capsys)
     assert rc == 1
     assert "- metrics/env/train.json is missing: the machine train ran on is unknown (judged as the reference's)" in out
-    assert "exact verdict (same machine and params as the reference): init, latency, sweep, train" in out
+    assert "exact verdict (made as the reference's: same machine records and params): init, latency, sweep, train" in out
     assert "metric train.scaled.loss_final = 3.72 drifted from 3.7 (exact)" in out
 
 
@@ -279,7 +279,7 @@ def test_a_stage_the_reference_never_ran_is_judged_without_a_crash(repo, capsys)
     dump(repo / "metrics/extra.json", {"a": 1.0})
     rc, out = check(repo, capsys)  # relocked: extra in this lock only
     assert rc == 0, out
-    assert "exact verdict (same machine and params as the reference): extra, init, latency, sweep, train" in out
+    assert "exact verdict (made as the reference's: same machine records and params): extra, init, latency, sweep, train" in out
 
 
 def test_a_thread_count_is_the_machines_not_the_protocols(repo, live, capsys):
@@ -294,7 +294,7 @@ def test_a_thread_count_is_the_machines_not_the_protocols(repo, live, capsys):
 def test_a_rerun_here_with_its_own_record_is_judged_by_the_live_machine(repo, live, capsys):
     """A rerun rewrites its record (another git revision, say): the live machine and the record's threads decide."""
     edit(repo, "env/train", lambda d: d.update(git_revision="abc"))
-    assert check(repo, capsys)[1].count("exact verdict (same machine and params as the reference): init, latency, "
+    assert check(repo, capsys)[1].count("exact verdict (made as the reference's: same machine records and params): init, latency, "
                                         "sweep, train") == 1
     edit(repo, "env/train", lambda d: d.update(torch_threads=2))
     rc, out = check(repo, capsys)

@@ -471,7 +471,8 @@ def metric_problems(rows: list[Row], label: str) -> list[str]:
     return out
 
 
-def changes(revision: Revision, ref: Reference, root: Path, claims_path: str, params: dict, cur_dists: dict) -> list[str]:
+def changes(revision: Revision, ref: Reference, root: Path, claims_path: str, params: dict,
+            cur_dists: dict) -> list[str]:
     """The first lines: what the working tree (and HEAD's commits, against an older revision) change of the
     reference. The verdict uses the revision's files whatever they say."""
     lines = []
@@ -584,16 +585,18 @@ def render(o: Outcome, show_all: bool = False) -> str:
             lines.append(f"              {len(missed)} not reproduced, as on the reference: " + ", ".join(missed))
     if o.endpoints:
         lines.append(f"  {endpoints.summary_line(o.endpoints)}")
+    n_exact = sum(r.how.startswith("exact") for r in gated)
+    how = ([f"{n_exact} exact"] if n_exact else []) + (
+        [f"{len(gated) - n_exact} to their drift tolerance"] if len(gated) > n_exact else [])
+    shown = {"band, not gated": "with seeds (band and z shown)", "timing, not gated": "timings",
+             "not gated": "informational"}
+    free = [f"{n} {word}" for kind_of, word in shown.items() if (n := sum(r.how == kind_of for r in o.rows))]
     lines.append(f"  metrics     {sum(not r.failure for r in gated)} of {len(gated)} gated metrics hold "
-                 f"({sum(r.how.startswith('exact') for r in gated)} exact, the others to their drift tolerance); "
-                 f"not gated: "
-                 f"{sum(r.how == 'band, not gated' for r in o.rows)} with seeds (band and z shown), "
-                 f"{sum(r.how == 'timing, not gated' for r in o.rows)} timings, "
-                 f"{sum(r.how == 'not gated' for r in o.rows)} informational")
+                 f"({', '.join(how) or 'none'})" + (f"; not gated: {', '.join(free)}" if free else ""))
     if "value" in tally:
         lines.append(f"  {tally['value']}")
     if exact:
-        lines.append(f"  exact verdict (same machine and params as the reference): {', '.join(exact)}")
+        lines.append(f"  exact verdict (made as the reference's: same machine records and params): {', '.join(exact)}")
     reasons: dict[str, list[str]] = {}
     for f in stat:
         reasons.setdefault(o.why.get(f, ""), []).append(f)

@@ -9,8 +9,8 @@ predicates or params edited there are listed (`claims_changes`, `params_changes`
 to judge.
 
 The run's own record is dvc.lock: every output of the pipeline's stages that git holds (metrics/,
-plots/, report/) with its md5 (a directory's as DVC computes it, `out_md5`) and every param value each stage
-ran with. A file or param that differs from it was edited after the run (`lock_findings`).
+plots/, report/) with its md5 (a directory's as DVC computes it, `out_md5`) and every param value
+each stage ran with. A file or param that differs from it was edited after the run (`lock_findings`).
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ from attnrepro.experiments import (charlm, choices, comparison, critical, failur
 from attnrepro.experiments.comparison import (diagnostics_figure, headline_markdown, loss_figure, modes_markdown,
                                               pairs_by_dhead)
 from attnrepro.files import read_json
-from attnrepro.formatting import dig, fmt, md_table
+from attnrepro.formatting import dig, fmt, fmt_number, md_table
 from attnrepro.judge import endpoints
 from attnrepro.judge.claims import (ClaimResult, claims_json, counts, evaluate_all, kind, load, load_json_dir,
                                     load_metrics_dir, tally_lines)
@@ -165,6 +165,16 @@ SECTIONS: tuple[Section, ...] = (
             "A four-block character-level model trained on eight sentences; loss curves, attention maps and its "
             "greedy and sampled continuations."),
 )
+
+
+def _not_holding(r: ClaimResult) -> str:
+    """Why a conclusion does not hold, in words: on this run (its two sides), and on the reference's seeds, where
+    it falls short of the majority it needs."""
+    parts = [f"{fmt_number(r.value)} vs {fmt_number(r.bound)} on this run"] if r.value is not None and \
+        r.bound is not None else []
+    if r.seeds_n and 2 * r.seeds_held <= r.seeds_n:
+        parts.append(f"it holds on only {r.share_text()}, short of the majority it needs")
+    return "; ".join(parts) or this_run_text(r)
 
 
 def _claims_sentence(rs: list[ClaimResult]) -> str:
@@ -478,7 +488,8 @@ def verdict_markdown(exp, results: list[ClaimResult], flat: dict, dists: dict, e
           "",
           f"**Does this run match the reference?** Of the {len(judged)} primary endpoints judged against the committed "
           f"reference seeds (metrics/dist/), {e['DIFFERENT']} differ beyond their margin, {e['SAME']} are shown the "
-          f"same and {e['INCONCLUSIVE']} cannot be told apart at one run (their power: the appendix). `attnrepro "
+          f"same and {e['INCONCLUSIVE']} are undecided at one run (INCONCLUSIVE: shown neither within their margin nor "
+          "beyond it; their power: the appendix). `attnrepro "
           "check` gives the full answer from git, exact on the reference's machine.\n",
           "```", *[tally[k] for k in ("conclusion", "finding", "checksum") if k in tally]]
     if judged:
@@ -492,7 +503,7 @@ def verdict_markdown(exp, results: list[ClaimResult], flat: dict, dists: dict, e
         md.append("**Not reproduced, and why**\n")
         for r in failed:
             cause = exp.causes.get(r.claim.id)
-            why = f"Measured cause: {cause.text(flat)}." if cause else f"Ours: {this_run_text(r)}. No measured cause."
+            why = f"Measured cause: {cause.text(flat)}." if cause else f"Ours: {_not_holding(r)}. No measured cause."
             md.append(f"- `{r.claim.id}` ({r.claim.text.split(':', 1)[0]}). {why}")
         md.append("")
     own = [r for r in results if kind(r.claim) == "finding" and r.status == "fail"]
