@@ -140,10 +140,17 @@ def another_machine(root: Path, live: dict) -> None:
         dump(root / f"metrics/env/{f}.json", AMD)
 
 
+def test_a_pass_judged_statistically_claims_no_more_than_nothing_shown_to_differ(repo, live, capsys):
+    another_machine(repo, live)
+    rc, out = check(repo, capsys)
+    assert rc == 0 and out.splitlines()[0] == "check: PASS — nothing in this run is shown to differ from the reference (HEAD)"
+    assert "INCONCLUSIVE" in out
+
+
 def test_the_reference_itself_passes_exactly_and_the_verdict_comes_first(repo, capsys):
     rc, out = check(repo, capsys)
     assert rc == 0
-    assert out.splitlines()[0].startswith("check: PASS")
+    assert out.splitlines()[0] == "check: PASS — this run reproduces the reference (HEAD) exactly"
     assert "exact verdict (made as the reference's: same machine records and params): init, latency, sweep, train" in out
     # the primary endpoints: this run (one value) against the reference's 5 seeds, within ±0.2 shown
     assert "  primary     2 endpoints: 1 SAME, 0 DIFFERENT, 1 INCONCLUSIVE" in out

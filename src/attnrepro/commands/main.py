@@ -75,9 +75,10 @@ COMMANDS = {
 }
 
 EPILOG = """\
-exit status: 0 the run reproduces the reference; 1 it does not (a primary endpoint
-DIFFERENT, an output or param edited after the run, a metric missing or drifted, a
-conclusion or checksum that fails: each is listed); 2 bad usage or input.
+exit status: 0 PASS: the run reproduces the reference exactly, or (judged statistically)
+nothing in it is shown to differ; 1 FAIL (a primary endpoint DIFFERENT, an output or param
+edited after the run, a metric missing or drifted, a conclusion or checksum that fails: each
+is listed); 2 bad usage or input.
 
 Two questions: on the reference's kind of machine with its params every metric must be
 identical; everywhere, the primary endpoints of the reference's claims.yaml are judged

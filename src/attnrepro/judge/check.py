@@ -572,9 +572,13 @@ def render(o: Outcome, show_all: bool = False) -> str:
     gated = [r for r in o.rows if r.verdict not in ("info", "new", "skipped")]
     exact = sorted(f for f, m in o.modes.items() if m == "exact")
     stat = sorted(f for f, m in o.modes.items() if m == "statistical")
-    lines = [f"check: {'PASS' if o.ok else 'FAIL'} — this run "
-             + ("reproduces" if o.ok else "does not reproduce") + f" the reference ({o.label})"
-             + ("" if o.ok else f": {len(o.problems)} problem(s), listed below")]
+    if not o.ok:
+        first = f"FAIL — this run does not reproduce the reference ({o.label}): {len(o.problems)} problem(s), listed below"
+    elif exact and not stat:
+        first = f"PASS — this run reproduces the reference ({o.label}) exactly"
+    else:  # judged statistically somewhere: nothing shown different, which is less than shown the same
+        first = f"PASS — nothing in this run is shown to differ from the reference ({o.label})"
+    lines = [f"check: {first}"]
     lines += [f"  {n}" for n in o.notes] + [""]
     tally = tally_lines(c)
     for k in ("conclusion", "finding", "checksum"):  # published values after the metrics
