@@ -50,7 +50,8 @@ def test_three_answers():
     assert j.seeds_needed == 6 and seeds_to_decide(j.shift, j.ref_sd, 10, 1.0, ALPHA) == 3
     far = E.judge([ep("m.x", "±1")], {"m.x": REF}, {"m.x": [1.8]})[0]
     assert far.need_text() == "14 seeds would decide it (--decide stops at the reference's 10)"
-    assert got["m.inc"].need_text() == "no number of seeds up to 100 decides it against 10 reference seeds at this shift"
+    assert got["m.inc"].need_text() == ("no number of seeds up to 100 decides it: the shift lies about as near its "
+                                        "margin as the reference's own 10 seeds can resolve")
     assert (got["m.nan"].n, got["m.nan"].n_ref, got["m.nan"].shift) == (2, 10, None)
     assert E.summary(got.values()) == {"SAME": 1, "DIFFERENT": 1, "INCONCLUSIVE": 1, "MISSING": 1, "NOT A NUMBER": 1}
 

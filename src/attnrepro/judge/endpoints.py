@@ -101,7 +101,8 @@ class Judgement:
         if self.answer != INCONCLUSIVE:
             return ""
         if self.seeds_needed is None:
-            return f"no number of seeds up to {SEEDS_CAP} decides it against {self.n_ref} reference seeds at this shift"
+            return (f"no number of seeds up to {SEEDS_CAP} decides it: the shift lies about as near its margin as "
+                    f"the reference's own {self.n_ref} seeds can resolve")
         return f"{self.seeds_needed} seeds would decide it" + (
             f" (--decide stops at the reference's {self.n_ref})" if self.seeds_needed > self.n_ref else "")
 
