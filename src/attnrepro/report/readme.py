@@ -73,8 +73,9 @@ def headline(src: Sources) -> str:
     dist = src.metrics("dist/train")
     stats = dist["stats"]
     e222 = stats["d256_unscaled.entropy_step222"]
-    falls = [math.log10(run["d256_unscaled"]["jacobian_fro_step0"] / run["d256_unscaled"]["jacobian_fro_step1480"])
-             for run in dist["runs"].values()]  # the chapter's measure: step 0 against the last diagnostics step
+    train = from_dict(TrainConfig, src.params()["train"], prefix="train")
+    falls = [choices.cells(run, comparison.pairs_by_dhead(train), train.diag_steps)["jacobian_fall_orders"]
+             for run in dist["runs"].values()]  # the chapter's measure, as the choices arms read it
     held = (src.metrics("claims").get("train.d256_jacobian_vanishes") or {}).get("pass")
     lo, hi = comparison.ratio_interval(dist)
     ratio_iv = f"[{lo:.1f}, {hi:.1f}], is wide" if math.isfinite(lo) else "is unbounded"
