@@ -611,8 +611,8 @@ def render(o: Outcome, show_all: bool = False) -> str:
     if o.problems:
         lines += ["", "problems:"] + [f"- {p}" for p in o.problems]
     if o.endpoints:
-        lines += ["", "primary endpoints (this run's mean against the reference seeds' mean; shift on the log scale "
-                  "as a factor)", ""]
+        lines += ["", "primary endpoints (this run's mean against the reference seeds' mean: geometric means, and the "
+                  "shift as a factor, for those judged on the log scale)", ""]
         lines += md_table(["endpoint", "margin", "seeds (run, ref)", "this run", "reference", "shift", "answer"],
                           [[j.endpoint.metric, j.endpoint.text, f"{j.n}, {j.n_ref}", _md_number(j.run_mean),
                             _md_number(j.ref_mean), j.shift_text(),
