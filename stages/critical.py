@@ -53,7 +53,8 @@ def main(st: Stage) -> None:
     q = result.metrics["d_qk"]
     qk_title = (f"ONE VARIABLE ({q['seeds']} seeds): the {q['model']} model, d_model {q['d_model']}, "
                 f"{q['n_head']} head, v width {q['d_head']}; only d_qk moves")
-    critical_figure(result.qk_curve, q["onset"], qk_title, result.curve, result.metrics["onset"],
+    critical_figure(result.qk_curve, q["reading"]["paired_onset"], qk_title, result.curve,
+                    result.metrics["reading"]["paired_onset"],
                     "plots/critical/curve.png", len(cfg.seeds), sorted({r["d_model"] for r in result.rows}))
     designs = {f"one variable: d_qk at d_model {q['d_model']}, {q['n_head']} head": ("d_qk", result.qk_rows),
                "mixed width: d_head with d_model, n_head moving": ("d_head", result.rows)}

@@ -139,6 +139,26 @@ def test_critical_one_variable_curve(repo):
     assert rows[0].startswith("d_qk,") and len(rows) == 5
     refs = (repo / "plots/critical/references.csv").read_text(encoding="utf-8").splitlines()
     assert len(refs) == 1 + 2 * 4  # the chapter's two models at each one-variable seed
+    # the curve read as it is: the paired onset, the shape and the trends are the rules applied to these seeds
+    from attnrepro.stats import curve_shape, paired_onset, trend
+    r = q["reading"]
+    where, p_holm = paired_onset([4, 8, 12, 16], per_seed[[4, 8, 12, 16]].to_numpy())
+    assert r["paired_onset"]["reached"] == int(where is not None)
+    assert list(r["paired_onset"]["p_holm"].values()) == pytest.approx(p_holm)
+    at = None if where is None else [4, 8, 12, 16].index(int(where[1]))
+    assert r["shape"]["shape"] == curve_shape([4, 8, 12, 16], per_seed[[4, 8, 12, 16]].to_numpy(), at)["shape"]
+    assert r["trend"]["gap_loss_final_all"]["slope"] == pytest.approx(
+        trend([4, 8, 12, 16], per_seed[[4, 8, 12, 16]].to_numpy())["slope"], rel=1e-6)
+    for t in r["trend"].values():
+        assert t["ci_lo"] <= t["slope"] <= t["ci_hi"] and t["p"] <= t["p_holm"] <= 1
+    assert "unscaled_entropy_final_l1" in q["dqk4"]  # layer 1 is measured too
+    m = load(repo, "critical")
+    assert "paired_onset" in m["reading"]
+    from attnrepro.experiments.critical import SHAPES, answer, report_markdown
+    text = report_markdown(m)
+    assert "By the paired rule" in text or "By the paired rule no d_qk" in text
+    assert "The mixed-width curve by the same rule" in text and SHAPES[r["shape"]["shape"]] in answer(m, {}, {})
+    print(text, answer(m, {}, {}), sep="\n")
 
 
 def test_qknorm_forms(repo):

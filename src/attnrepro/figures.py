@@ -195,8 +195,9 @@ def seed_runs_figure(rows: list[dict], variants: Sequence[str], path) -> None:
 
 # ---------------------------------------------------------------- critical d_head
 
-def _curve_panels(a, b, rows: list[dict], x: str, onset: dict, title: str) -> None:
-    """One curve's gap (a) and final layer-0 entropies (b) against grid variable x (mean and range over seeds)."""
+def _curve_panels(a, b, c, rows: list[dict], x: str, onset: dict, title: str) -> None:
+    """One curve against grid variable x (mean and range over seeds): the gap (a), each arm's final loss (b),
+    the final attention entropies (c: layer 0 solid, layer 1 dashed where measured)."""
     d = [r[x] for r in rows]
     a.plot(d, [r["gap_loss_final_mean"] for r in rows], "o-", color="C3", label="gap, mean over seeds")
     a.fill_between(d, [r["gap_loss_final_min"] for r in rows], [r["gap_loss_final_max"] for r in rows],
@@ -206,13 +207,21 @@ def _curve_panels(a, b, rows: list[dict], x: str, onset: dict, title: str) -> No
                   label=f"onset: {x} in ({onset[f'after_{x}']:.0f}, {onset[f'by_{x}']:.0f}]")
     a.set_ylabel("final loss gap (unscaled - scaled)")
     a.set_title(title, fontsize=9)
-    for key, label in (("unscaled_entropy_final", "unscaled"), ("scaled_entropy_final", "scaled")):
-        color = SERIES_COLOURS[label]
-        b.plot(d, [r[f"{key}_mean"] for r in rows], "o-", color=color, label=label)
-        b.fill_between(d, [r[f"{key}_min"] for r in rows], [r[f"{key}_max"] for r in rows], color=color, alpha=0.2, lw=0)
-    b.set_yscale("log")
-    b.set_ylabel("final layer-0 attention entropy")
-    for ax in (a, b):
+    for arm in ("unscaled", "scaled"):
+        color = SERIES_COLOURS[arm]
+        b.plot(d, [r[f"{arm}_loss_final_mean"] for r in rows], "o-", color=color, label=arm)
+        b.fill_between(d, [r[f"{arm}_loss_final_min"] for r in rows], [r[f"{arm}_loss_final_max"] for r in rows],
+                       color=color, alpha=0.2, lw=0)
+        for key, style, layer in ((f"{arm}_entropy_final", "o-", "layer 0"), (f"{arm}_entropy_final_l1", "s--",
+                                                                              "layer 1")):
+            if f"{key}_mean" in rows[0]:
+                c.plot(d, [r[f"{key}_mean"] for r in rows], style, color=color, label=f"{arm}, {layer}")
+                c.fill_between(d, [r[f"{key}_min"] for r in rows], [r[f"{key}_max"] for r in rows], color=color,
+                               alpha=0.12, lw=0)
+    b.set_ylabel("final training loss, each arm")
+    c.set_yscale("log")
+    c.set_ylabel("final attention entropy")
+    for ax in (a, b, c):
         ax.set_xscale("log", base=2)
         ax.set_xticks(d, [str(v) for v in d])
         ax.set_xlabel(x)
@@ -222,9 +231,9 @@ def _curve_panels(a, b, rows: list[dict], x: str, onset: dict, title: str) -> No
 
 def critical_figure(qk_rows: list[dict], qk_onset: dict, qk_title: str, rows: list[dict], onset: dict, path,
                     n_seeds: int, widths: list[int]) -> None:
-    """Top: the one-variable curve (gap and entropies against d_qk, one model); bottom: the mixed-width
-    curve (against d_head, d_model and n_head moving with it), labelled as such."""
-    fig, axes = plt.subplots(2, 2, figsize=(11, 8))
+    """Top: the one-variable curve (gap, each arm's loss and the entropies against d_qk, one model); bottom: the
+    mixed-width curve (against d_head, d_model and n_head moving with it), labelled as such."""
+    fig, axes = plt.subplots(2, 3, figsize=(16, 8))
     _curve_panels(*axes[0], qk_rows, "d_qk", qk_onset, qk_title)
     _curve_panels(*axes[1], rows, "d_head", onset,
                   f"MIXED WIDTH, not one variable ({n_seeds} seeds): d_model ({', '.join(map(str, widths))}) "

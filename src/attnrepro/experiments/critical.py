@@ -28,9 +28,12 @@ from attnrepro.formatting import fmt_number, md_table, zero_note
 from attnrepro.model.transformer import ModelConfig
 from attnrepro.run.engine import require_ok, run_sweep
 from attnrepro.run.engine_settings import EngineConfig
-from attnrepro.stats import ALPHA, describe, find_modes, gap_groups, log_scale, onset_interval, paired_t_p
+from attnrepro.stats import (ALPHA, curve_shape, describe, find_modes, gap_groups, holm_adjusted, log_scale,
+                             onset_interval, paired_onset, paired_t_p, trend)
 
-METRICS = ("loss_final", "val_loss_final", "entropy_final", "logit_std_step0", "trained_logit_std_l0")
+METRICS = ("loss_final", "val_loss_final", "entropy_final", "logit_std_step0", "trained_logit_std_l0",
+           "entropy_final_l1", "trained_logit_std_l1")
+SERIES = ("gap_loss_final", "scaled_loss_final", "unscaled_loss_final")  # the curves whose trends are tested
 
 
 @dataclass
@@ -101,6 +104,9 @@ class CriticalResult:
         out.append(f"  onset (the first d_qk whose mean gap's 95% lower bound exceeds d_qk {first}'s upper bound): "
                    + (f"d_qk in ({self.qk_onset[0]:.0f}, {self.qk_onset[1]:.0f}]" if self.qk_onset
                       else "not within the grid"))
+        sh, po = q["reading"]["shape"], q["reading"]["paired_onset"]
+        out.append("  paired onset: " + (f"d_qk in ({po['after_d_qk']:.0f}, {po['by_d_qk']:.0f}]" if po["reached"]
+                                         else "none") + f"; shape: {sh['shape']}")
         out.append(f"mixed width (d_model and n_head move with d_head; {self.metrics['seeds']} seeds):")
         out += [f"  d_head {row['d_head']:4d}: gap {row['gap_loss_final_mean']:.3f} "
                 f"[{row['gap_loss_final_min']:.3f}, {row['gap_loss_final_max']:.3f}]  "
@@ -146,6 +152,32 @@ def onset_entry(grid: list[int], gaps: pd.DataFrame, name: str) -> tuple[dict, O
     where = onset_interval(grid, gaps[grid].to_numpy())
     return ({"reached": int(where is not None), "alpha": ALPHA,
              **({f"after_{name}": where[0], f"by_{name}": where[1]} if where else {})}, where)
+
+
+def reading(grid: list[int], df: pd.DataFrame, x: str) -> dict:
+    """The curve read as it is (docs/CRITICAL.md, "Reading the curve"; fixed before the grid's points 10,
+    12 and 14 were run): the paired onset of the gap above the first grid point (stats.paired_onset, Holm
+    over the len(grid) - 1 comparisons) with the unscaled logit std at init on either side of it; the gap's
+    shape after it (stats.curve_shape); the trend per doubling of x of the gap and of each arm's final
+    loss, over the whole grid and from the onset on (stats.trend), Holm over those tests."""
+    def table(col):
+        return df.pivot(index="seed", columns=x, values=col)[grid].to_numpy()
+
+    where, p_holm = paired_onset(grid, table("gap_loss_final"))
+    at = grid.index(int(where[1])) if where else None
+    logit = table("unscaled_logit_std_step0").mean(axis=0)
+    onset = {"reached": int(at is not None), "alpha": ALPHA,
+             **({f"after_{x}": where[0], f"by_{x}": where[1], "logit_std_after": float(logit[at - 1]),
+                 "logit_std_by": float(logit[at])} if at is not None else {}),
+             "p_holm": {f"{x}{d}": p for d, p in zip(grid[1:], p_holm)}}
+    shape = curve_shape(grid, table("gap_loss_final"), at)
+    trends = {f"{col}_all": trend(grid, table(col)) for col in SERIES}
+    if at is not None and len(grid) - at >= 3:
+        trends.update({f"{col}_after_onset": trend(grid[at:], table(col)[:, at:]) for col in SERIES})
+    shape.pop("after", None)  # the same test as trends' gap_loss_final_after_onset
+    for t, p in zip(trends.values(), holm_adjusted([t["p"] for t in trends.values()])):
+        t["p_holm"] = p
+    return {"paired_onset": onset, "shape": shape, "trend": trends}
 
 
 def arm_modes(runs: dict, grid: list[int], seeds: list[int], statistic: str) -> dict:
@@ -213,6 +245,7 @@ def run(train: TrainConfig, cfg: CriticalConfig, device: str, engine: EngineConf
     metrics["onset"], where = onset_entry(cfg.d_heads, gaps, "d_head")
     for d in cfg.d_heads[1:]:  # the seeds are shared across d_head: a paired test
         metrics[f"d{d}"][f"gap_vs_d{first}_paired_p"] = paired_t_p(gaps[first], gaps[d])
+    metrics["reading"] = reading(cfg.d_heads, df, "d_head")
     if 2 * first in cfg.d_heads:  # exercise 1: halving the heads at the same d_model
         ratio = df[df.d_head == 2 * first].set_index("seed")["unscaled_logit_std_step0"] / \
             df[df.d_head == first].set_index("seed")["unscaled_logit_std_step0"]
@@ -244,6 +277,7 @@ def run(train: TrainConfig, cfg: CriticalConfig, device: str, engine: EngineConf
         q[f"dqk{d}"]["modes"] = {a: {"n_modes": len(m.groups), "gap_ratio": m.ratio, "p": m.p, "alpha": m.alpha,
                                      "statistic": m.statistic, "seeds": [list(g) for g in m.groups]}
                                  for (dd, a), m in modes.items() if dd == d}
+    q["reading"] = reading(ov.d_qks, qdf, "d_qk")
     metrics["d_qk"] = q
 
     # the chapter's models as reference points: its variants' gaps, paired by d_head and seed
@@ -272,39 +306,95 @@ def _modes_note(e: dict) -> str:
     return "; ".join(out)
 
 
-def one_variable_markdown(q: dict) -> list[str]:
-    """The one-variable curve: design, cost, table and onset (metrics critical.d_qk)."""
+SHAPES = {"plateau": "a threshold, then a plateau",
+          "rising": "a threshold, then still rising",
+          "falling": "a threshold, then falling",
+          "flat or rising": "a threshold, then flat within the seed noise, though a further rise as large as the "
+                            "step is not ruled out",
+          "too few points": "an onset too near the grid's end to read a trend after it",
+          "no onset": "no onset"}
+
+
+def _trend_text(t: dict) -> str:
+    return f"{t['slope']:+.3f} [{t['ci_lo']:+.3f}, {t['ci_hi']:+.3f}] (Holm p {t['p_holm']:.2g})"
+
+
+def reading_markdown(r: dict, x: str, first: int) -> str:
+    """`reading`'s sentences: the paired onset with its logit std at init, the shape, the trends."""
+    o, sh, tr = r["paired_onset"], r["shape"], r["trend"]
+    if not o["reached"]:
+        return (f"By the paired rule no {x} of the grid has a gap above the first point's (one-sided paired t, Holm "
+                f"over the {len(o['p_holm'])} later points): no onset. Trends per doubling of {x} over the grid, nats "
+                f"[95% interval]: gap {_trend_text(tr['gap_loss_final_all'])}.")
+    text = (f"By the paired rule (the first {x} whose gap exceeds that of the grid's first point, one-sided paired t, "
+            f"Holm over the {len(o['p_holm'])} later points) the onset is **{x} in ({o[f'after_{x}']:.0f}, "
+            f"{o[f'by_{x}']:.0f}]**, where the unscaled logit std at init goes from {o['logit_std_after']:.3f} to "
+            f"{o['logit_std_by']:.3f}. Read as it is, the curve shows **{SHAPES[sh['shape']]}**")
+    if "step" in sh:
+        text += (f": a step of {sh['step']:.3f} [{sh['step_ci_lo']:.3f}, {sh['step_ci_hi']:.3f}] nats from "
+                 f"{x} {first}")
+    if "most_rise_after" in sh:
+        text += f", then at most {sh['most_rise_after']:.3f} more over the rest of the grid (the trend's upper bound)"
+    text += (f". Trends in nats per doubling of {x} [95% interval], Holm over the {len(tr)} trend tests; over the "
+             f"whole grid: gap {_trend_text(tr['gap_loss_final_all'])}, scaled loss "
+             f"{_trend_text(tr['scaled_loss_final_all'])}, unscaled loss {_trend_text(tr['unscaled_loss_final_all'])}")
+    if "gap_loss_final_after_onset" in tr:
+        text += (f"; from the onset on: gap {_trend_text(tr['gap_loss_final_after_onset'])}, scaled loss "
+                 f"{_trend_text(tr['scaled_loss_final_after_onset'])}, unscaled loss "
+                 f"{_trend_text(tr['unscaled_loss_final_after_onset'])}")
+    return text + "."
+
+
+def one_variable_markdown(q: dict, mixed: Optional[dict]) -> list[str]:
+    """The one-variable curve: design, cost, table, its reading and onset (metrics critical.d_qk)."""
     rows = sorted((int(k[3:]), v) for k, v in q.items() if k.startswith("dqk") and k[3:].isdigit())
     first = rows[0][0]
     grid = ", ".join(str(d) for d, _ in rows)
     new = 2 * q["seeds"] * sum(d != q["d_head"] for d, _ in rows)  # d_qk = d_head: the seeds stage's own runs
     o = q["onset"]
-    where = (f"**d_qk in ({o['after_d_qk']:.0f}, {o['by_d_qk']:.0f}]**" if o.get("reached")
-             else "**not within the grid** (no d_qk's gap rises beyond that seed noise)")
-    base = ("the d_qk-{0} gap itself is above zero (its 95% lower bound > 0): the rule reads a rise from a gap "
-            "already there".format(first) if o.get("baseline_gap_above_zero")
-            else f"the d_qk-{first} gap is not distinguishable from zero")
-    out = [f"**One variable** (the curve the onset is read on; design, cost, and the first grid's result that "
-           "extended it down argued in `docs/CRITICAL.md`): the "
+    where = (f"d_qk in ({o['after_d_qk']:.0f}, {o['by_d_qk']:.0f}]" if o.get("reached")
+             else "not within the grid")
+    base = ("the d_qk-{0} gap itself is above zero (its 95% lower bound > 0)".format(first)
+            if o.get("baseline_gap_above_zero") else f"the d_qk-{first} gap is not distinguishable from zero")
+    out = [f"**One variable** (the curve the onset is read on; design, cost and the grid's history in "
+           "`docs/CRITICAL.md`): the "
            f"chapter's {q['model']} model (d_model {q['d_model']}, {q['n_head']} head, value width {q['d_head']}) with "
            f"only its per-head query/key width d_qk moving over {grid}, so the scaled arm divides by √d_qk and the "
            "value path, head count and every other weight stay the same; "
            f"{q['seeds']} paired seeds per point, scaled and unscaled ({2 * len(rows) * q['seeds']} runs; {new} to "
-           f"train where the store holds the seeds stage's d_head-{q['d_head']} runs; what they took is the section's "
-           f"cost above). Onset (the first d_qk whose mean gap's 95% lower bound exceeds the d_qk-{first} gap's upper "
-           f"bound, never finer than the grid): {where}; {base}. Modes: each arm's seeds at each d_qk tested on "
-           "their step-222 entropy (stats.find_modes, Bonferroni over the grid), as in the seeds stage.\n"]
-    header = ["d_qk", "gap (unscaled − scaled) [95% CI]", "min, max", "unscaled logit std at init", "unscaled entropy",
-              "scaled entropy", f"p, gap vs d_qk {first} (paired t)", "modes"]
+           f"train where the store holds the seeds stage's d_head-{q['d_head']} runs). Both arms move with d_qk, so "
+           "the gap is the difference of two moving curves; each is shown with its 95% interval over the seeds.\n"]
+    header = ["d_qk", "gap [95% CI]", "scaled loss [95% CI]", "unscaled loss [95% CI]", "unscaled logit std at init",
+              "unscaled entropy l0, l1", "scaled entropy l0", f"Holm p, gap > d_qk {first}", "modes"]
+    r = q.get("reading", {})
+    p_holm = r.get("paired_onset", {}).get("p_holm", {})
+
+    def ci(v):
+        return f"{v['mean']:.3f} [{v['ci95_lo']:.3f}, {v['ci95_hi']:.3f}]"
     table = []
     for d, v in rows:
-        g, ue, se, ul = (v["gap_loss_final"], v["unscaled_entropy_final"], v["scaled_entropy_final"],
-                         v["unscaled_logit_std_step0"])
-        p = v.get(f"gap_vs_dqk{first}_paired_p")
-        table.append([d, f"{g['mean']:.3f} [{g['ci95_lo']:.3f}, {g['ci95_hi']:.3f}]{zero_note(g['ci95_lo'], g['ci95_hi'])}",
-                      f"{g['min']:.3f}, {g['max']:.3f}", f"{ul['mean']:.3f}", fmt_number(round(ue['mean'], 5)),
-                      f"{se['mean']:.3f}", "" if p is None else f"{p:.2g}", _modes_note(v) or "one"])
-    return out + md_table(header, table)
+        g = v["gap_loss_final"]
+        l1 = v.get("unscaled_entropy_final_l1")
+        table.append([d, ci(g) + zero_note(g["ci95_lo"], g["ci95_hi"]), ci(v["scaled_loss_final"]),
+                      ci(v["unscaled_loss_final"]), f"{v['unscaled_logit_std_step0']['mean']:.3f}",
+                      fmt_number(round(v["unscaled_entropy_final"]["mean"], 5))
+                      + ("" if l1 is None else f", {fmt_number(round(l1['mean'], 5))}"),
+                      f"{v['scaled_entropy_final']['mean']:.3f}",
+                      f"{p_holm[f'd_qk{d}']:.2g}" if f"d_qk{d}" in p_holm else "", _modes_note(v) or "one"])
+    out += md_table(header, table)
+    if r:
+        out += ["", reading_markdown(r, "d_qk", first)]
+        m = (mixed or {}).get("paired_onset")
+        if m:
+            out.append("The mixed-width curve by the same rule: " + (
+                f"d_head in ({m['after_d_head']:.0f}, {m['by_d_head']:.0f}], logit std at init "
+                f"{m['logit_std_after']:.3f} to {m['logit_std_by']:.3f}" if m["reached"] else "no onset in its grid")
+                + " (its design moves d_model and n_head too: the two onsets agree in logit scale only where these "
+                "intervals meet).")
+    out.append(f"\nThe earlier rule (the first d_qk whose mean gap's 95% lower bound exceeds the d_qk-{first} gap's "
+               f"upper bound; unpaired, conservative): {where}; {base}. Modes: each arm's seeds at each d_qk tested on "
+               "their step-222 entropy (stats.find_modes, Bonferroni over the grid), as in the seeds stage.")
+    return out
 
 
 def report_markdown(metrics: dict) -> str:
@@ -313,7 +403,7 @@ def report_markdown(metrics: dict) -> str:
         return ""
     out = []
     if metrics.get("d_qk"):
-        out += one_variable_markdown(metrics["d_qk"]) + [""]
+        out += one_variable_markdown(metrics["d_qk"], metrics.get("reading")) + [""]
     rows = sorted((int(k[1:]), v) for k, v in metrics.items() if k.startswith("d") and k[1:].isdigit())
     first = rows[0][0]
     out += [f"**Mixed width** (not one variable): the chapter's protocol at every d_head of its suggested grid, "
@@ -355,6 +445,20 @@ def answer(metrics, all_metrics, dists) -> str:
     q = metrics.get("d_qk")
     if q and "onset" in q:  # the one-variable curve answers the exercise; the mixed-width one is context
         pts = sorted((int(k[3:]), v) for k, v in q.items() if k.startswith("dqk") and k[3:].isdigit())
+        r = q.get("reading")
+        if r:
+            o, sh = r["paired_onset"], r["shape"]
+            text = (f"With only the q/k width moving ({q['model']} model, {q['seeds']} seeds) the gap shows "
+                    f"{SHAPES[sh['shape']]}")
+            if o["reached"]:
+                text += (f": its onset by the paired rule is d_qk in ({o['after_d_qk']:.0f}, {o['by_d_qk']:.0f}] "
+                         f"(unscaled logit std at init {o['logit_std_after']:.3f} to {o['logit_std_by']:.3f})")
+            if "step" in sh:
+                text += f", a step of {sh['step']:.3f} [{sh['step_ci_lo']:.3f}, {sh['step_ci_hi']:.3f}] nats"
+            after = r["trend"].get("gap_loss_final_after_onset")
+            if after:
+                text += f", then {_trend_text(after)} nats per doubling"
+            return text + ". Both arms and the mixed-width curve are in the section below."
         o = q["onset"]
         text = (f"With only the q/k width moving ({q['model']} model, {q['seeds']} seeds) the mean gap goes from "
                 f"{pts[0][1]['gap_loss_final']['mean']:.3f} at d_qk {pts[0][0]} to "
