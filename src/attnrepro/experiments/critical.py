@@ -319,6 +319,21 @@ def _trend_text(t: dict) -> str:
     return f"{t['slope']:+.3f} [{t['ci_lo']:+.3f}, {t['ci_hi']:+.3f}] (Holm p {t['p_holm']:.2g})"
 
 
+def reading_summary(r: dict, x: str = "d_qk") -> str:
+    """The reading in one clause: the shape, the paired onset with its logit std at init, the step, the trend after."""
+    o, sh = r["paired_onset"], r["shape"]
+    text = SHAPES[sh["shape"]]
+    if o["reached"]:
+        text += (f": its onset by the paired rule is {x} in ({o[f'after_{x}']:.0f}, {o[f'by_{x}']:.0f}] (unscaled "
+                 f"logit std at init {o['logit_std_after']:.3f} to {o['logit_std_by']:.3f})")
+    if "step" in sh:
+        text += f", a step of {sh['step']:.3f} [{sh['step_ci_lo']:.3f}, {sh['step_ci_hi']:.3f}] nats"
+    after = r["trend"].get("gap_loss_final_after_onset")
+    if after:
+        text += f", then {_trend_text(after)} nats per doubling"
+    return text
+
+
 def reading_markdown(r: dict, x: str, first: int) -> str:
     """`reading`'s sentences: the paired onset with its logit std at init, the shape, the trends."""
     o, sh, tr = r["paired_onset"], r["shape"], r["trend"]
@@ -445,20 +460,9 @@ def answer(metrics, all_metrics, dists) -> str:
     q = metrics.get("d_qk")
     if q and "onset" in q:  # the one-variable curve answers the exercise; the mixed-width one is context
         pts = sorted((int(k[3:]), v) for k, v in q.items() if k.startswith("dqk") and k[3:].isdigit())
-        r = q.get("reading")
-        if r:
-            o, sh = r["paired_onset"], r["shape"]
-            text = (f"With only the q/k width moving ({q['model']} model, {q['seeds']} seeds) the gap shows "
-                    f"{SHAPES[sh['shape']]}")
-            if o["reached"]:
-                text += (f": its onset by the paired rule is d_qk in ({o['after_d_qk']:.0f}, {o['by_d_qk']:.0f}] "
-                         f"(unscaled logit std at init {o['logit_std_after']:.3f} to {o['logit_std_by']:.3f})")
-            if "step" in sh:
-                text += f", a step of {sh['step']:.3f} [{sh['step_ci_lo']:.3f}, {sh['step_ci_hi']:.3f}] nats"
-            after = r["trend"].get("gap_loss_final_after_onset")
-            if after:
-                text += f", then {_trend_text(after)} nats per doubling"
-            return text + ". Both arms and the mixed-width curve are in the section below."
+        if q.get("reading"):
+            return (f"With only the q/k width moving ({q['model']} model, {q['seeds']} seeds) the gap shows "
+                    f"{reading_summary(q['reading'])}. Both arms and the mixed-width curve are in the section below.")
         o = q["onset"]
         text = (f"With only the q/k width moving ({q['model']} model, {q['seeds']} seeds) the mean gap goes from "
                 f"{pts[0][1]['gap_loss_final']['mean']:.3f} at d_qk {pts[0][0]} to "

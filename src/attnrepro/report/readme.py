@@ -194,7 +194,8 @@ def sweeps(src: Sources) -> list[str]:
         out += [f"The critical width with one variable (exercise 2, {q['seeds']} seeds; the {q['model']} model with only "
                 f"its query/key width d_qk moving, docs/CRITICAL.md): loss gap "
                 + ", ".join(f"{d}: {fmt(v['gap_loss_final']['mean'], 4)}" for d, v in pts)
-                + (f". The gap rises beyond its d_qk-{pts[0][0]} value's seed noise in d_qk "
+                + (f". Read as it is, the gap shows {critical.reading_summary(q['reading'])}." if q.get("reading")
+                   else f". The gap rises beyond its d_qk-{pts[0][0]} value's seed noise in d_qk "
                    f"**({oq['after_d_qk']:.0f}, {oq['by_d_qk']:.0f}]** (the grid's resolution)."
                    if oq.get("reached") else ". No d_qk of the grid rises beyond the first one's seed noise."), ""]
     out += [f"The critical d_head, mixed width (exercise 2, {crit['seeds']} seeds; d_model = the smallest multiple of "
