@@ -204,7 +204,7 @@ def _curve_panels(a, b, c, rows: list[dict], x: str, onset: dict, title: str) ->
                    color="C3", alpha=0.2, lw=0, label="range over seeds")
     if onset.get("reached"):
         a.axvspan(onset[f"after_{x}"], onset[f"by_{x}"], color="k", alpha=0.08, lw=0,
-                  label=f"onset: {x} in ({onset[f'after_{x}']:.0f}, {onset[f'by_{x}']:.0f}]")
+                  label=f"paired onset (Holm): {x} in ({onset[f'after_{x}']:.0f}, {onset[f'by_{x}']:.0f}]")
     a.set_ylabel("final loss gap (unscaled - scaled)")
     a.set_title(title, fontsize=9)
     for arm in ("unscaled", "scaled"):

@@ -306,17 +306,17 @@ def _modes_note(e: dict) -> str:
     return "; ".join(out)
 
 
-SHAPES = {"plateau": "a threshold, then a plateau",
-          "rising": "a threshold, then still rising",
-          "falling": "a threshold, then falling",
-          "flat or rising": "a threshold, then flat within the seed noise, though a further rise as large as the "
-                            "step is not ruled out",
+SHAPES = {"plateau": "a rise up to the onset, then a plateau",
+          "rising": "a rise up to the onset, and still rising after it",
+          "falling": "a rise up to the onset, then falling",
+          "undetermined": "a rise up to the onset, then no trend shown either way, though a further change as "
+                          "large as that rise is not ruled out",
           "too few points": "an onset too near the grid's end to read a trend after it",
-          "no onset": "no onset"}
+          "no onset": "no onset shown"}
 
 
 def _trend_text(t: dict) -> str:
-    return f"{t['slope']:+.3f} [{t['ci_lo']:+.3f}, {t['ci_hi']:+.3f}] (Holm p {t['p_holm']:.2g})"
+    return f"{t['slope']:+.3f} [{t['ci_lo']:+.3f}, {t['ci_hi']:+.3f}] (p {t['p']:.2g}, Holm {t['p_holm']:.2g})"
 
 
 def reading_summary(r: dict, x: str = "d_qk") -> str:
@@ -338,8 +338,8 @@ def reading_markdown(r: dict, x: str, first: int) -> str:
     """`reading`'s sentences: the paired onset with its logit std at init, the shape, the trends."""
     o, sh, tr = r["paired_onset"], r["shape"], r["trend"]
     if not o["reached"]:
-        return (f"By the paired rule no {x} of the grid has a gap above the first point's (one-sided paired t, Holm "
-                f"over the {len(o['p_holm'])} later points): no onset. Trends per doubling of {x} over the grid, nats "
+        return (f"By the paired rule no {x} of the grid is shown to have a gap above the first point's (one-sided "
+                f"paired t, Holm over the {len(o['p_holm'])} later points): no onset shown. Trends per doubling of {x} over the grid, nats "
                 f"[95% interval]: gap {_trend_text(tr['gap_loss_final_all'])}.")
     text = (f"By the paired rule (the first {x} whose gap exceeds that of the grid's first point, one-sided paired t, "
             f"Holm over the {len(o['p_holm'])} later points) the onset is **{x} in ({o[f'after_{x}']:.0f}, "
@@ -348,9 +348,11 @@ def reading_markdown(r: dict, x: str, first: int) -> str:
     if "step" in sh:
         text += (f": a step of {sh['step']:.3f} [{sh['step_ci_lo']:.3f}, {sh['step_ci_hi']:.3f}] nats from "
                  f"{x} {first}")
-    if "most_rise_after" in sh:
-        text += f", then at most {sh['most_rise_after']:.3f} more over the rest of the grid (the trend's upper bound)"
-    text += (f". Trends in nats per doubling of {x} [95% interval], Holm over the {len(tr)} trend tests; over the "
+    if "most_change_after" in sh:
+        text += (f", then at most {sh['most_change_after']:.3f} more either way over the rest of the grid (the "
+                 "trend's 95% bounds)")
+    text += (f". Trends in nats per doubling of {x} [95% interval, unadjusted; the shape reads it], with their p and "
+             f"Holm's over the {len(tr)} trend tests; over the "
              f"whole grid: gap {_trend_text(tr['gap_loss_final_all'])}, scaled loss "
              f"{_trend_text(tr['scaled_loss_final_all'])}, unscaled loss {_trend_text(tr['unscaled_loss_final_all'])}")
     if "gap_loss_final_after_onset" in tr:
@@ -439,7 +441,8 @@ def report_markdown(metrics: dict) -> str:
     widths = sorted({v["d_model"] for _, v in rows})
     rule = (f"the first d_head whose mean gap's 95% lower bound exceeds the d_head-{first} gap's upper bound, "
             "reported at the grid's resolution")
-    out.append(f"\nOnset of the mixed-width curve ({rule}): "
+    out.append(f"\nOnset of the mixed-width curve by the earlier, unpaired rule ({rule}; the paired rule's is in the "
+               "one-variable paragraph above and shaded in the figure): "
                + (f"d_head in ({o['after_d_head']:.0f}, {o['by_d_head']:.0f}]." if o.get("reached")
                   else "not within the grid.")
                + f" This curve mixes variables: d_model ({', '.join(map(str, widths))}) and n_head move with d_head, "

@@ -452,8 +452,8 @@ CAPTIONS = {
     "kv_cache/latency.png": "Per-token generation time against context length, with and without the KV cache.",
     "failures/training.png": "Training loss of the correct attention and each injected bug, same seed and batches.",
     "latency/latency.png": "Attention forward time against sequence length, SDPA and the naive n×n version.",
-    "critical/curve.png": "The loss gap against d_qk (one variable) and against d_head (mixed width), with each arm's "
-                          "final loss and the onset read off the curve.",
+    "critical/curve.png": "The loss gap against d_qk (one variable) and against d_head (mixed width), each arm's "
+                          "final loss and the attention entropies, with the paired onset shaded.",
     "critical/gap_vs_logit_std.png": "The loss gap against the initial logit std, both designs and the chapter's "
                                      "variants.",
     "qknorm/forms.png": "The large model's training loss with QK-norm (LayerNorm, L2) with and without 1/√d_k, "
