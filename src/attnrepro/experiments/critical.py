@@ -339,8 +339,8 @@ def reading_markdown(r: dict, x: str, first: int) -> str:
     o, sh, tr = r["paired_onset"], r["shape"], r["trend"]
     if not o["reached"]:
         return (f"By the paired rule no {x} of the grid is shown to have a gap above the first point's (one-sided "
-                f"paired t, Holm over the {len(o['p_holm'])} later points): no onset shown. Trends per doubling of {x} over the grid, nats "
-                f"[95% interval]: gap {_trend_text(tr['gap_loss_final_all'])}.")
+                f"paired t, Holm over the {len(o['p_holm'])} later points): no onset shown. Trends per doubling of "
+                f"{x} over the grid, nats [95% interval]: gap {_trend_text(tr['gap_loss_final_all'])}.")
     text = (f"By the paired rule (the first {x} whose gap exceeds that of the grid's first point, one-sided paired t, "
             f"Holm over the {len(o['p_holm'])} later points) the onset is **{x} in ({o[f'after_{x}']:.0f}, "
             f"{o[f'by_{x}']:.0f}]**, where the unscaled logit std at init goes from {o['logit_std_after']:.3f} to "
