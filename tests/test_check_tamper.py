@@ -442,17 +442,6 @@ def test_json_and_md_forms_carry_the_same_verdict(tmp_path, capsys):
     assert render(o).splitlines()[0] in md
 
 
-def test_p_new_agrees_with_the_prediction_interval():
-    from attnrepro.stats import Band
-
-    for b in (Band(n=5, mean=1.0, sd=0.3), Band(n=5, mean=0.0, sd=0.2, log=True),
-              Band(n=6, mean=0.0, sd=1.0, modes=((4, 0.0), (2, 5.0)), mode_sd=0.2)):
-        for alpha in (0.05, 0.01):
-            lo, hi = b.prediction_interval(alpha)
-            for x in (lo * 0.999 if lo > 0 else lo - 1e-3, (lo + hi) / 2, hi * 1.001):
-                assert (b.p_new(x) >= alpha) == b.contains(x, alpha), (b, alpha, x)
-
-
 def test_store_findings_compare_metrics_with_the_runs_that_made_them(tmp_path):
     """judge.decide.store_findings: a metric of train.json or a seed of dist/failures.json edited (with dvc.lock
     fixed, so nothing else sees it) is named against the run store's summary of the run that made it; a store run

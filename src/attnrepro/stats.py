@@ -38,7 +38,7 @@ def log_scale(key: str) -> bool:
 
 
 def t_cdf(t: float, df: float) -> float:
-    """Student's t CDF (scipy.stats, imported on first use: it is slow to import)."""
+    """Student's t CDF (scipy.stats)."""
     return float(student_t.cdf(t, df))
 
 
@@ -118,23 +118,6 @@ class Band:
             return 0.0 if x == mean else math.copysign(math.inf, x - mean)
         return (x - mean) / sd
 
-    def p_new(self, value: float) -> float:
-        """Two-sided p-value of one new run's `value` against this band (the prediction interval at
-        level alpha holds exactly the values with p_new >= alpha; with modes, the largest over modes)."""
-        if value is None or not math.isfinite(value) or (self.log and value <= 0):
-            return 0.0
-        x = math.log(value) if self.log else value
-        centres = ([(m, self.mode_sd * math.sqrt(1 + 1 / n)) for n, m in self.modes] if self.modes
-                   else [(self.mean, self.sd * math.sqrt(1 + 1 / self.n))])
-        df = self.n - len(self.modes) if self.modes else self.n - 1
-        ps = []
-        for m, scale in centres:
-            if scale == 0:
-                ps.append(1.0 if x == m else 0.0)
-            else:
-                ps.append(2 * (1 - t_cdf(abs(x - m) / scale, df)))
-        return max(ps)
-
     def nearest_mode(self, value: float) -> int:
         """The index of the mode (lowest first) whose mean lies nearest `value`, on the band's scale."""
         x = math.log(value) if self.log and value > 0 else value
@@ -151,8 +134,12 @@ def from_summary(s: dict) -> Band:
 
 
 def paired_t_p(a: Sequence[float], b: Sequence[float]) -> float:
-    """Two-sided p-value of the paired t-test of mean(b - a) = 0 (a[i], b[i] share seed i)."""
-    d = Band.of([y - x for x, y in zip(a, b)])
+    """Two-sided p-value of the paired t-test of mean(b - a) = 0 (a[i], b[i] share seed i); nan for fewer than
+    two pairs (no degrees of freedom)."""
+    diffs = [y - x for x, y in zip(a, b)]
+    if len(diffs) < 2:
+        return math.nan
+    d = Band.of(diffs)
     if d.sd == 0:
         return 1.0 if d.mean == 0 else 0.0
     return 2 * (1 - t_cdf(abs(d.mean) / (d.sd / math.sqrt(d.n)), d.n - 1))
