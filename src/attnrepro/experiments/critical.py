@@ -348,7 +348,7 @@ def reading_markdown(r: dict, x: str, first: int) -> str:
     if "step" in sh:
         text += (f": a step of {sh['step']:.3f} [{sh['step_ci_lo']:.3f}, {sh['step_ci_hi']:.3f}] nats from "
                  f"{x} {first}")
-    if "most_change_after" in sh:
+    if "most_change_after" in sh and sh["shape"] in ("plateau", "undetermined"):  # a bound, not a rising trend
         text += (f", then at most {sh['most_change_after']:.3f} more either way over the rest of the grid (the "
                  "trend's 95% bounds)")
     text += (f". Trends in nats per doubling of {x} [95% interval, unadjusted; the shape reads it], with their p and "
