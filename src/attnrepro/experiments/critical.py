@@ -382,7 +382,7 @@ def one_variable_markdown(q: dict, mixed: Optional[dict]) -> list[str]:
            f"train where the store holds the seeds stage's d_head-{q['d_head']} runs). Both arms move with d_qk, so "
            "the gap is the difference of two moving curves; each is shown with its 95% interval over the seeds.\n"]
     header = ["d_qk", "gap [95% CI]", "scaled loss [95% CI]", "unscaled loss [95% CI]", "unscaled logit std at init",
-              "unscaled entropy l0, l1", "scaled entropy l0", f"Holm p, gap > d_qk {first}", "modes"]
+              "final entropy: unscaled l0, l1; scaled l0", f"Holm p, gap > d_qk {first}", "modes"]
     r = q.get("reading", {})
     p_holm = r.get("paired_onset", {}).get("p_holm", {})
 
@@ -395,8 +395,8 @@ def one_variable_markdown(q: dict, mixed: Optional[dict]) -> list[str]:
         table.append([d, ci(g) + zero_note(g["ci95_lo"], g["ci95_hi"]), ci(v["scaled_loss_final"]),
                       ci(v["unscaled_loss_final"]), f"{v['unscaled_logit_std_step0']['mean']:.3f}",
                       fmt_number(round(v["unscaled_entropy_final"]["mean"], 5))
-                      + ("" if l1 is None else f", {fmt_number(round(l1['mean'], 5))}"),
-                      f"{v['scaled_entropy_final']['mean']:.3f}",
+                      + ("" if l1 is None else f", {fmt_number(round(l1['mean'], 5))}")
+                      + f"; {v['scaled_entropy_final']['mean']:.3f}",
                       f"{p_holm[f'd_qk{d}']:.2g}" if f"d_qk{d}" in p_holm else "", _modes_note(v) or "one"])
     out += md_table(header, table)
     if r:
