@@ -362,7 +362,7 @@ def reading_markdown(r: dict, x: str, first: int) -> str:
     return text + "."
 
 
-def one_variable_markdown(q: dict, mixed: Optional[dict]) -> list[str]:
+def one_variable_markdown(q: dict, mixed: dict) -> list[str]:
     """The one-variable curve: design, cost, table, its reading and onset (metrics critical.d_qk)."""
     rows = sorted((int(k[3:]), v) for k, v in q.items() if k.startswith("dqk") and k[3:].isdigit())
     first = rows[0][0]
@@ -383,8 +383,8 @@ def one_variable_markdown(q: dict, mixed: Optional[dict]) -> list[str]:
            "the gap is the difference of two moving curves; each is shown with its 95% interval over the seeds.\n"]
     header = ["d_qk", "gap [95% CI]", "scaled loss [95% CI]", "unscaled loss [95% CI]", "unscaled logit std at init",
               "final entropy: unscaled l0, l1; scaled l0", f"Holm p, gap > d_qk {first}", "modes"]
-    r = q.get("reading", {})
-    p_holm = r.get("paired_onset", {}).get("p_holm", {})
+    r = q["reading"]
+    p_holm = r["paired_onset"]["p_holm"]
 
     def ci(v):
         return f"{v['mean']:.3f} [{v['ci95_lo']:.3f}, {v['ci95_hi']:.3f}]"
@@ -399,15 +399,13 @@ def one_variable_markdown(q: dict, mixed: Optional[dict]) -> list[str]:
                       + f"; {v['scaled_entropy_final']['mean']:.3f}",
                       f"{p_holm[f'd_qk{d}']:.2g}" if f"d_qk{d}" in p_holm else "", _modes_note(v) or "one"])
     out += md_table(header, table)
-    if r:
-        out += ["", reading_markdown(r, "d_qk", first)]
-        m = (mixed or {}).get("paired_onset")
-        if m:
-            out.append("The mixed-width curve by the same rule: " + (
-                f"d_head in ({m['after_d_head']:.0f}, {m['by_d_head']:.0f}], logit std at init "
-                f"{m['logit_std_after']:.3f} to {m['logit_std_by']:.3f}" if m["reached"] else "no onset in its grid")
-                + " (its design moves d_model and n_head too: the two onsets agree in logit scale only where these "
-                "intervals meet).")
+    out += ["", reading_markdown(r, "d_qk", first)]
+    m = mixed["paired_onset"]
+    out.append("The mixed-width curve by the same rule: " + (
+        f"d_head in ({m['after_d_head']:.0f}, {m['by_d_head']:.0f}], logit std at init "
+        f"{m['logit_std_after']:.3f} to {m['logit_std_by']:.3f}" if m["reached"] else "no onset in its grid")
+        + " (its design moves d_model and n_head too: the two onsets agree in logit scale only where these "
+        "intervals meet).")
     out.append(f"\nThe earlier rule (the first d_qk whose mean gap's 95% lower bound exceeds the d_qk-{first} gap's "
                f"upper bound; unpaired, conservative): {where}; {base}. Modes: each arm's seeds at each d_qk tested on "
                "their step-222 entropy (stats.find_modes, Bonferroni over the grid), as in the seeds stage.")
@@ -420,7 +418,7 @@ def report_markdown(metrics: dict) -> str:
         return ""
     out = []
     if metrics.get("d_qk"):
-        out += one_variable_markdown(metrics["d_qk"], metrics.get("reading")) + [""]
+        out += one_variable_markdown(metrics["d_qk"], metrics["reading"]) + [""]
     rows = sorted((int(k[1:]), v) for k, v in metrics.items() if k.startswith("d") and k[1:].isdigit())
     first = rows[0][0]
     out += [f"**Mixed width** (not one variable): the chapter's protocol at every d_head of its suggested grid, "
@@ -461,19 +459,9 @@ def answer(metrics, all_metrics, dists) -> str:
     if not metrics or "onset" not in metrics:
         return ""
     q = metrics.get("d_qk")
-    if q and "onset" in q:  # the one-variable curve answers the exercise; the mixed-width one is context
-        pts = sorted((int(k[3:]), v) for k, v in q.items() if k.startswith("dqk") and k[3:].isdigit())
-        if q.get("reading"):
-            return (f"With only the q/k width moving ({q['model']} model, {q['seeds']} seeds) the gap shows "
-                    f"{reading_summary(q['reading'])}. Both arms and the mixed-width curve are in the section below.")
-        o = q["onset"]
-        text = (f"With only the q/k width moving ({q['model']} model, {q['seeds']} seeds) the mean gap goes from "
-                f"{pts[0][1]['gap_loss_final']['mean']:.3f} at d_qk {pts[0][0]} to "
-                f"{pts[-1][1]['gap_loss_final']['mean']:.3f} at d_qk {pts[-1][0]}; ")
-        text += (f"its onset lies in d_qk ({o['after_d_qk']:.0f}, {o['by_d_qk']:.0f}] (the first grid point whose "
-                 f"gap's 95% lower bound exceeds the d_qk-{pts[0][0]} gap's upper bound; no finer than the grid)"
-                 if o.get("reached") else "no grid point's gap rises beyond the first point's seed noise")
-        return text + ". The mixed-width curve (d_model and n_head moving with d_head) is shown beside it."
+    if q and "reading" in q:  # the one-variable curve answers the exercise; the mixed-width one is context
+        return (f"With only the q/k width moving ({q['model']} model, {q['seeds']} seeds) the gap shows "
+                f"{reading_summary(q['reading'])}. Both arms and the mixed-width curve are in the section below.")
     rows = sorted((int(k[1:]), v) for k, v in metrics.items() if k.startswith("d") and k[1:].isdigit())
     o = metrics["onset"]
     first, last = rows[0], rows[-1]

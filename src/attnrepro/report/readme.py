@@ -190,14 +190,10 @@ def sweeps(src: Sources) -> list[str]:
     q = crit.get("d_qk")
     if q and "onset" in q:
         pts = sorted((int(k[3:]), v) for k, v in q.items() if k.startswith("dqk") and k[3:].isdigit())
-        oq = q["onset"]
         out += [f"The critical width with one variable (exercise 2, {q['seeds']} seeds; the {q['model']} model with only "
                 f"its query/key width d_qk moving, docs/CRITICAL.md): loss gap "
                 + ", ".join(f"{d}: {fmt(v['gap_loss_final']['mean'], 4)}" for d, v in pts)
-                + (f". Read as it is, the gap shows {critical.reading_summary(q['reading'])}." if q.get("reading")
-                   else f". The gap rises beyond its d_qk-{pts[0][0]} value's seed noise in d_qk "
-                   f"**({oq['after_d_qk']:.0f}, {oq['by_d_qk']:.0f}]** (the grid's resolution)."
-                   if oq.get("reached") else ". No d_qk of the grid rises beyond the first one's seed noise."), ""]
+                + f". Read as it is, the gap shows {critical.reading_summary(q['reading'])}.", ""]
     out += [f"The critical d_head, mixed width (exercise 2, {crit['seeds']} seeds; d_model = the smallest multiple of "
             "d_head ≥ 128): loss gap " + ", ".join(f"{d}: {fmt(v['gap_loss_final']['mean'], 4)}" for d, v in rows)
             + "; unscaled final entropy "
