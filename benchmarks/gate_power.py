@@ -13,13 +13,14 @@ would be:
 - a **faithful** rerun changes only how the run executes (the vector instructions, worker
   processes), never what it computes: the gate must pass it.
 
-Every case trains from an empty run store (a mutant that moves numbers but keeps its run keys
-would otherwise be served the reference's runs), on 2 worker processes, under another float
-order without touching params (a params edit would leave every stage not rerun "edited after the
-run"): torch, MKL and oneDNN are limited to AVX2 (or to no vector instructions), as on another
-CPU; the env records say so and the check judges the rerun stages statistically. Besides the
-check, each case runs the golden tests (tests/test_golden.py), the guard a pull request meets in
-CI before any result is regenerated.
+Every case trains from a run store of its own, never holding the reference's runs (a mutant that
+moves numbers but keeps its run keys would otherwise be served them): empty and temporary, or with
+--decide (hours a case) kept in .gate_power_stores/ so that a stopped case resumes where it stopped.
+It runs on 2 worker processes, under another float order without touching params (a params edit
+would leave every stage not rerun "edited after the run"): torch, MKL and oneDNN are limited to AVX2
+(or to no vector instructions), as on another CPU; the env records say so and the check judges the
+rerun stages statistically. Besides the check, each case runs the golden tests
+(tests/test_golden.py), the guard a pull request meets in CI before any result is regenerated.
 
 A case reruns, in order, the stages of the default pipeline its change reaches (the sweeps,
 seeds, critical, qknorm and sensitivity, and kv_cache and latency are never rerun: they keep the
@@ -79,7 +80,7 @@ from attnrepro.files import write_text  # atomic: a kill mid-write never leaves 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "gate_power.json"
 DATA_DIR = ROOT / "data"  # what each case's data/ starts as (--data)
-SEED_STORES = ROOT / ".gate_power_stores"  # --seeds runs, kept so that a stopped comparison resumes
+SEED_STORES = ROOT / ".gate_power_stores"  # --seeds and --decide runs, kept so that a stopped case resumes
 # the stages a change reaches, train first: a case is judged after the stages up to train, and only if it
 # passes there after the rest too (a caught mutant costs no more than its train runs)
 TRAINING = ("init_sweep", "train", "heads", "failures", "reversal", "charlm")
@@ -285,7 +286,7 @@ class CaseTree:
 
 def run_case(case: Case, rev: str, keep: bool, decide: int = 0) -> dict:
     t0 = time.perf_counter()
-    with CaseTree(case, rev, keep) as t:
+    with CaseTree(case, rev, keep, store=seed_store(case, rev, "decide") if decide else None) as t:
         golden = sh([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_golden.py"], t.tree,
                     t.env, check=False)
         cut = case.stages.index("train") + 1 if "train" in case.stages else len(case.stages)
@@ -428,12 +429,13 @@ def per_seed(dist: dict, seeds: list[int]) -> dict:
     return {s: flatten(dist["runs"][str(s)]) for s in seeds}
 
 
-def seed_store(case: Case, rev: str) -> Path:
-    """The run store of `case`'s --seeds runs against `rev`: its own, as a mutant keeps the reference's
-    run keys, and named by the full revision and every field of the case, so a changed case starts afresh."""
+def seed_store(case: Case, rev: str, form: str = "seeds") -> Path:
+    """The run store of `case`'s --seeds (or --decide) runs against `rev`: its own, as a mutant keeps the
+    reference's run keys, and named by the full revision and every field of the case, so a changed case
+    starts afresh."""
     full = sh(["git", "rev-parse", f"{rev}^{{commit}}"], ROOT).stdout.strip()
     digest = hashlib.sha256(repr(dataclasses.astuple(case)).encode()).hexdigest()[:12]
-    return SEED_STORES / f"{full[:12]}-{case.name}-{digest}"
+    return SEED_STORES / (f"{full[:12]}-{case.name}-{digest}" + ("" if form == "seeds" else f"-{form}"))
 
 
 def seed_effects(mine: dict, theirs: dict, ref_stats: dict, keys: list[str]) -> dict:

@@ -223,6 +223,7 @@ def test_seed_runs_keep_a_store_per_reference_and_case_definition(tmp_path, monk
     assert gp.seed_store(gp.dataclasses.replace(case, new=case.new + " "), head) != store
     assert gp.seed_store(gp.CASES["gelu_tanh"], head) != store
     assert store.name.startswith(head[:12])  # the full revision, however --rev spelled it
+    assert gp.seed_store(case, head, "decide") not in (store, gp.seed_store(gp.CASES["gelu_tanh"], head, "decide"))
 
     monkeypatch.setattr(gp, "DATA_DIR", tmp_path / "data")
     (tmp_path / "data").mkdir()
