@@ -80,7 +80,7 @@ from attnrepro.files import write_text  # atomic: a kill mid-write never leaves 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "gate_power.json"
 DATA_DIR = ROOT / "data"  # what each case's data/ starts as (--data)
-SEED_STORES = ROOT / ".gate_power_stores"  # --seeds and --decide runs, kept so that a stopped case resumes
+CASE_STORES = ROOT / ".gate_power_stores"  # --seeds and --decide runs, kept so that a stopped case resumes
 # the stages a change reaches, train first: a case is judged after the stages up to train, and only if it
 # passes there after the rest too (a caught mutant costs no more than its train runs)
 TRAINING = ("init_sweep", "train", "heads", "failures", "reversal", "charlm")
@@ -286,7 +286,7 @@ class CaseTree:
 
 def run_case(case: Case, rev: str, keep: bool, decide: int = 0) -> dict:
     t0 = time.perf_counter()
-    with CaseTree(case, rev, keep, store=seed_store(case, rev, "decide") if decide else None) as t:
+    with CaseTree(case, rev, keep, store=case_store(case, rev, "decide") if decide else None) as t:
         golden = sh([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_golden.py"], t.tree,
                     t.env, check=False)
         cut = case.stages.index("train") + 1 if "train" in case.stages else len(case.stages)
@@ -366,7 +366,7 @@ def run_seeds(case: Case, rev: str, n: int, keep: bool) -> dict:
     seeds = [int(s) for s in ref["seeds"]][:n]
     if len(seeds) < n:
         raise SystemExit(f"the reference has {len(seeds)} seeds, fewer than --seeds {n}")
-    t0, store = time.perf_counter(), seed_store(case, rev)
+    t0, store = time.perf_counter(), case_store(case, rev)
     with CaseTree(case, rev, keep, {"seeds.seeds": seeds}, store) as t:
         seconds, failed = t.repro([s for s in case.stages if s == "corpus"] + ["seeds"])
         if failed:
@@ -415,7 +415,7 @@ def control_runs(case: Case, rev: str, seeds: list[int]) -> dict:
     c = CASES[CONTROL]
     if case.expect == "faithful" or (case.isa, case.workers) != (c.isa, c.workers):
         return {}
-    with CaseTree(c, rev, False, {"seeds.seeds": seeds}, seed_store(c, rev)) as t:
+    with CaseTree(c, rev, False, {"seeds.seeds": seeds}, case_store(c, rev)) as t:
         _, failed = t.repro(["seeds"])
         if failed:
             raise RuntimeError(f"the faithful control {CONTROL} failed at seeds {seeds}: {t.error}")
@@ -429,13 +429,13 @@ def per_seed(dist: dict, seeds: list[int]) -> dict:
     return {s: flatten(dist["runs"][str(s)]) for s in seeds}
 
 
-def seed_store(case: Case, rev: str, form: str = "seeds") -> Path:
+def case_store(case: Case, rev: str, form: str = "seeds") -> Path:
     """The run store of `case`'s --seeds (or --decide) runs against `rev`: its own, as a mutant keeps the
     reference's run keys, and named by the full revision and every field of the case, so a changed case
     starts afresh."""
     full = sh(["git", "rev-parse", f"{rev}^{{commit}}"], ROOT).stdout.strip()
     digest = hashlib.sha256(repr(dataclasses.astuple(case)).encode()).hexdigest()[:12]
-    return SEED_STORES / (f"{full[:12]}-{case.name}-{digest}" + ("" if form == "seeds" else f"-{form}"))
+    return CASE_STORES / (f"{full[:12]}-{case.name}-{digest}" + ("" if form == "seeds" else f"-{form}"))
 
 
 def seed_effects(mine: dict, theirs: dict, ref_stats: dict, keys: list[str]) -> dict:

@@ -218,12 +218,12 @@ def test_seed_runs_keep_a_store_per_reference_and_case_definition(tmp_path, monk
     resumes; never one shared by two case definitions (a mutant keeps the reference's run keys)."""
     case = gp.CASES["cosine_to_zero"]
     head = gp.sh(["git", "rev-parse", "HEAD"], REPO).stdout.strip()
-    store = gp.seed_store(case, head)
-    assert store == gp.seed_store(case, head[:7]) and store.parent == gp.SEED_STORES
-    assert gp.seed_store(gp.dataclasses.replace(case, new=case.new + " "), head) != store
-    assert gp.seed_store(gp.CASES["gelu_tanh"], head) != store
+    store = gp.case_store(case, head)
+    assert store == gp.case_store(case, head[:7]) and store.parent == gp.CASE_STORES
+    assert gp.case_store(gp.dataclasses.replace(case, new=case.new + " "), head) != store
+    assert gp.case_store(gp.CASES["gelu_tanh"], head) != store
     assert store.name.startswith(head[:12])  # the full revision, however --rev spelled it
-    assert gp.seed_store(case, head, "decide") not in (store, gp.seed_store(gp.CASES["gelu_tanh"], head, "decide"))
+    assert gp.case_store(case, head, "decide") not in (store, gp.case_store(gp.CASES["gelu_tanh"], head, "decide"))
 
     monkeypatch.setattr(gp, "DATA_DIR", tmp_path / "data")
     (tmp_path / "data").mkdir()
@@ -305,7 +305,7 @@ def test_the_control_runs_come_from_the_controls_own_store_and_only_shared_metri
     monkeypatch.setattr(gp, "CaseTree", Tree)
     case = gp.CASES["gelu_tanh"]
     control = gp.control_runs(case, "HEAD", [1, 2, 3])
-    assert made == [(gp.CONTROL, {"seeds.seeds": [1, 2, 3]}, gp.seed_store(gp.CASES[gp.CONTROL], "HEAD"))]
+    assert made == [(gp.CONTROL, {"seeds.seeds": [1, 2, 3]}, gp.case_store(gp.CASES[gp.CONTROL], "HEAD"))]
     assert control == {s: {"d32.loss_final": 4.0 + 0.1 * s} for s in (1, 2, 3)}
     mine = {s: {"d32.loss_final": 4.0 + 0.1 * s + 0.5, "d32.only_here": 1.0} for s in (1, 2, 3)}
     ref = {"d32.loss_final": {"sd": 0.1}, "d32.only_here": {"sd": 0.1}}
