@@ -75,6 +75,7 @@ from pathlib import Path
 
 import yaml
 
+from attnrepro.envinfo import cpu_model
 from attnrepro.files import write_text  # atomic: a kill mid-write never leaves hours of results half-written
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -499,7 +500,8 @@ def _result(case: Case, t0: float, golden_rc: int, verdict: dict, stage_seconds:
             "caught_by": caught_by(verdict, golden_rc != 0), "failed_metrics": [m["key"] for m in
                                                                              verdict.get("failed_metrics", [])],
             "problems": verdict.get("problems", []), "stage_failed": verdict.get("stage_failed"),
-            "stage_seconds": stage_seconds, "seconds": round(time.perf_counter() - t0, 1)}
+            "stage_seconds": stage_seconds, "seconds": round(time.perf_counter() - t0, 1),
+            "cpu": cpu_model()}  # the matrix spans sessions, and their machines differ (Intel, AMD)
 
 
 def caught_by(verdict: dict, golden_failed: bool) -> list[str]:
@@ -553,7 +555,8 @@ def confusion(results: list[dict], seed_results: dict | None = None) -> str:
             lines.append(f"{e:<10}  {n['FAIL']:>9}  {n['PASS']:>9}  {len(rs) - n['FAIL'] - n['PASS']:>5}   "
                          f"{sum(r['golden_test'] == 'FAIL' for r in rs):>16}   {seeds_failed:>19}")
     cost = sum(r["seconds"] for r in results)
-    lines.append(f"cost: {cost / 3600:.1f} h of wall time on this machine ({len(results)} cases)")
+    cpus = sorted({r.get("cpu", "a machine not recorded") for r in results})
+    lines.append(f"cost: {cost / 3600:.1f} h of wall time ({len(results)} cases, on {', '.join(cpus)})")
     return "\n".join(lines)
 
 

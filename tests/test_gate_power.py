@@ -367,3 +367,12 @@ def test_decide_findings_follow_what_each_case_expects():
     assert gp.decided(harmful, missing)["finding"] == gp.decided(faithful, missing)["finding"] == "error"
     broken = gp.decided(faithful, {"verdict": "ERROR", "problems": ["boom"]})
     assert broken["looks"] == [] and broken["problems"] == ["boom"] and broken["finding"] == "error"
+
+
+def test_the_summary_names_the_machines_the_cases_ran_on():
+    """The matrix spans sessions on machines that differ: each case records its CPU, and the cost line names them."""
+    rows = [{"case": c, "expect": "harmful", "verdict": "FAIL", "golden_test": "FAIL", "seconds": 1800, **cpu}
+            for c, cpu in (("a", {"cpu": "AMD EPYC"}), ("b", {"cpu": "Intel(R) Xeon(R) Processor"}), ("c", {}))]
+    last = gp.confusion(rows).splitlines()[-1]
+    assert last == ("cost: 1.5 h of wall time (3 cases, on AMD EPYC, Intel(R) Xeon(R) Processor, a machine not "
+                    "recorded)")
