@@ -38,7 +38,9 @@ benchmarks/results/gate_power.json (a --stages trial writes gate_power.trial.jso
     python benchmarks/gate_power.py --seeds 5 --cases <a mutant the gate passed>
 
 With --decide, each case is then judged by `attnrepro check --decide` too (its results' `decide`: the looks,
-the endpoints' answers, the seeds and CPU time; `decided` says what issue 42 asks of each kind of case).
+the endpoints' answers, the seeds and CPU time; `decided` says what issue 42 asks of each kind of case), also
+where a stage after train failed (`check_after_train`: the check's verdict before it): the endpoints' stages
+finished.
 
 The second form trains the mutant's four train variants at the first 5 seeds of seeds.seeds
 and compares each gated train metric with the reference's runs at the same seeds (paired
@@ -291,7 +293,7 @@ def run_case(case: Case, rev: str, keep: bool, decide: int = 0) -> dict:
         golden = sh([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_golden.py"], t.tree,
                     t.env, check=False)
         cut = case.stages.index("train") + 1 if "train" in case.stages else len(case.stages)
-        seconds, rerun = {}, []
+        seconds, rerun, more = {}, [], {}
         verdict = {"verdict": "ERROR", "problems": ["no stage to rerun"]}
         for part in (case.stages[:cut], case.stages[cut:]):
             if not part:
@@ -300,13 +302,15 @@ def run_case(case: Case, rev: str, keep: bool, decide: int = 0) -> dict:
             seconds.update(took)
             rerun += [s for s in part if s in took]
             if failed:
+                if "train" in rerun and failed not in DECIDE_STAGES:  # what the check said before the stage failed
+                    more["check_after_train"] = verdict.get("verdict")
                 verdict = stage_failure(failed, t.error, mutant=case.expect != "faithful")
                 break
             verdict = t.check()
             if verdict.get("verdict") != "PASS":  # caught (or broken) on what ran so far
                 break
-        more = {}
-        if decide and "train" in rerun and not verdict.get("stage_failed"):
+        # --decide reruns only the primary endpoints' stages: a later stage that failed does not stop it
+        if decide and "train" in rerun and verdict.get("stage_failed") not in DECIDE_STAGES:
             t1 = time.perf_counter()
             more["decide"] = {**decided(case, t.check(extra=("--decide", str(decide)))),
                               "seconds": round(time.perf_counter() - t1, 1)}
@@ -344,6 +348,7 @@ def stage_failure(stage: str, error: str, mutant: bool = True) -> dict:
     return {"verdict": "FAIL" if caught else "ERROR", "stage_failed": stage, "problems": [error]}
 
 
+DECIDE_STAGES = ("train", "failures")  # the stages of the primary endpoints, which --decide reruns
 FAILING = ("DIFFERENT", "NOT A NUMBER")  # the endpoint answers that fail the check (a diverged rerun: not a number)
 EQUIVALENCE_SD = 1.0  # "within seed noise": an effect smaller than one reference seed sd
 
@@ -573,6 +578,8 @@ def table(results: list[dict], seed_results: dict | None = None) -> str:
                 if "verdict" in s else "—")
         if s.get("vs_control"):
             more += f" / {s['vs_control'].get('verdict', 'error')}"
+        if r.get("check_after_train"):
+            more += f"; after train: {r['check_after_train']}"
         if r.get("decide"):
             more += f"; --decide {r['decide']['seeds']}: {r['decide']['finding']}"
         lines.append(f"{r['case']:<22} {r['area']:<12} {r['expect']:<9} {r['verdict']:<5} {r['golden_test']:<6} "

@@ -376,3 +376,39 @@ def test_the_summary_names_the_machines_the_cases_ran_on():
     last = gp.confusion(rows).splitlines()[-1]
     assert last == ("cost: 1.5 h of wall time (3 cases, on AMD EPYC, Intel(R) Xeon(R) Processor, a machine not "
                     "recorded)")
+
+
+@pytest.mark.parametrize("failing, decides", [("charlm", True), ("failures", False), ("train", False)])
+def test_decide_runs_unless_a_stage_it_reruns_failed(monkeypatch, failing, decides):
+    """targets_two_ahead passed the check after train, then crashed charlm (its loader reads past the end): the
+    primary endpoints' stages finished, so --decide still judges them; one whose own stage failed is not."""
+    checks = []
+
+    class Tree:
+        env, tree, error = {}, None, "error: sweep x: run x cannot read its data: index 9 is out of bounds"
+
+        def __init__(self, *a, **k):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+
+        def repro(self, stages):
+            ran = stages[:stages.index(failing) + 1] if failing in stages else stages
+            return {s: 1.0 for s in ran}, failing if failing in stages else ""
+
+        def check(self, extra=()):
+            checks.append(extra)
+            return {"verdict": "PASS", "looks": [{"seeds": [1], "cpu_seconds": 5.0}], "endpoints": []}
+
+    monkeypatch.setattr(gp, "CaseTree", Tree)
+    monkeypatch.setattr(gp, "case_store", lambda *a, **k: None)
+    monkeypatch.setattr(gp, "sh", lambda *a, **k: type("P", (), {"returncode": 1})())
+    case = gp.Case("t", "data", "harmful", "why", stages=("init_sweep", "train", "heads", "failures", "charlm"))
+    r = gp.run_case(case, "HEAD", keep=False, decide=10)
+    assert (r["verdict"], r["stage_failed"]) == ("ERROR", failing)
+    assert ("decide" in r) == decides and (("--decide", "10") in checks) == decides
+    assert r.get("check_after_train") == ("PASS" if failing == "charlm" else None)
