@@ -322,11 +322,17 @@ def decided(case: Case, verdict: dict) -> dict:
     harmless mutant must never be DIFFERENT ("ok", else "wrongly DIFFERENT"); a harmful mutant is "caught" when
     an endpoint is DIFFERENT within the looks, "SAME at the margins" when every endpoint is shown within its
     margin (a finding about the margins, listed with its shifts), else "not decided" (NOT A NUMBER counts as
-    DIFFERENT); "error" where no look finished or an endpoint is MISSING. CPU time: the last look's, which
-    holds every run of the looks before it."""
+    DIFFERENT); "error" where no look finished or an endpoint is MISSING. Reruns that did not finish under
+    the change (crashed or diverged: stage_failure's rule, as for a stage of the one-run part) are "caught"
+    in a mutant, "wrongly failed" in a faithful rerun. CPU time: the last look's, which holds every run of
+    the looks before it."""
     looks, ends = verdict.get("looks", []), verdict.get("endpoints", [])
     different = any(look.get(a) for look in looks for a in FAILING) or any(e["answer"] in FAILING for e in ends)
-    if not looks or any(e["answer"] == "MISSING" for e in ends):
+    failed = not looks and stage_failure("check --decide", "\n".join(map(str, verdict.get("problems", []))),
+                                         mutant=case.expect != "faithful")["verdict"] == "FAIL"
+    if failed:
+        finding = "caught" if case.expect == "harmful" else "wrongly failed"
+    elif not looks or any(e["answer"] == "MISSING" for e in ends):
         finding = "error"  # the reruns did not finish, or an endpoint has no value: says nothing of the case
     elif case.expect == "harmful":
         finding = "caught" if different else ("SAME at the margins" if ends and all(e["answer"] == "SAME" for e in ends)

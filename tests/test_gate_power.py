@@ -367,6 +367,12 @@ def test_decide_findings_follow_what_each_case_expects():
     assert gp.decided(harmful, missing)["finding"] == gp.decided(faithful, missing)["finding"] == "error"
     broken = gp.decided(faithful, {"verdict": "ERROR", "problems": ["boom"]})
     assert broken["looks"] == [] and broken["problems"] == ["boom"] and broken["finding"] == "error"
+    # targets_two_ahead's loader reads past the stream at seed 1: the reruns did not finish under the change
+    crashed = {"verdict": "ERROR", "problems": ["error: check --decide (train): 4 of 12 runs did not finish: "
+                                                "d32_scaled seed 1: failed (IndexError: index 9 is out of bounds)"]}
+    assert gp.decided(harmful, crashed)["finding"] == "caught"
+    assert gp.decided(harmless, crashed)["finding"] == gp.decided(faithful, crashed)["finding"] == "wrongly failed"
+    assert gp.decided(harmful, {"verdict": "ERROR", "problems": ["error: git: no such revision"]})["finding"] == "error"
 
 
 def test_the_summary_names_the_machines_the_cases_ran_on():
