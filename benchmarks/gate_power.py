@@ -67,6 +67,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -79,6 +80,7 @@ import yaml
 
 from attnrepro.envinfo import cpu_model
 from attnrepro.files import write_text  # atomic: a kill mid-write never leaves hours of results half-written
+from attnrepro.stats import LOOKS
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "gate_power.json"
@@ -231,7 +233,7 @@ def _set_line(text: str, section: str, key: str, value) -> str:
 class CaseTree:
     """The repository at `rev` in a temporary worktree with the case applied and committed, its own
     run store (empty and temporary unless `store` names one the case's runs alone went to), the case's
-    float order and `extra` params; removed on exit unless `keep`."""
+    float order and `extra` params (`seeds`: its reference seeds, in order); removed on exit unless `keep`."""
 
     def __init__(self, case: Case, rev: str, keep: bool, extra: dict | None = None, store: Path | None = None):
         self.case, self.rev, self.keep, self.extra, self.store = case, rev, keep, extra or {}, store
@@ -241,6 +243,7 @@ class CaseTree:
         self.tree = self.tmp / "repo"
         sh(["git", "worktree", "add", "--detach", str(self.tree), self.rev], ROOT)
         apply(self.case, self.tree)
+        self.seeds = yaml.safe_load((self.tree / "params.yaml").read_text(encoding="utf-8"))["seeds"]["seeds"]
         set_params(self.tree, {"engine.store": str(self.store or self.tmp / "store"), "engine.workers": self.case.workers,
                                **self.extra})
         sh(["git", "-c", "user.name=gate_power", "-c", "user.email=gate_power@localhost", "commit", "-qam",
@@ -312,12 +315,12 @@ def run_case(case: Case, rev: str, keep: bool, decide: int = 0) -> dict:
         # --decide reruns only the primary endpoints' stages: a later stage that failed does not stop it
         if decide and "train" in rerun and verdict.get("stage_failed") not in DECIDE_STAGES:
             t1 = time.perf_counter()
-            more["decide"] = {**decided(case, t.check(extra=("--decide", str(decide)))),
+            more["decide"] = {**decided(case, t.check(extra=("--decide", str(decide))), t.seeds),
                               "seconds": round(time.perf_counter() - t1, 1)}
     return {**_result(case, t0, golden.returncode, verdict, seconds), "stages_rerun": rerun, **more}
 
 
-def decided(case: Case, verdict: dict) -> dict:
+def decided(case: Case, verdict: dict, seed_order: list = ()) -> dict:
     """What `check --decide` said of a case, against what the case expects (issue 42): a faithful rerun and a
     harmless mutant must never be DIFFERENT ("ok", else "wrongly DIFFERENT"); a harmful mutant is "caught" when
     an endpoint is DIFFERENT within the looks, "SAME at the margins" when every endpoint is shown within its
@@ -325,7 +328,8 @@ def decided(case: Case, verdict: dict) -> dict:
     DIFFERENT); "error" where no look finished or an endpoint is MISSING. Reruns that did not finish under
     the change (crashed or diverged: stage_failure's rule, as for a stage of the one-run part) are "caught"
     in a mutant, "wrongly failed" in a faithful rerun. CPU time: the last look's, which holds every run of
-    the looks before it."""
+    the looks before it; where a look did not finish, its seeds (the first look holding the seeds that failed,
+    by their place in `seed_order`, the reference's seeds) and no CPU time (None: the check recorded none)."""
     looks, ends = verdict.get("looks", []), verdict.get("endpoints", [])
     different = any(look.get(a) for look in looks for a in FAILING) or any(e["answer"] in FAILING for e in ends)
     failed = not looks and stage_failure("check --decide", "\n".join(map(str, verdict.get("problems", []))),
@@ -339,10 +343,19 @@ def decided(case: Case, verdict: dict) -> dict:
                                               else "not decided")
     else:
         finding = "wrongly DIFFERENT" if different else "ok"
-    return {"verdict": verdict.get("verdict"), "finding": finding, "looks": looks,
-            "seeds": len(looks[-1]["seeds"]) if looks else 0, "cpu_seconds": looks[-1]["cpu_seconds"] if looks else 0.0,
+    seeds, cpu = (len(looks[-1]["seeds"]), looks[-1]["cpu_seconds"]) if looks else (0, 0.0)
+    if failed:
+        at = [seed_order.index(int(s)) for s in re.findall(r"seed (\d+): failed", str(verdict.get("problems")))
+              if int(s) in seed_order]
+        seeds, cpu = (next((n for n in LOOKS if n > max(at)), len(seed_order)) if at else 0), None
+    return {"verdict": verdict.get("verdict"), "finding": finding, "looks": looks, "seeds": seeds, "cpu_seconds": cpu,
             "endpoints": [{k: e.get(k) for k in ("metric", "answer", "shift", "shift_sd", "seeds")} for e in ends],
             "problems": [] if looks else verdict.get("problems", [])}
+
+
+def _cpu_min(d: dict) -> str:
+    cpu = d["cpu_seconds"]
+    return "CPU time not recorded (a look did not finish)" if cpu is None else f"{cpu / 60:.0f} CPU-min"
 
 
 def stage_failure(stage: str, error: str, mutant: bool = True) -> dict:
@@ -681,8 +694,8 @@ def main(argv=None) -> int:
         r = run_case(CASES[name], rev, args.keep, args.decide)
         print(f"  gate {r['verdict']}, golden test {r['golden_test']}, {r['seconds'] / 60:.1f} min; caught by: "
               f"{', '.join(r['caught_by']) or 'nothing'}"
-              + (f"; --decide: {r['decide']['finding']} at {r['decide']['seeds']} seeds, "
-                 f"{r['decide']['cpu_seconds'] / 60:.0f} CPU-min" if "decide" in r else ""), flush=True)
+              + (f"; --decide: {r['decide']['finding']} at {r['decide']['seeds']} seeds, {_cpu_min(r['decide'])}"
+                 if "decide" in r else ""), flush=True)
         save(rev, lambda d, r=r: _put(d["results"], r))
     everything = load_results(rev)  # with any other run's cases
     results = {r["case"]: r for r in everything["results"]}

@@ -372,6 +372,14 @@ def test_decide_findings_follow_what_each_case_expects():
                                                 "d32_scaled seed 1: failed (IndexError: index 9 is out of bounds)"]}
     assert gp.decided(harmful, crashed)["finding"] == "caught"
     assert gp.decided(harmless, crashed)["finding"] == gp.decided(faithful, crashed)["finding"] == "wrongly failed"
+    # seed 1 is the reference's second seed: the look that failed is the one at 3 seeds; its CPU time is unknown
+    order = [20261014, 1, 2, 3, 4, 5, 6, 7, 8, 9]
+    assert (gp.decided(harmful, crashed, order)["seeds"], gp.decided(harmful, crashed, order)["cpu_seconds"]) == (3, None)
+    late = {"verdict": "ERROR", "problems": ["2 of 40 runs did not finish: d32_scaled seed 7: failed (IndexError); "
+                                             "d256_scaled seed 4: failed (IndexError)"]}
+    assert gp.decided(harmful, late, order)["seeds"] == 10
+    assert gp._cpu_min(gp.decided(harmful, crashed, order)) == "CPU time not recorded (a look did not finish)"
+    assert gp._cpu_min({"cpu_seconds": 1500.0}) == "25 CPU-min"
     assert gp.decided(harmful, {"verdict": "ERROR", "problems": ["error: git: no such revision"]})["finding"] == "error"
 
 
@@ -391,7 +399,7 @@ def test_decide_runs_unless_a_stage_it_reruns_failed(monkeypatch, failing, decid
     checks = []
 
     class Tree:
-        env, tree, error = {}, None, "error: sweep x: run x cannot read its data: index 9 is out of bounds"
+        env, tree, seeds, error = {}, None, [1], "error: sweep x: run x cannot read its data: index 9 is out of bounds"
 
         def __init__(self, *a, **k):
             pass
