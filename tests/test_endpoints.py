@@ -77,6 +77,29 @@ def test_seeds_to_decide_and_floor():
     assert n is not None and min(margin_p(0.0, 1.0, n, 10, 1.0)) < 0.05 <= min(margin_p(0.0, 1.0, n - 1, 10, 1.0))
 
 
+def test_same_from_is_the_first_look_at_which_a_rerun_on_the_reference_mean_is_same():
+    """power_rows' `same_from`: the look from which judge() (alpha per look, one endpoint: Holm's last step)
+    calls a rerun whose mean sits on the reference's SAME; never where the margin is within the error of
+    the reference's mean; capped at the reference's seeds (the failures table has 4)."""
+    mean, sd = sum(REF) / len(REF), float(np.std(REF, ddof=1))
+    dists = {"m": {"runs": {str(i): {"x": v} for i, v in enumerate(REF)}},
+             "f": {"runs": {str(i): {"x": v} for i, v in enumerate(REF[:4])}}}
+    got = {}
+    for margin_sd in (4.0, 1.6, 1.0, 0.5):
+        e = ep("m.x", f"±{margin_sd * sd}")
+        got[margin_sd] = E.power_rows([e], dists)[0]["same_from"]
+        answers = [E.judge([e], {"m.x": REF}, {"m.x": [mean] * n}, looks=len(LOOKS))[0].answer for n in LOOKS]
+        first = next((n for n, a in zip(LOOKS, answers) if a == "SAME"), None)
+        assert got[margin_sd] == first, (margin_sd, answers)
+    assert (got[4.0], got[1.6], got[1.0], got[0.5]) == (1, 5, None, None)
+    sd4 = float(np.std(REF[:4], ddof=1))
+    for margin_sd, n in ((2.8, None), (3.05, 4), (3.5, 3)):  # 4 reference seeds: the look at 5 is the one at 4
+        e = ep("f.x", f"±{margin_sd * sd4}")
+        assert E.power_rows([e], dists)[0]["same_from"] == n
+        if n:
+            assert E.judge([e], {"f.x": REF[:4]}, {"f.x": [sum(REF[:4]) / 4] * n}, looks=len(LOOKS))[0].answer == "SAME"
+
+
 def simulate(shift_sd: float, margin_sd: float, n: int, k: int = 10, n_ref: int = 10, reps: int = 3000,
              looks: int = 1, seed: int = 0) -> dict[str, float]:
     """Share of simulated checks with any endpoint SAME / DIFFERENT: k endpoints, each reference drawn

@@ -173,7 +173,10 @@ def power_rows(endpoints: Sequence[Endpoint], dists: Mapping[str, dict], alpha: 
                seeds: Sequence[int] = LOOKS) -> list[dict]:
     """Per endpoint: the smallest true shift a rerun of n seeds calls DIFFERENT with 80% power, for n in
     `seeds`, in the endpoint's unit and in the reference's seed sd (one look, Holm's first step:
-    alpha / the family's size, the conservative end)."""
+    alpha / the family's size, the conservative end); and `same_from`, the fewest rerun seeds from which
+    --decide could call it SAME at all (a rerun mean exactly on the reference's, Holm's last step: alpha
+    per look, the lenient end), None where no look up to the reference's seeds can: its margin lies within
+    the error of the reference's own mean, so a rerun that changes nothing stays INCONCLUSIVE there."""
     rows = []
     a = alpha / max(1, len(endpoints))
     reference = reference_values(endpoints, dists)
@@ -182,8 +185,11 @@ def power_rows(endpoints: Sequence[Endpoint], dists: Mapping[str, dict], alpha: 
         if len(ref) < 2:
             continue
         b = Band.of(ref, log=e.log)
+        cap = min(max(seeds), b.n)  # --decide stops where the reference's seeds run out
+        need = seeds_to_decide(0.0, b.sd, b.n, e.margin, alpha / len(LOOKS), cap)
         row = {"metric": e.metric, "margin": e.text, "n_ref": b.n, "sd": b.sd, "log": e.log,
-               "margin_sd": e.margin / b.sd if b.sd > 0 else math.inf}
+               "margin_sd": e.margin / b.sd if b.sd > 0 else math.inf,
+               "same_from": None if need is None else min(next((n for n in seeds if n >= need), cap), cap)}
         for n in seeds:
             shift = shift_detected(b.sd, n, b.n, e.margin, a) if b.sd > 0 else e.margin
             row[f"shift_{n}"] = math.exp(shift) if e.log else shift

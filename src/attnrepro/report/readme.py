@@ -114,13 +114,17 @@ def one_seed_power(src: Sources, dist: dict) -> str:
     if not rows:
         return ""
     one, ten = sorted(r["shift_sd_1"] for r in rows), sorted(r["shift_sd_10"] for r in rows)
+    never = [f"`{r['metric']}`" for r in rows if r["same_from"] is None]
     return (f"What `attnrepro check` can see: it judges {len(rows)} key metrics (its primary endpoints) SAME, "
             "DIFFERENT or INCONCLUSIVE against the reference's seeds. From one rerun seed it calls one DIFFERENT (80% "
             f"power) only once it has moved {one[0]:.1f} to {one[-1]:.1f} reference seed sd, its equivalence margin "
             f"included; from ten seeds judged at once, {ten[0]:.1f} to {ten[-1]:.1f} (`--decide`, which reaches ten in "
-            "four looks, needs somewhat more). Smaller shifts come out SAME or INCONCLUSIVE. On the reference's kind of "
-            "machine the check also demands identical metrics; elsewhere the golden tests catch a change of the "
-            "computation itself ([docs/VERDICT.md](docs/VERDICT.md)).")
+            "four looks, needs somewhat more). Smaller shifts come out SAME or INCONCLUSIVE. "
+            + (f"A rerun that changes nothing cannot be shown SAME, at any look of `--decide`, on {len(never)} of them "
+               f"({', '.join(never)}): their margins lie within the error of the reference's own mean, so they stay "
+               "INCONCLUSIVE and `--decide` runs all its looks on such a rerun. " if never else "")
+            + "On the reference's kind of machine the check also demands identical metrics; elsewhere the golden tests "
+            "catch a change of the computation itself ([docs/VERDICT.md](docs/VERDICT.md)).")
 
 
 def results(src: Sources) -> str:
