@@ -590,7 +590,7 @@ def table(results: list[dict], seed_results: dict | None = None) -> str:
     reference (and / against the faithful control, made under the same float order), where one ran."""
     seed_results = seed_results or {}
     lines = [f"{'case':<22} {'area':<12} {'expect':<9} {'gate':<5} {'golden':<6} {'min':>5}  {'seeds: gate, effect / vs control':<38}"
-             "caught by (cheapest first)"]
+             " caught by (cheapest first)"]
     for r in results:
         s = seed_results.get(r["case"], {})
         more = (f"{len(s.get('seeds', []))}: {s.get('check', {}).get('verdict', '?')}, {s['verdict']}"
@@ -602,7 +602,7 @@ def table(results: list[dict], seed_results: dict | None = None) -> str:
         if r.get("decide"):
             more += f"; --decide {r['decide']['seeds']}: {r['decide']['finding']}"
         lines.append(f"{r['case']:<22} {r['area']:<12} {r['expect']:<9} {r['verdict']:<5} {r['golden_test']:<6} "
-                     f"{r['seconds'] / 60:>5.1f}  {more:<38}{', '.join(r['caught_by']) or '—'}")
+                     f"{r['seconds'] / 60:>5.1f}  {more:<38} {', '.join(r['caught_by']) or '—'}")
     return "\n".join(lines)
 
 
