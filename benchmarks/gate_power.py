@@ -347,7 +347,7 @@ def decided(case: Case, verdict: dict, seed_order: list = ()) -> dict:
     if failed:
         at = [seed_order.index(int(s)) for s in re.findall(r"seed (\d+): failed", str(verdict.get("problems")))
               if int(s) in seed_order]
-        seeds, cpu = (next((n for n in LOOKS if n > max(at)), len(seed_order)) if at else 0), None
+        seeds, cpu = (next(n for n in LOOKS if n > max(at)) if at else 0), None
     return {"verdict": verdict.get("verdict"), "finding": finding, "looks": looks, "seeds": seeds, "cpu_seconds": cpu,
             "endpoints": [{k: e.get(k) for k in ("metric", "answer", "shift", "shift_sd", "seeds")} for e in ends],
             "problems": [] if looks else verdict.get("problems", [])}

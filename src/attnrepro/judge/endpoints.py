@@ -189,7 +189,7 @@ def power_rows(endpoints: Sequence[Endpoint], dists: Mapping[str, dict], alpha: 
         need = seeds_to_decide(0.0, b.sd, b.n, e.margin, alpha / len(LOOKS), cap)
         row = {"metric": e.metric, "margin": e.text, "n_ref": b.n, "sd": b.sd, "log": e.log,
                "margin_sd": e.margin / b.sd if b.sd > 0 else math.inf,
-               "same_from": None if need is None else min(next((n for n in seeds if n >= need), cap), cap)}
+               "same_from": None if need is None else min(next(n for n in seeds if n >= need), cap)}
         for n in seeds:
             shift = shift_detected(b.sd, n, b.n, e.margin, a) if b.sd > 0 else e.margin
             row[f"shift_{n}"] = math.exp(shift) if e.log else shift
