@@ -233,12 +233,22 @@ def test_collapsed_entropy_is_judged_on_the_log_scale(repo, live, capsys):
     assert rc == 0, out
 
 
-def test_tampered_loss_fails_the_recomputed_conclusion(repo, live, capsys):
-    """Setting the unscaled loss to the scaled one breaks the conclusion, whatever a stored field says."""
+def test_one_run_judged_statistically_cannot_move_a_conclusion_with_seeds(repo, live, capsys):
+    """The unscaled loss set to the scaled one breaks train.unscaled_worse on the run, whatever a stored field says.
+    Judged statistically that one run cannot move a share (a run outside even a unanimous reference has p 1/(n+1)):
+    the conclusion keeps the reference seeds' verdict and the run's own outcome is named; what fails is the loss, a
+    primary endpoint. Judged exactly (--mode exact), the conclusion fails with the run."""
     another_machine(repo, live)
     edit(repo, "train", lambda d: d["unscaled"].__setitem__("loss_final", d["scaled"]["loss_final"]))
     rc, out = check(repo, capsys)
-    assert rc == 1 and "conclusion train.unscaled_worse fails" in out
+    assert rc == 1 and "conclusion train.unscaled_worse fails" not in out, out
+    assert ("2 with seeds judged statistically keep the reference seeds' verdict (one run cannot move a share); "
+            "this run's own outcome differs on train.unscaled_worse (does not hold on this run; the reference's seeds: 5 of 5 seeds "
+            "(48–100%))") in out, out
+    assert "- primary endpoint train.unscaled.loss_final: DIFFERENT from the reference" in out, out
+    assert check(repo, capsys, "--json")[1].count('"train.unscaled_worse (does not hold on this run') == 1
+    rc, out = check(repo, capsys, "--mode", "exact")
+    assert rc == 1 and "conclusion train.unscaled_worse fails" in out, out
 
 
 def reference_with_entropy(repo: Path, entropy: dict) -> None:

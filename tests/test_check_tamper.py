@@ -319,7 +319,10 @@ def failing_conclusion(root: Path) -> None:
 
 
 @pytest.mark.parametrize("seeds", ["deleted", "identical"])
-def test_the_runs_seed_files_cannot_rescue_a_failing_conclusion(repo, live, capsys, seeds):
+def test_the_runs_seed_files_never_move_a_conclusion(repo, live, capsys, seeds):
+    """Deleted or forged (every seed the run itself), the run's seed files are never read: the conclusion keeps the
+    reference seeds' 5 of 5, the run's own outcome is named (one run cannot move a share), and the loss it moved is
+    what fails, a primary endpoint."""
     live.update(AMD)
     for f in ("train", "init", "latency", "sweep"):
         dump(repo / f"metrics/env/{f}.json", AMD)
@@ -330,8 +333,10 @@ def test_the_runs_seed_files_cannot_rescue_a_failing_conclusion(repo, live, caps
         run = json.loads((repo / "metrics/train.json").read_text(encoding="utf-8"))
         dump(repo / "metrics/dist/train.json", distribution({s: run for s in range(5)}))
     rc, out = check(repo, capsys)  # dvc.lock rewritten too: a consistent tamperer
-    assert rc == 1 and "- conclusion train.unscaled_worse fails: the unscaled model ends behind — is false" in out
-    assert "conclusions 1 of 2 hold" in out
+    assert rc == 1 and "- primary endpoint train.unscaled.loss_final: DIFFERENT from the reference" in out, out
+    assert "conclusions 2 of 2 hold" in out and "conclusion train.unscaled_worse fails" not in out
+    assert ("this run's own outcome differs on train.unscaled_worse (does not hold on this run; the reference's "
+            "seeds: 5 of 5 seeds (48–100%))") in out
 
 
 def test_the_runs_seed_summary_is_recomputed_from_its_seeds(repo, live, capsys):

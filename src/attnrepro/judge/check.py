@@ -13,8 +13,9 @@ metric with seeds is shown with its band and z (informational) and one without k
 tolerance. Does it still reproduce the chapter? The primary endpoints are judged SAME / DIFFERENT /
 INCONCLUSIVE against the reference's seeds (judge.endpoints; --decide reruns them at more seeds:
 judge.decide). Then the reference's claims, recomputed on this run and the reference's seeds: every
-checksum must hold, every conclusion must come out as on the reference. The first line of the output is
-the verdict.
+checksum must hold, every conclusion must come out as on the reference (one with seeds whose stage is judged
+statistically takes the reference seeds' verdict: one run cannot move a share; the run's own outcome is named
+where it differs). The first line of the output is the verdict.
 """
 
 from __future__ import annotations
@@ -323,6 +324,8 @@ class Outcome:
     notes: list[str] = field(default_factory=list)  # the first lines: where the run was made, what the tree changes
     problems: list[str] = field(default_factory=list)
     not_reproduced: list[str] = field(default_factory=list)  # conclusions the reference does not reproduce either
+    from_seeds: list[str] = field(default_factory=list)  # conclusions whose verdict is the reference's seeds' (one run)
+    run_differs: list[str] = field(default_factory=list)  # ... where the run's own outcome differs, in words
     provenance: list[str] = field(default_factory=list)  # which code made each stage's results
     looks: list = field(default_factory=list)  # --decide's looks (judge.decide.Look), in order
 
@@ -422,8 +425,16 @@ def run_check(rev: str = "HEAD", root: str | Path = ".", claims_path: str | Path
                     + metric_problems(rows, ref.name) + endpoint_problems(judged, rows))
     for res in results:
         c = res.claim
+        seeded = c.cls == "conclusion" and res.seeds_n and any(modes.get(k.split(".", 1)[0]) == "statistical"
+                                                               for k in res.read)
+        if seeded:  # one run cannot move a share: the reference's seeds decide, the run's own outcome is shown
+            res.status = "pass" if 2 * res.seeds_held > res.seeds_n else "fail"
+            out.from_seeds.append(c.id)
+            if res.on_run != res.passed:
+                out.run_differs.append(f"{c.id} ({'holds' if res.on_run else 'does not hold'} on this run; the "
+                                       f"reference's seeds: {res.share_text()})")
         if c.cls == "conclusion" and res.status != "missing" and not_reproduced(c.id, ref.verdicts):
-            if starts_to_hold(c, cur, envs, ref):  # a finding of the reference changed: something moved
+            if not seeded and starts_to_hold(c, cur, envs, ref):  # a finding of the reference changed: something moved
                 out.problems.append(f"conclusion {c.id} holds on this run, but not on the reference's run "
                                     f"({ref.name}), which reports it not reproduced: {c.text}")
             elif res.status == "fail":
@@ -546,7 +557,8 @@ def as_json(o: Outcome) -> dict:
     metric that failed."""
     return {"verdict": "PASS" if o.ok else "FAIL", "reference": o.label, "notes": o.notes, "problems": o.problems,
             "modes": o.modes, "why_statistical": o.why, "claims": counts(o.results),
-            "not_reproduced": o.not_reproduced, "provenance": o.provenance,
+            "not_reproduced": o.not_reproduced, "from_reference_seeds": o.from_seeds, "run_differs": o.run_differs,
+            "provenance": o.provenance,
             "endpoints": [{"metric": j.endpoint.metric, "margin": j.endpoint.text, "answer": j.answer, "seeds": j.n,
                            "reference_seeds": j.n_ref, "run_mean": j.run_mean, "reference_mean": j.ref_mean,
                            "shift": j.shift, "shift_sd": j.shift_sd, "p_same": j.p_same, "p_different": j.p_different,
@@ -587,6 +599,10 @@ def render(o: Outcome, show_all: bool = False) -> str:
         missed = [r.claim.id for r in o.results if kind(r.claim) == k and r.claim.id in o.not_reproduced]
         if missed:
             lines.append(f"              {len(missed)} not reproduced, as on the reference: " + ", ".join(missed))
+    if o.from_seeds:
+        lines.append(f"              {len(o.from_seeds)} with seeds judged statistically keep the reference seeds' "
+                     "verdict (one run cannot move a share)"
+                     + ("; this run's own outcome differs on " + ", ".join(o.run_differs) if o.run_differs else ""))
     if o.endpoints:
         lines.append(f"  {endpoints.summary_line(o.endpoints)}")
     n_exact = sum(r.how.startswith("exact") for r in gated)

@@ -597,6 +597,7 @@ class ClaimResult:
     matched: Optional[str] = None  # matched tables: our row this cell was judged against
     read: tuple[str, ...] = ()  # predicates: the metric keys it read on the run
     read_values: tuple[float, ...] = ()  # ... and their values
+    on_run: Optional[bool] = None  # predicates: whether it holds on the run itself, before its seeds
 
     @property
     def passed(self) -> bool:
@@ -682,7 +683,7 @@ def evaluate_claim(claim: Claim, metrics: Mapping[str, float], dists: Mapping[st
         if skipped:
             return skipped
         res = ClaimResult(claim, "pass" if ok else "fail", detail=error, read=tuple(view.read),
-                          read_values=tuple(metrics.get(k, math.nan) for k in view.read))
+                          read_values=tuple(metrics.get(k, math.nan) for k in view.read), on_run=ok)
         if claim.sides is not None and not error:
             res.value, res.bound = (float(x) for x in claim.sides(View(metrics)))
         if claim.cls == "conclusion":  # on each seed of the files it reads, and on their means
