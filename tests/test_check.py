@@ -242,9 +242,9 @@ def test_one_run_judged_statistically_cannot_move_a_conclusion_with_seeds(repo, 
     edit(repo, "train", lambda d: d["unscaled"].__setitem__("loss_final", d["scaled"]["loss_final"]))
     rc, out = check(repo, capsys)
     assert rc == 1 and "conclusion train.unscaled_worse fails" not in out, out
-    assert ("2 with seeds judged statistically keep the reference seeds' verdict (one run cannot move a share); "
-            "this run's own outcome differs on train.unscaled_worse (does not hold on this run; the reference's seeds: 5 of 5 seeds "
-            "(48–100%))") in out, out
+    assert ("2 of these with seeds, judged statistically, keep the reference seeds' verdict (one run cannot move a "
+            "share); this run's own outcome differs on train.unscaled_worse (does not hold on this run; the "
+            "reference's seeds: 5 of 5 seeds (48–100%))") in out, out
     assert "- primary endpoint train.unscaled.loss_final: DIFFERENT from the reference" in out, out
     assert check(repo, capsys, "--json")[1].count('"train.unscaled_worse (does not hold on this run') == 1
     rc, out = check(repo, capsys, "--mode", "exact")

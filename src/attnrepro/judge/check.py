@@ -594,15 +594,15 @@ def render(o: Outcome, show_all: bool = False) -> str:
     lines += [f"  {n}" for n in o.notes] + [""]
     tally = tally_lines(c)
     for k in ("conclusion", "finding", "checksum"):  # published values after the metrics
+        if k == "checksum" and o.from_seeds:
+            lines.append(f"              {len(o.from_seeds)} of these with seeds, judged statistically, keep the "
+                         "reference seeds' verdict (one run cannot move a share)"
+                         + ("; this run's own outcome differs on " + ", ".join(o.run_differs) if o.run_differs else ""))
         if k in tally:
             lines.append(f"  {tally[k]}")
         missed = [r.claim.id for r in o.results if kind(r.claim) == k and r.claim.id in o.not_reproduced]
         if missed:
             lines.append(f"              {len(missed)} not reproduced, as on the reference: " + ", ".join(missed))
-    if o.from_seeds:
-        lines.append(f"              {len(o.from_seeds)} with seeds judged statistically keep the reference seeds' "
-                     "verdict (one run cannot move a share)"
-                     + ("; this run's own outcome differs on " + ", ".join(o.run_differs) if o.run_differs else ""))
     if o.endpoints:
         lines.append(f"  {endpoints.summary_line(o.endpoints)}")
     n_exact = sum(r.how.startswith("exact") for r in gated)
