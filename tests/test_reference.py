@@ -92,6 +92,19 @@ def test_reference_passes_its_own_statistical_check(reference, capsys):
     assert rc == 0, out
 
 
+def test_heads_judged_statistically_beside_their_seeds_judged_exactly(reference, capsys):
+    """heads rerun under another float order (2 threads), its seeds (the seeds stage's) not: the heads are renamed
+    by role for their bands, and the seed distribution is compared as written, equal to the reference's (compared
+    renamed, it was a difference the renaming made, failing every such rerun)."""
+    p = reference / "metrics/env/heads.json"
+    p.write_text(json.dumps({**json.loads(p.read_text(encoding="utf-8")), "torch_threads": 2}), encoding="utf-8")
+    relock(reference)
+    rc = main(["check", "--root", str(reference)])
+    out = capsys.readouterr().out
+    assert "statistical verdict (another machine (torch_threads: 1 -> 2)): heads" in out, out
+    assert rc == 0 and "dist/heads" not in out, out
+
+
 def test_tamper_unscaled_loss_to_scaled_fails_the_endpoint_and_names_the_conclusion(reference, capsys):
     """The gap at d_head 256 is gone on this run: its loss endpoint is DIFFERENT; the conclusion that the gap grows
     does not hold on it, which one run cannot show of a share: named, the reference seeds' verdict kept."""

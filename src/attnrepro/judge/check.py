@@ -406,7 +406,7 @@ def run_check(rev: str = "HEAD", root: str | Path = ".", claims_path: str | Path
     remade = remade_seeds(cur_dists, ref.dists, modes, producers)
 
     cur, judged_dists = heads_as_judged(cur, cur_dists, ref.metrics, modes.get("heads", "exact"), "heads" in remade)
-    rows = compare(cur, ref, exp, modes, envs, judged_dists, producers)
+    rows = compare(cur, ref, exp, modes, envs, cur_dists, producers)  # the seed files as written, never renamed
     results = evaluate_all(exp, cur, ref.dists, envs)  # conclusions: on this run and the reference's seeds
     judged = endpoints.judge(exp.primary, *endpoint_values(exp, ref, cur, judged_dists, remade, modes))
     looks = decide(exp.primary, ref.dists, params, decide_with, max_seeds or max(LOOKS)) if decide_with else []
