@@ -272,8 +272,10 @@ def test_heads_are_renamed_only_where_they_are_judged_statistically():
     # the same machine and params: a permutation of the heads is a difference the exact check must see
     assert heads_as_judged(swapped, dists, ref, "exact") == (swapped, dists)
     cur, judged = heads_as_judged(swapped, dists, ref, "statistical")
+    assert cur == ref and judged == dists  # seeds it did not remake are the reference's, as written
+    cur, judged = heads_as_judged(swapped, dists, ref, "statistical", seeds_remade=True)
     assert cur == ref
-    # each of the run's own seeds is renamed too, so a band compares a head with the same head
+    # the run's own seeds, remade, are renamed too: their test against the reference's compares a head with itself
     assert sorted(seed_values(judged, "heads.l0h0.entropy")) == [0.29, 0.31]
     assert sorted(seed_values(judged, "heads.l0h1.prev")) == [0.4, 0.5]
     # nested as the stage writes it: a seed already named like the reference is left equal (an exact comparison

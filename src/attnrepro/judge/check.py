@@ -301,13 +301,13 @@ def _runs(dists: dict, file: str) -> Optional[dict]:
 
 def heads_as_judged(cur: dict, cur_dists: dict, reference: dict, mode: str,
                     seeds_remade: bool = False) -> tuple[dict, dict]:
-    """The run's metrics and seed distributions with its heads (and its own seeds' heads) named after the
-    reference's heads they play, where heads.json is judged statistically: another float order trains
-    other heads, and their indices carry no meaning. Judged exactly, the same run must give the same
-    heads in the same order, so a permutation stays a difference; its seeds, if another stage remade
-    them elsewhere (`seeds_remade`: remade_seeds), are renamed all the same."""
+    """The run's metrics with its heads named after the reference's heads they play, where heads.json is
+    judged statistically: another float order trains other heads, and their indices carry no meaning.
+    Judged exactly, the same run must give the same heads in the same order, so a permutation stays a
+    difference. The run's own seeds, where a stage remade them (`seeds_remade`: remade_seeds), are renamed
+    all the same for their test; seeds it did not remake are the reference's, left as written."""
     dists = {**cur_dists, "heads": seeds_renamed(cur_dists["heads"], reference)} \
-        if "heads" in cur_dists and (mode != "exact" or seeds_remade) else cur_dists
+        if "heads" in cur_dists and seeds_remade else cur_dists
     return (cur if mode == "exact" else heads_renamed(cur, reference)), dists
 
 
@@ -406,7 +406,7 @@ def run_check(rev: str = "HEAD", root: str | Path = ".", claims_path: str | Path
     remade = remade_seeds(cur_dists, ref.dists, modes, producers)
 
     cur, judged_dists = heads_as_judged(cur, cur_dists, ref.metrics, modes.get("heads", "exact"), "heads" in remade)
-    rows = compare(cur, ref, exp, modes, envs, cur_dists, producers)  # the seed files as written, never renamed
+    rows = compare(cur, ref, exp, modes, envs, cur_dists, producers)
     results = evaluate_all(exp, cur, ref.dists, envs)  # conclusions: on this run and the reference's seeds
     judged = endpoints.judge(exp.primary, *endpoint_values(exp, ref, cur, judged_dists, remade, modes))
     looks = decide(exp.primary, ref.dists, params, decide_with, max_seeds or max(LOOKS)) if decide_with else []
