@@ -5,7 +5,8 @@
   in REPORT.md as not reproduced;
 - tampering with copies of the committed metrics is caught by `attnrepro check` in its
   statistical mode (the verdict a run from another machine gets: a primary endpoint moved far beyond its
-  margin, a conclusion or a checksum broken), and a change inside the seed band is not.
+  margin, a checksum broken; a conclusion the run alone breaks or starts to hold is named, as one run cannot
+  move its share), and a change inside the seed band is not.
 """
 
 from __future__ import annotations
