@@ -603,6 +603,11 @@ class ClaimResult:
     def passed(self) -> bool:
         return self.status == "pass"
 
+    @property
+    def most_seeds(self) -> bool:
+        """Conclusions: does it hold on more than half of the seeds (the rule that does not get harder with n)?"""
+        return 2 * self.seeds_held > self.seeds_n
+
     def share_text(self) -> str:
         """On how many seeds a conclusion holds, with the exact (Clopper-Pearson) 95% interval of the share."""
         lo, hi = share_interval(self.seeds_held, self.seeds_n)
@@ -698,7 +703,7 @@ def evaluate_claim(claim: Claim, metrics: Mapping[str, float], dists: Mapping[st
                     reads |= seen.files()
             if held:
                 res.seeds_held, res.seeds_n = sum(held), len(held)
-                if 2 * res.seeds_held <= res.seeds_n:
+                if not res.most_seeds:
                     res.status = "fail"
                 if res.seeds_held < res.seeds_n:
                     res.detail = res.detail or f"holds on {res.share_text()}"
