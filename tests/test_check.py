@@ -647,6 +647,35 @@ def test_decide_prints_its_looks_in_order_and_its_last_answers_decide(repo, live
          "trained": 4, "cpu_seconds": 180.0}]
 
 
+def test_decide_shows_the_conclusions_on_its_seeds_against_the_reference_share(repo, live, capsys, monkeypatch):
+    """--decide through judge.decide (only the runs stubbed): the reruns are the reference's seeds but for seeds 3
+    and 4, whose unscaled attention does not collapse. Each conclusion is shown on the rerun seeds against the
+    reference's share, with Fisher's exact p and the shares it would show different; not gated."""
+    from attnrepro.judge import decide as D
+
+    def rerun(params, file, seeds, engine):
+        runs = {s: json.loads(json.dumps(SEEDS[s])) for s in seeds}
+        for s in {3, 4} & set(seeds):
+            runs[s]["unscaled"]["entropy"] = 0.02
+        return runs, (2 * len(seeds), 0, 60.0 * len(seeds))
+
+    monkeypatch.setattr(D, "rerun_values", rerun)
+    monkeypatch.setattr("attnrepro.run.engine_settings.engine_config", lambda params: "the engine")
+    another_machine(repo, live)
+    rc, out = check(repo, capsys, "--decide", "5")
+    assert "--decide: look at 5 seeds [0, 1, 2, 3, 4]" in out, out
+    table = out.split("the chapter's conclusions on --decide's seeds against the reference's (shown, not gated: "
+                      "Fisher's exact test of the two shares)\n\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert table[2:] == ["| train.unscaled_worse | 5 of 5 | 5 of 5 seeds (48–100%) | 1 | ≤ 1 of 5 |",
+                         "| train.collapse | 3 of 5 | 5 of 5 seeds (48–100%) | 0.44 | ≤ 1 of 5 |"], out
+    assert rc == 0 and "problems:" not in out, out
+    assert "keep the reference seeds' verdict (one run cannot move a share; --decide's seeds: below)" in out, out
+    main(["check", "--root", str(repo), "--decide", "5", "--json"])
+    shares = json.loads(capsys.readouterr().out)["conclusion_shares"]
+    assert [(x["id"], x["held"], x["seeds"], x["reference_held"], x["reference_seeds"], x["shown_different_at"])
+            for x in shares] == [("train.unscaled_worse", 5, 5, 5, 5, [0, 1]), ("train.collapse", 3, 5, 5, 5, [0, 1])]
+
+
 def test_what_the_check_prints_while_it_works_goes_to_stderr(repo, capfd, monkeypatch):
     """stdout holds the verdict alone: --decide's sweeps print their progress, in this process and in their worker
     processes (straight to the file descriptor), and a script reading --json (gate_power) must not see it."""

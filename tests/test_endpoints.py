@@ -213,7 +213,7 @@ def test_decide_reruns_at_the_reference_seeds_until_decided(monkeypatch):
 
     def fake(params, file, seeds, engine):
         asked.append(list(seeds))
-        return {s: {"train.a.loss_final": 9.0} for s in seeds}, (len(seeds), len(seeds), 60.0 * len(seeds))
+        return {s: {"a": {"loss_final": 9.0}} for s in seeds}, (len(seeds), len(seeds), 60.0 * len(seeds))
 
     monkeypatch.setattr(D, "rerun_values", fake)
     looks = D.decide([ep("train.a.loss_final", "±0.5")], ref, {}, None)
@@ -222,6 +222,7 @@ def test_decide_reruns_at_the_reference_seeds_until_decided(monkeypatch):
     looks = D.decide([ep("train.a.loss_final", "±8.95")], ref, {}, None)  # at the edge: never decided
     assert asked == [[7], [7, 1, 2], [7, 1, 2, 3, 4], ref_seeds] and len(looks) == 4
     assert "INCONCLUSIVE" in looks[-1].line() and "CPU-min" in looks[-1].line()
+    assert looks[-1].seed_runs == {"train": {str(s): {"a": {"loss_final": 9.0}} for s in ref_seeds}}  # as dist's runs
 
 
 @pytest.mark.slow
@@ -231,3 +232,29 @@ def test_sequential_against_a_fixed_ten_seed_design():
     _, seq, used = sequential_sim(shift_sd=3.0, margin_sd=1.0, k=1, reps=600)
     fixed = simulate(shift_sd=3.0, margin_sd=1.0, n=10, k=1, reps=600)["DIFFERENT"]
     assert 0.9 <= seq <= fixed and used <= 5
+
+
+@pytest.mark.parametrize("shown,n,text", [([0, 1, 2, 3, 4, 5], 10, "≤ 5 of 10"), ([], 1, "never, at 1 seed"),
+                                          ([9, 10], 10, "≥ 9 of 10"), ([0, 1, 9, 10], 10, "≤ 1 or ≥ 9 of 10"),
+                                          ([0, 1, 2], 2, "any of 2")])
+def test_a_shares_detectable_range_reads_as_its_two_tails(shown, n, text):
+    from attnrepro.judge.decide import Share
+
+    assert Share(None, 0, n, 1.0, shown).detectable_text() == text
+
+
+@pytest.mark.parametrize("n,p", [(1, 0.5), (5, 0.3), (10, 0.9), (10, 0.5)])
+def test_fishers_share_test_shows_two_shares_of_one_proportion_different_at_most_alpha(n, p):
+    """Its size, computed exactly over both binomials (10 reference seeds), not simulated: at most alpha; and
+    shares_shown_different lists exactly the shares whose p is below alpha."""
+    from scipy.stats import binom
+
+    from attnrepro.judge import decide as D
+
+    n_ref = 10
+    size = sum(binom.pmf(k, n, p) * binom.pmf(k_ref, n_ref, p)
+               for k_ref in range(n_ref + 1) for k in D.shares_shown_different(n, k_ref, n_ref))
+    assert size <= ALPHA
+    assert D.shares_shown_different(10, 10, 10) == [0, 1, 2, 3, 4, 5]  # from 10 of 10: half or fewer
+    assert D.shares_shown_different(1, 10, 10) == []  # one seed never shows a share moved
+    assert D.share_p(0, 5, 5, 5) == pytest.approx(1 / 126)  # C(10, 5) tables: the one most extreme, twice

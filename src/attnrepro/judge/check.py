@@ -35,7 +35,7 @@ from attnrepro.judge import endpoints
 from attnrepro.judge.claims import (CONCLUSIONS, METRICS, ClaimResult, Expectations, Tol, band, counts,
                                     evaluate_all, evaluate_claim, kind, load, load_json_dir, load_metrics_dir, ran_on,
                                     same, seed_values, tally_lines)
-from attnrepro.judge.decide import decide, store_findings, sweep_findings
+from attnrepro.judge.decide import conclusion_shares, decide, store_findings, sweep_findings
 from attnrepro.judge.endpoints import Judgement
 from attnrepro.judge.revision import (Reference, Revision, claims_changes, get_leaf, key_leaves, listed, lock_findings,
                                       norm_param, params_changes, reference)
@@ -328,6 +328,7 @@ class Outcome:
     run_differs: list[str] = field(default_factory=list)  # ... where the run's own outcome differs, in words
     provenance: list[str] = field(default_factory=list)  # which code made each stage's results
     looks: list = field(default_factory=list)  # --decide's looks (judge.decide.Look), in order
+    shares: list = field(default_factory=list)  # conclusions on --decide's seeds (judge.decide.Share), not gated
 
     @property
     def ok(self) -> bool:
@@ -413,6 +414,8 @@ def run_check(rev: str = "HEAD", root: str | Path = ".", claims_path: str | Path
     if looks:  # the endpoints --decide reran replace their one-run answers
         judged = [next((j for j in looks[-1].judgements if j.endpoint == e.endpoint), e) for e in judged]
     out = Outcome(rows, results, modes, why, judged, ref.label, looks=looks)
+    if looks:
+        out.shares = conclusion_shares(results, looks[-1].seed_runs, cur, ref.dists, envs)
     out.notes = m.notes + changes(revision, ref, root, claims_path, params, cur_dists)
     out.notes += [f"--decide: {look.line()}" for look in looks]
     out.notes += [f"{f}: judged exactly, and its seeds, remade by the {producers.get(f, f)} stage, against the reference's"
@@ -565,6 +568,9 @@ def as_json(o: Outcome) -> dict:
                            "seeds_needed": j.seeds_needed} for j in o.endpoints],
             "looks": [{"seeds": look.seeds, **endpoints.summary(look.judgements), "runs": look.runs,
                        "trained": look.trained, "cpu_seconds": look.cpu_seconds} for look in o.looks],
+            "conclusion_shares": [{"id": s.result.claim.id, "held": s.held, "seeds": s.n,
+                                   "reference_held": s.result.seeds_held, "reference_seeds": s.result.seeds_n,
+                                   "p": s.p, "shown_different_at": s.detectable} for s in o.shares],
             "failed_metrics": [{"key": r.key, "run": r.cur, "reference": r.ref, "how": r.how, "verdict": r.verdict}
                                for r in o.rows if r.failure]}
 
@@ -596,7 +602,8 @@ def render(o: Outcome, show_all: bool = False) -> str:
     for k in ("conclusion", "finding", "checksum"):  # published values after the metrics
         if k == "checksum" and o.from_seeds:
             lines.append(f"              {len(o.from_seeds)} of these with seeds, judged statistically, keep the "
-                         "reference seeds' verdict (one run cannot move a share)"
+                         "reference seeds' verdict (one run cannot move a share"
+                         + ("; --decide's seeds: below)" if o.shares else ")")
                          + ("; this run's own outcome differs on " + ", ".join(o.run_differs) if o.run_differs else ""))
         if k in tally:
             lines.append(f"  {tally[k]}")
@@ -633,6 +640,12 @@ def render(o: Outcome, show_all: bool = False) -> str:
                           [[j.endpoint.metric, j.endpoint.text, f"{j.n}, {j.n_ref}", _md_number(j.run_mean),
                             _md_number(j.ref_mean), j.shift_text(),
                             j.answer + (f": {j.need_text()}" if j.need_text() else "")] for j in o.endpoints])
+    if o.shares:
+        lines += ["", "the chapter's conclusions on --decide's seeds against the reference's (shown, not gated: "
+                  "Fisher's exact test of the two shares)", ""]
+        lines += md_table(["conclusion", "on these seeds", "on the reference's", "p", "shown different at"],
+                          [[s.result.claim.id, f"{s.held} of {s.n}", s.result.share_text(), f"{s.p:.2g}",
+                            s.detectable_text()] for s in o.shares])
     shown = [r for r in o.rows if show_all or r.failure]
     if shown:
         lines += ["", "all metrics" if show_all else "other metrics that failed", ""]

@@ -4,7 +4,8 @@
 seeds, in looks of stats.LOOKS seeds (the reference's first 1, 3, 5, 10), until no endpoint is
 INCONCLUSIVE, one is DIFFERENT, or the reference's seeds run out. Each look spends alpha / len(LOOKS)
 (Bonferroni over looks: docs/VERDICT.md); the run store serves every run already made, so no run
-trains twice. `store_findings`: those stages' metrics against the summaries the run store keeps of
+trains twice. `conclusion_shares`: the chapter's conclusions on the last look's seeds, against the reference's
+share (shown, not gated). `store_findings`: those stages' metrics against the summaries the run store keeps of
 the runs that made them (a metric edited together with dvc.lock is caught where the store holds its run).
 `sweep_findings`: a sweep's metrics are aggregates over its runs, so each sweep whose runs the store
 holds is made again from them, training nothing, and its outputs compared with the committed ones.
@@ -18,9 +19,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
+
+from scipy.stats import fisher_exact
 
 from attnrepro.config import UserError, from_dict
 from attnrepro.envinfo import resolve_device, setup_determinism
@@ -30,7 +33,7 @@ from attnrepro.experiments.protocol import CORPUS_FILES, TrainConfig, corpus_inp
 from attnrepro.files import dvc_entry, dvc_stages, read_json
 from attnrepro.formatting import fmt_number
 from attnrepro.judge import endpoints
-from attnrepro.judge.claims import same
+from attnrepro.judge.claims import ClaimResult, evaluate_claim, same
 from attnrepro.judge.endpoints import Endpoint, Judgement
 from attnrepro.run.engine import require_ok, run_sweep
 from attnrepro.run.engine_settings import EngineConfig
@@ -49,6 +52,7 @@ class Look:
     runs: int  # the look's runs in all (from the store or trained now)
     trained: int  # trained by this look
     cpu_seconds: float  # the look's runs' own times (one thread each), trained now or earlier
+    seed_runs: dict = field(default_factory=dict)  # the last look's: {file: {seed: that seed's metrics}}, as dist's "runs"
 
     def line(self) -> str:
         c = endpoints.summary(self.judgements)
@@ -83,8 +87,8 @@ def _config(params: Mapping, file: str):
 
 
 def rerun_values(params: Mapping, file: str, seeds: Sequence[int], engine: EngineConfig) -> tuple[dict, tuple]:
-    """({seed: the flat metrics "<file>.<key>" of that seed's runs}, (runs, trained, cpu seconds)) for
-    the train variants or the failures table's models at `seeds`, through the run store."""
+    """({seed: the metrics of that seed's runs, as metrics/<file>.json nests them}, (runs, trained, cpu
+    seconds)) for the train variants or the failures table's models at `seeds`, through the run store."""
     cfg = _config(params, file)
     device = resolve_device(cfg.device, f"{file}.device")
     setup_determinism(cfg.threads, device)
@@ -98,7 +102,7 @@ def rerun_values(params: Mapping, file: str, seeds: Sequence[int], engine: Engin
         m = {v: by[(v, s)].summary() for v in cfg.variants}
         if file == "train":
             m["comparison"] = comparison(m, pairs_by_dhead(cfg))
-        out[s] = flatten(m, f"{file}.")
+        out[s] = m
     return out, _records_cost(records)
 
 
@@ -115,6 +119,7 @@ def decide(family: Sequence[Endpoint], ref_dists: Mapping[str, dict], params: Ma
     if short:
         raise UserError(f"check --decide: the reference has no seeds of {', '.join(short)} (metrics/dist)")
     reference = endpoints.reference_values(family, ref_dists)
+    seed_runs: dict[str, dict] = {}
 
     def values_at(n: int):
         values: dict[str, list[float]] = {e.metric: [] for e in family}
@@ -126,13 +131,70 @@ def decide(family: Sequence[Endpoint], ref_dists: Mapping[str, dict], params: Ma
             per_seed, (r, t, c) = rerun_values(params, f, order[f][:n], engine)
             runs, trained, cpu = runs + r, trained + t, cpu + c
             seeds += [s for s in per_seed if s not in seeds]
+            seed_runs[f] = {str(s): m for s, m in per_seed.items()}
+            flat = [flatten(m, f"{f}.") for m in per_seed.values()]
             for e in family:
                 if e.metric.startswith(f + "."):
-                    values[e.metric] = [m[e.metric] for m in per_seed.values() if e.metric in m]
+                    values[e.metric] = [m[e.metric] for m in flat if e.metric in m]
         print(f"check --decide: {n} seed(s) in {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
         return values, seeds, runs, trained, cpu
 
-    return sequential(family, reference, values_at, min(max_seeds, max(len(v) for v in order.values())))
+    looks = sequential(family, reference, values_at, min(max_seeds, max(len(v) for v in order.values())))
+    looks[-1].seed_runs = seed_runs  # values_at's last call was the last look's
+    return looks
+
+
+# The share test lives here, not in stats.py: stats.py is a dependency of every training stage, and a
+# change to the verdict alone must not make their dvc.lock entries stale.
+def share_p(k: int, n: int, k_ref: int, n_ref: int) -> float:
+    """Two-sided p of Fisher's exact test that a share of k in n and one of k_ref in n_ref come from one
+    proportion (scipy.stats.fisher_exact; conditional, so at most alpha under that hypothesis)."""
+    return float(fisher_exact([[k, n - k], [k_ref, n_ref - k_ref]]).pvalue)
+
+
+def shares_shown_different(n: int, k_ref: int, n_ref: int, alpha: float = ALPHA) -> list[int]:
+    """The shares k of n that share_p shows different from k_ref of n_ref at alpha: what the test can detect."""
+    return [k for k in range(n + 1) if share_p(k, n, k_ref, n_ref) < alpha]
+
+
+@dataclass
+class Share:
+    """A conclusion of the chapter on --decide's seeds against the reference's seeds."""
+    result: ClaimResult  # on this run, and on the reference's seeds
+    held: int  # on how many of the rerun seeds it holds
+    n: int
+    p: float  # share_p: the two shares from one proportion
+    detectable: list[int]  # the shares of n that the test shows different (shares_shown_different)
+
+    def detectable_text(self) -> str:
+        """The shares shown different, as the two tails they form: "≤ 5 of 10", "≤ 1 or ≥ 9 of 10"."""
+        k = set(self.detectable)
+        if not k:
+            return f"never, at {self.n} seed{'s' * (self.n > 1)}"
+        lo = next(x for x in range(self.n + 2) if x not in k) - 1  # the tail from 0 (-1: none)
+        hi = next(x for x in range(self.n, -2, -1) if x not in k) + 1  # the tail to n (n + 1: none)
+        if lo >= hi - 1:
+            return f"any of {self.n}"
+        return " or ".join(([f"≤ {lo}"] if lo >= 0 else []) + ([f"≥ {hi}"] if hi <= self.n else [])) + f" of {self.n}"
+
+
+def conclusion_shares(results: Sequence[ClaimResult], seed_runs: Mapping[str, dict], metrics: Mapping[str, float],
+                      ref_dists: Mapping[str, dict], envs: Mapping[str, dict]) -> list[Share]:
+    """The conclusions with seeds whose seeded metrics --decide reran (its last look's `seed_runs`), each on
+    those seeds (the other files' metrics from this run), with Fisher's exact test against the reference's
+    share. Shown, not gated: the primary endpoints decide, and a share's test was not simulated across
+    the looks that chose its number of seeds."""
+    out = []
+    for res in results:
+        seeded = {k.split(".", 1)[0] for k in res.read} & {f for f, d in ref_dists.items() if (d or {}).get("runs")}
+        if res.claim.cls != "conclusion" or not res.seeds_n or not seeded or not seeded <= set(seed_runs):
+            continue
+        again = evaluate_claim(res.claim, metrics, {f: {"runs": runs} for f, runs in seed_runs.items()}, envs)
+        if again.seeds_n:
+            out.append(Share(res, again.seeds_held, again.seeds_n,
+                             share_p(again.seeds_held, again.seeds_n, res.seeds_held, res.seeds_n),
+                             shares_shown_different(again.seeds_n, res.seeds_held, res.seeds_n)))
+    return out
 
 
 MACHINE = ("cpu", "cpu_capability", "device", "torch")  # a run's numbers are comparable where these agree
