@@ -168,14 +168,14 @@ class Share:
 
     def detectable_text(self) -> str:
         """The shares shown different, as the two tails they form: "≤ 5 of 10", "≤ 1 or ≥ 9 of 10"."""
-        k = set(self.detectable)
+        k = self.detectable  # sorted
         if not k:
             return f"never, at {self.n} seed{'s' * (self.n > 1)}"
-        lo = next(x for x in range(self.n + 2) if x not in k) - 1  # the tail from 0 (-1: none)
-        hi = next(x for x in range(self.n, -2, -1) if x not in k) + 1  # the tail to n (n + 1: none)
-        if lo >= hi - 1:
+        lo = [x for i, x in enumerate(k) if x == i]  # the tail from 0
+        hi = [x for i, x in enumerate(reversed(k)) if x == self.n - i]  # the tail to n
+        if len(lo) + len(hi) > len(k):
             return f"any of {self.n}"
-        return " or ".join(([f"≤ {lo}"] if lo >= 0 else []) + ([f"≥ {hi}"] if hi <= self.n else [])) + f" of {self.n}"
+        return " or ".join(([f"≤ {lo[-1]}"] if lo else []) + ([f"≥ {hi[-1]}"] if hi else [])) + f" of {self.n}"
 
 
 def conclusion_shares(results: Sequence[ClaimResult], seed_runs: Mapping[str, dict], metrics: Mapping[str, float],
