@@ -44,6 +44,16 @@ def test_parse_margins_and_errors():
         E.parse_primary([[f"m.a{i}", "±1", "r"] for i in range(21)], "t")
 
 
+def test_the_error_pools_both_samples_seed_sd_and_is_the_references_alone_at_one_rerun_seed():
+    e = ep("m.x", "±1")
+    one = E.judge([e], {"m.x": REF}, {"m.x": [1.5]})[0]
+    assert (one.sd, one.p_different) == (one.ref_sd, margin_p(1.5, float(np.std(REF, ddof=1)), 1, 10, 1.0)[1])
+    run = [1.0, 2.0, 3.0]  # sd 1
+    three = E.judge([e], {"m.x": REF}, {"m.x": run})[0]
+    assert three.sd == pytest.approx(math.sqrt((9 * np.var(REF, ddof=1) + 2 * 1.0) / 11))
+    assert three.p_different == margin_p(2.0, three.sd, 3, 10, 1.0)[1]
+
+
 def test_three_answers():
     e = [ep("m.same", "±5"), ep("m.diff", "±0.5"), ep("m.inc", "±1"), ep("m.gone", "±1"), ep("m.nan", "±1")]
     ref = {k.metric: REF for k in e}
