@@ -88,11 +88,10 @@ class Judgement:
     shift: Optional[float] = None  # run - reference, on the analysis scale
     ref_sd: float = 0.0  # the reference's seed sd, on the analysis scale
     sd: float = 0.0  # the seed sd the tests use: the reference's and the run's pooled (`pooled_sd`)
-    shift_sd: Optional[float] = None  # the shift in that sd
+    shift_sd: Optional[float] = None  # the shift in the reference's seed sd
     p_same: float = 1.0
     p_different: float = 1.0
-    seeds_needed: Optional[int] = None  # INCONCLUSIVE: the rerun seeds that would decide it at --decide's alpha
-    # and the spread observed (`sd`)
+    seeds_needed: Optional[int] = None  # INCONCLUSIVE: the rerun seeds that would decide it (--decide's alpha, `sd`)
 
     def shift_text(self) -> str:
         if self.shift is None:
@@ -135,8 +134,9 @@ def pooled_sd(ref: Band, run: Band) -> float:
     distribution, so one sd serves both; the run's own spread enters because the reference's seeds can
     miss a rare mode, and then the reference's sd alone makes one rerun seed in that mode look like a
     shift of many sd (the scaled d_head-256 model's attention collapses on 1 of 10 seeds of the reference's
-    code on an AVX2-only CPU, on none of the reference's 10: benchmarks/results/gate_power.json). `stats.margin_p` keeps the
-    reference's n_ref - 1 degrees of freedom, fewer than the pooled n_ref + n - 2: a conservative t."""
+    code limited to AVX2, on none of the reference's 10: benchmarks/results/gate_power.json).
+    `stats.margin_p` keeps the reference's n_ref - 1 degrees of freedom, fewer than the pooled
+    n_ref + n - 2: a conservative t."""
     return math.sqrt(((ref.n - 1) * ref.sd ** 2 + (run.n - 1) * run.sd ** 2) / (ref.n + run.n - 2))
 
 
