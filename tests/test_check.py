@@ -397,6 +397,8 @@ def test_seeds_of_its_own_do_not_exempt_the_run_itself(repo, live, capsys):
         "| train.unscaled.loss_final | ±0.2 | 6, 5 | 20.78417 | 5.14 | +15.6 (+4.9e+02 sd) | INCONCLUSIVE: no number of "
         "seeds up to 100 decides it: with the run's seeds the pooled sd is "), out
     assert "× the reference's (a seed far from the others)" in endpoint_row(out, "train.unscaled.loss_final")
+    e = next(e for e in json.loads(check(repo, capsys, "--json")[1])["endpoints"] if e["metric"] == "train.unscaled.loss_final")
+    assert e["pooled_sd"] > 2 * e["reference_sd"] > 0 and e["answer"] == "INCONCLUSIVE"
     dump(repo / "metrics/dist/train.json", distribution(shifted(lambda s: 99.0 - SEEDS[s]["unscaled"]["loss_final"])))
     rc, out = check(repo, capsys)
     problems = out.split("\nproblems:\n", 1)[-1].split("\n\n", 1)[0].splitlines()
