@@ -129,14 +129,8 @@ def _mean(values: Sequence[float], log: bool) -> float:
 
 
 def pooled_sd(ref: Band, run: Band) -> float:
-    """The seed sd of the reference's and the run's seeds pooled ((n_ref - 1) and (n - 1) degrees of
-    freedom; the reference's alone at one rerun seed). A faithful rerun draws from the reference's
-    distribution, so one sd serves both; the run's own spread enters because the reference's seeds can
-    miss a rare mode, and then the reference's sd alone makes one rerun seed in that mode look like a
-    shift of many sd (the scaled d_head-256 model's attention collapses on 1 of 10 seeds of the reference's
-    code limited to AVX2, on none of the reference's 10: benchmarks/results/gate_power.json).
-    `stats.margin_p` keeps the reference's n_ref - 1 degrees of freedom, fewer than the pooled
-    n_ref + n - 2: a conservative t."""
+    """The seed sd of the reference's and the run's seeds pooled (the reference's alone at one rerun seed):
+    the run's own spread enters because the reference's seeds can miss a rare mode (docs/VERDICT.md)."""
     return math.sqrt(((ref.n - 1) * ref.sd ** 2 + (run.n - 1) * run.sd ** 2) / (ref.n + run.n - 2))
 
 
