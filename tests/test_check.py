@@ -517,7 +517,7 @@ def test_a_sweep_summary_is_informational_and_its_conclusion_gated(repo, live, c
 
 
 def test_a_seed_distribution_is_judged_in_the_mode_of_the_stage_that_writes_it(repo):
-    from attnrepro.judge.check import dist_producers
+    from attnrepro.provenance.lock import dist_producers
 
     assert dist_producers(repo) == {"train": "train"}
     d = yaml.safe_load((repo / "dvc.yaml").read_text(encoding="utf-8"))

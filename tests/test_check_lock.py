@@ -14,8 +14,9 @@ import yaml
 
 from attnrepro.files import dvc_stages
 
-from attnrepro.judge.check import checkout_root, run_record_findings
-from attnrepro.judge.revision import lock_findings, out_md5
+from attnrepro.judge.check import checkout_root
+from attnrepro.provenance.lock import lock_findings, out_md5
+from attnrepro.provenance.records import run_record_findings
 from attnrepro.store.run_store import key_of, spec_record
 
 REPO = Path(__file__).resolve().parents[1]

@@ -425,7 +425,7 @@ def test_a_moved_headline_does_not_pass_by_loosening_the_claims(committed, capsy
     assert lines[2] == '    loosened  timings "*"' and lines[3].startswith("    changed   timings")
     assert lines[4] == "  src/attnrepro/judge/conclusions.py differs from HEAD's; the verdict uses HEAD's:"
     from attnrepro.judge.conclusions import CLAIMS  # the predicates HEAD registers: every one removed here
-    from attnrepro.judge.revision import listed
+    from attnrepro.provenance.lock import listed
     assert lines[5] == "    removed   " + listed(sorted(f"{c['experiment']}.{c['id']}" for c in CLAIMS))
     assert drifted(committed) in out
 
@@ -448,7 +448,7 @@ def test_json_and_md_forms_carry_the_same_verdict(tmp_path, capsys):
 
 
 def test_store_findings_compare_metrics_with_the_runs_that_made_them(tmp_path):
-    """judge.decide.store_findings: a metric of train.json or a seed of dist/failures.json edited (with dvc.lock
+    """provenance.records.store_findings: a metric of train.json or a seed of dist/failures.json edited (with dvc.lock
     fixed, so nothing else sees it) is named against the run store's summary of the run that made it; a store run
     made on another machine is not compared (its float order differs under the same key); no store, no findings."""
     import numpy as np
@@ -456,7 +456,7 @@ def test_store_findings_compare_metrics_with_the_runs_that_made_them(tmp_path):
     from attnrepro.experiments.protocol import CORPUS_FILES
     from attnrepro.files import read_params
     from attnrepro.formatting import fmt_number
-    from attnrepro.judge.decide import _config, store_findings
+    from attnrepro.provenance.records import run_config, store_findings
     from attnrepro.run.execute import run_key
 
     params = read_params(REPO / "params.yaml")
@@ -470,7 +470,7 @@ def test_store_findings_compare_metrics_with_the_runs_that_made_them(tmp_path):
     envs = {"train": here, "failures": here}
     metrics, dists = {}, {}
     for file in ("train", "failures"):
-        cfg = _config(params, file)
+        cfg = run_config(params, file)
         seeds = [cfg.seed, 7]
         dists[file] = {"seeds": seeds, "runs": {}}
         for s in seeds:
@@ -487,7 +487,7 @@ def test_store_findings_compare_metrics_with_the_runs_that_made_them(tmp_path):
     envs["seeds"] = here
     assert store_findings(tmp_path, params, metrics, dists, envs, producers) == []
 
-    variant = next(iter(_config(params, "train").variants))
+    variant = next(iter(run_config(params, "train").variants))
     metrics[f"train.{variant}.loss_final"] += 0.15
     dists["failures"]["runs"]["7"]["correct"]["loss_final"] = 4.60714
     found = store_findings(tmp_path, params, metrics, dists, envs, producers)

@@ -227,7 +227,7 @@ def test_check_makes_each_sweep_again_from_the_store(repo, tmp_path):
     from attnrepro.envinfo import environment
     from attnrepro.files import read_params
     from attnrepro.judge.claims import load_json_dir
-    from attnrepro.judge.decide import sweep_findings
+    from attnrepro.provenance.records import sweep_findings
 
     params, envs = read_params(repo / "params.yaml"), load_json_dir(repo / "metrics" / "env")
     seen: list[str] = []

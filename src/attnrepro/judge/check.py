@@ -1,26 +1,10 @@
-"""`attnrepro check`: does this run reproduce the committed reference run? The rules: docs/VERDICT.md.
-
-The reference is what a git revision holds (default HEAD; judge.revision): claims.yaml and the
-predicates of judge/conclusions.py, metrics/*.json, the seed distributions metrics/dist/*.json, the
-machine records metrics/env/*.json, params.yaml and metrics/claims.json. The working tree supplies
-only the run: its metrics, which must still be what dvc.lock recorded, and its env records, which must
-describe the live machine unless --made-on says where the run was made. Claims or params edited in the
-working tree are listed in the first lines and never used.
-
-Two questions. Is it the same computation? Each metrics file is judged exactly where the run was made
-on the reference's kind of machine with its params (every metric identical, timings aside); else a
-metric with seeds is shown with its band and z (informational) and one without keeps its drift
-tolerance. Does it still reproduce the chapter? The primary endpoints are judged SAME / DIFFERENT /
-INCONCLUSIVE against the reference's seeds (judge.endpoints; --decide reruns them at more seeds:
-judge.decide). Then the reference's claims, recomputed on this run and the reference's seeds: every
-checksum must hold, every conclusion must come out as on the reference (one with seeds whose stage is judged
-statistically takes the reference seeds' verdict: one run cannot move a share; the run's own outcome is named
-where it differs). The first line of the output is the verdict.
-"""
+"""`attnrepro check`: does this run reproduce the committed reference run? The rules, written once:
+docs/VERDICT.md. Here: the machine each metrics file was made on and its mode (exact or statistical), every
+metric's row, the primary endpoints' values (judged in judge.endpoints; --decide: judge.decide), the claims
+as the reference judges them (judge.claims), the problems provenance/ finds, and the rendering."""
 
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -29,21 +13,20 @@ from typing import Callable, Optional, Sequence
 
 from attnrepro.config import UserError
 from attnrepro.envinfo import environment
-from attnrepro.files import dvc_entry, dvc_stages, read_json, read_params, read_yaml_or_none
+from attnrepro.files import read_params
 from attnrepro.formatting import fmt_number, md_table
 from attnrepro.judge import endpoints
 from attnrepro.judge.claims import (CONCLUSIONS, METRICS, ClaimResult, Expectations, Tol, band, counts,
                                     evaluate_all, evaluate_claim, kind, load, load_json_dir, load_metrics_dir, ran_on,
                                     same, seed_values, tally_lines)
-from attnrepro.judge.decide import conclusion_shares, decide, store_findings, sweep_findings
+from attnrepro.judge.decide import conclusion_shares, decide
 from attnrepro.judge.endpoints import Judgement
-from attnrepro.judge.revision import (Reference, Revision, claims_changes, get_leaf, key_leaves, listed, lock_findings,
-                                      norm_param, params_changes, reference)
+from attnrepro.judge.revision import Reference, Revision, claims_changes, params_changes, reference
 from attnrepro.measure.head_matching import heads_renamed, seeds_renamed
+from attnrepro.provenance.lock import dist_producers, listed, lock_findings, made_with_other_params
+from attnrepro.provenance.records import made_by, run_record_findings, store_findings, sweep_findings
 from attnrepro.run.engine_settings import EngineConfig
-from attnrepro.run.execute import NUMERICS
 from attnrepro.stats import ALPHA, LOOKS, Band
-from attnrepro.store.run_store import recorded_key
 
 # what decides whether a rerun must be byte-identical: the machine's float order and the software
 MACHINE_KEYS = ("cpu", "cpu_capability", "torch", "python", "torch_threads", "device", "cuda_available", "cuda_version",
@@ -52,81 +35,6 @@ MACHINE_KEYS = ("cpu", "cpu_capability", "torch", "python", "torch_threads", "de
 IDENTITY_KEYS = ("cpu", "cpu_capability", "torch", "python")
 # how a stage ran on that machine: only its env record knows
 RUN_KEYS = ("torch_threads", "device", "runs_on")
-
-
-def _resolve(text: str, params: dict) -> str:
-    """dvc.yaml templating: ${a.b} from params (left as is when params lack it)."""
-    def look(m):
-        v = params
-        for k in m.group(1).split("."):
-            v = v.get(k) if isinstance(v, dict) else None
-        return m.group(0) if v is None or isinstance(v, (dict, list)) else str(v)
-    return re.sub(r"\$\{([^}]+)\}", look, text)
-
-
-def dist_producers(root: Path) -> dict[str, str]:
-    """{seed distribution's file stem: the metrics file of the stage that writes it} (dvc.yaml)."""
-    out = {}
-    for st in dvc_stages(root, required=False).values():
-        paths = [dvc_entry(o)[0] for k in ("outs", "metrics") for o in st.get(k) or []]
-        own = [Path(p).stem for p in paths if p.startswith(f"{METRICS}/") and p.count("/") == 1]
-        for p in paths:
-            if p.startswith(f"{METRICS}/dist/") and own:
-                out[Path(p).stem] = own[0]
-    return out
-
-
-def file_stages(root: Path, params: dict) -> dict[str, set[str]]:
-    """{metrics file: its stage and the stages upstream of it} (dvc.yaml)."""
-    stages = dvc_stages(root, required=False)
-    outs, deps = {}, {}
-    for name, st in stages.items():
-        outs[name] = [dvc_entry(o)[0] for k in ("outs", "metrics", "plots") for o in st.get(k) or []]
-        deps[name] = [_resolve(dvc_entry(d)[0], params) for d in st.get("deps") or []]
-
-    def upstream(name, seen):
-        for other, paths in outs.items():
-            if other not in seen and any(d == p or d.startswith(p + "/") for d in deps[name] for p in paths):
-                seen.add(other)
-                upstream(other, seen)
-        return seen
-
-    out: dict[str, set[str]] = {}
-    for name in stages:
-        for p in outs[name]:
-            if p.startswith("metrics/") and p.endswith(".json") and p.count("/") == 1:
-                out[Path(p).stem] = upstream(name, {name})
-    return out
-
-
-def made_with_other_params(root: Path, params: dict, reference_lock: dict, reference_params: dict) -> dict[str, list[str]]:
-    """{metrics file: the params sections its stage, or a stage upstream of it, ran with otherwise than the
-    reference's run of that stage}, read from the two dvc.lock files: the params the outputs were made with,
-    never an edit of params.yaml no stage ran with. Only params.yaml's leaves, dotted keys split as nested
-    ones; a leaf one lock lacks (a key added to a stage's params, an entry absent) counts with that
-    revision's params.yaml value. A thread count is the machine's (torch_threads in the records), not the
-    protocol's: a run on 2 threads keeps its float-order tolerances."""
-    lock = read_yaml_or_none(root / "dvc.lock")
-    lock = lock if isinstance(lock, dict) else {}
-
-    def ran(d: dict, stage: str) -> dict:
-        got = ((((d.get("stages") or {}).get(stage) or {}).get("params") or {}).get("params.yaml") or {})
-        return {leaf: norm_param(v) for key, val in got.items()
-                for leaf, v in key_leaves(val, tuple(str(key).split("."))).items()}
-
-    differ: dict[str, set[str]] = {}
-    out = {}
-    for file, stages in file_stages(root, params).items():
-        sections = set()
-        for st in stages:
-            if st not in differ:
-                a, b = ran(lock, st), ran(reference_lock, st)
-                differ[st] = {k[0] for k in set(a) | set(b) if k and k[-1] != "threads"
-                              and a.get(k, norm_param(get_leaf(params, k)))
-                              != b.get(k, norm_param(get_leaf(reference_params, k)))}
-            sections |= differ[st]
-        out[file] = sorted(sections)
-    return out
 
 
 # ---------------------------------------------------------------- the machine the run was made on
@@ -335,33 +243,6 @@ class Outcome:
         return not self.problems
 
 
-def run_record_findings(root: Path) -> list[str]:
-    """The metrics of a stage that keeps its runs' folders (data/<stage>/<name>/: spec.json and
-    summary.json, as the run store wrote them) against those records: each folder's spec.json must
-    hash to its key, and every number its summary shares with metrics/<stage>.json[<name>] must be
-    the same. A metric edited together with dvc.lock is caught here; without data/ (not pulled, not
-    rerun) there is nothing to read."""
-    problems = []
-    for folder in sorted((root / "data").glob("*/*/")):
-        stage, name = folder.parent.name, folder.name
-        if not ((folder / "summary.json").is_file() and (folder / "spec.json").is_file()):
-            continue
-        where = f"data/{stage}/{name}"
-        record = read_json(folder / "spec.json")
-        if recorded_key(record) != record.get("key"):
-            problems.append(f"{where}/spec.json does not hash to its key: the run's record was edited")
-            continue
-        metrics_file = root / METRICS / f"{stage}.json"
-        mine = read_json(metrics_file).get(name) if metrics_file.is_file() else None
-        if not isinstance(mine, dict):
-            continue
-        for key, recorded in sorted(read_json(folder / "summary.json").items()):
-            if key in mine and not same(mine[key], recorded):
-                problems.append(f"{METRICS}/{stage}.json {name}.{key} = {fmt_number(mine[key])}, but the run that "
-                                f"made it ({where}, run {record['key'][:12]}) recorded {fmt_number(recorded)}")
-    return problems
-
-
 def checkout_root(root: Path) -> Path:
     """The checkout to judge: `root` itself, or (run from a folder inside it) the git work tree above
     that holds params.yaml; a root that is no folder, or no checkout, is one line."""
@@ -420,7 +301,7 @@ def run_check(rev: str = "HEAD", root: str | Path = ".", claims_path: str | Path
     out.notes += [f"--decide: {look.line()}" for look in looks]
     out.notes += [f"{f}: judged exactly, and its seeds, remade by the {producers.get(f, f)} stage, against the reference's"
                   for f in remade if modes.get(f) == "exact"]
-    out.provenance, numerics = provenance(envs)
+    out.provenance, numerics = made_by(envs)
     sweep_probs, sweep_notes = sweep_findings(root, params, envs, live, lambda line: print(line, file=sys.stderr))
     out.notes += lock_notes + sweep_notes
     out.problems = (lock_probs + run_record_findings(root)
@@ -520,27 +401,6 @@ def starts_to_hold(claim, cur: dict, envs: dict, ref: Reference) -> bool:
     """Does a conclusion the reference does not reproduce hold on this run, where it does not on the
     reference's own run? (Both without seeds: on the reference's seeds it fails by construction.)"""
     return evaluate_claim(claim, cur, {}, envs).passed and not evaluate_claim(claim, ref.metrics, {}, ref.envs).passed
-
-
-def provenance(envs: dict[str, dict]) -> tuple[list[str], list[str]]:
-    """Which code made each stage's results (its environment record): the revision, whether it had
-    uncommitted changes, and the numerics versions its runs were keyed under. A result whose runs
-    were keyed under other numerics than the code at HEAD declares (run.execute.NUMERICS) is not the code at
-    HEAD's: a problem. Returns (lines, problems)."""
-    made: dict[str, list[str]] = {}
-    problems = []
-    for file, env in sorted(envs.items()):
-        rev = env.get("git_revision")
-        who = "an unknown revision" if not rev else rev[:10] + (" with uncommitted changes" if env.get("git_dirty") else "")
-        made.setdefault(who, []).append(file)
-        used = env.get("numerics") or {}
-        moved = {t: (v, NUMERICS.get(t)) for t, v in used.items() if NUMERICS.get(t) != v}
-        if moved:
-            problems.append(f"metrics/{file}.json comes from runs keyed under other numerics than the code at HEAD's ("
-                            + ", ".join(f"{t}: {a} -> {b}" for t, (a, b) in moved.items())
-                            + "): its results are not this code's; `dvc repro` retrains them")
-    lines = [f"made by {who}: {', '.join(files)}" for who, files in made.items()]
-    return lines, problems
 
 
 def not_reproduced(claim_id: str, verdicts: dict) -> bool:

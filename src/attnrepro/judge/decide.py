@@ -1,48 +1,30 @@
-"""The runs behind the train and failures stages' metrics, as the verdict reads them.
-
-`decide` (`attnrepro check --decide`): rerun the primary endpoints' runs at more of the reference's
-seeds, in looks of stats.LOOKS seeds (the reference's first 1, 3, 5, 10), until no endpoint is
-INCONCLUSIVE, one is DIFFERENT, or the reference's seeds run out. Each look spends alpha / len(LOOKS)
-(Bonferroni over looks: docs/VERDICT.md); the run store serves every run already made, so no run
-trains twice. `conclusion_shares`: the chapter's conclusions on the last look's seeds, against the reference's
-share (shown, not gated). `store_findings`: those stages' metrics against the summaries the run store keeps of
-the runs that made them (a metric edited together with dvc.lock is caught where the store holds its run).
-`sweep_findings`: a sweep's metrics are aggregates over its runs, so each sweep whose runs the store
-holds is made again from them, training nothing, and its outputs compared with the committed ones.
-"""
+"""`attnrepro check --decide`: rerun the primary endpoints' runs at more of the reference's seeds, in looks of
+stats.LOOKS seeds, until every endpoint is decided, one is DIFFERENT, or the reference's seeds run out (the
+rule and its error spending: docs/VERDICT.md); the run store serves every run already made, so no run trains
+twice. `conclusion_shares`: the chapter's conclusions on the last look's seeds against the reference's share
+(shown, not gated)."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from scipy.stats import fisher_exact
 
-from attnrepro.config import UserError, from_dict
+from attnrepro.config import UserError
 from attnrepro.envinfo import resolve_device, setup_determinism
 from attnrepro.experiments.comparison import comparison, pairs_by_dhead
-from attnrepro.experiments.failures import FailuresConfig
-from attnrepro.experiments.protocol import CORPUS_FILES, TrainConfig, corpus_inputs
-from attnrepro.files import dvc_entry, dvc_stages, read_json
-from attnrepro.formatting import fmt_number
+from attnrepro.experiments.protocol import corpus_inputs
 from attnrepro.judge import endpoints
-from attnrepro.judge.claims import ClaimResult, evaluate_claim, same
+from attnrepro.judge.claims import ClaimResult, evaluate_claim
 from attnrepro.judge.endpoints import Endpoint, Judgement
+from attnrepro.provenance.records import RUN_FILES, run_config
 from attnrepro.run.engine import require_ok, run_sweep
 from attnrepro.run.engine_settings import EngineConfig
-from attnrepro.run.execute import run_key
-from attnrepro.run.stage import is_sweep
-from attnrepro.store.run_store import RunStore
 from attnrepro.stats import ALPHA, LOOKS, flatten
 
-FILES = ("train", "failures")  # the stages whose runs --decide can rerun
 
 
 @dataclass
@@ -82,14 +64,10 @@ def _records_cost(records) -> tuple[int, int, float]:
     return len(records), sum(not r.cached for r in records), cpu
 
 
-def _config(params: Mapping, file: str):
-    return from_dict(TrainConfig if file == "train" else FailuresConfig, params[file], prefix=file)
-
-
 def rerun_values(params: Mapping, file: str, seeds: Sequence[int], engine: EngineConfig) -> tuple[dict, tuple]:
     """({seed: the metrics of that seed's runs, as metrics/<file>.json nests them}, (runs, trained, cpu
     seconds)) for the train variants or the failures table's models at `seeds`, through the run store."""
-    cfg = _config(params, file)
+    cfg = run_config(params, file)
     device = resolve_device(cfg.device, f"{file}.device")
     setup_determinism(cfg.threads, device)
     keys = [(v, s) for s in seeds for v in cfg.variants]
@@ -108,9 +86,9 @@ def rerun_values(params: Mapping, file: str, seeds: Sequence[int], engine: Engin
 
 def decide(family: Sequence[Endpoint], ref_dists: Mapping[str, dict], params: Mapping, engine: EngineConfig,
            max_seeds: int = max(LOOKS)) -> list[Look]:
-    """The looks of --decide for the primary endpoints of FILES, at the reference's seeds in its order, up
+    """The looks of --decide for the primary endpoints of RUN_FILES, at the reference's seeds in its order, up
     to `max_seeds` (alpha is spent over all of stats.LOOKS whatever the cap: stopping early costs nothing)."""
-    family = [e for e in family if e.metric.split(".", 1)[0] in FILES]
+    family = [e for e in family if e.metric.split(".", 1)[0] in RUN_FILES]
     files = sorted({e.metric.split(".", 1)[0] for e in family})
     if not family:
         raise UserError("check --decide: no primary endpoint of the train or failures stage to rerun")
@@ -197,130 +175,9 @@ def conclusion_shares(results: Sequence[ClaimResult], seed_runs: Mapping[str, di
     return out
 
 
-MACHINE = ("cpu", "cpu_capability", "device", "torch")  # a run's numbers are comparable where these agree
 
 
-def store_findings(root: Path, params: Mapping, metrics: Mapping[str, float], dists: Mapping[str, dict],
-                   envs: Mapping[str, dict], producers: Mapping[str, str]) -> list[str]:
-    """Each seed's runs of metrics/dist/<file>.json (made by the stage producers[file]), and the run
-    seed's metrics/<file>.json, for FILES, against the summary the run store (params engine.store) keeps
-    under the run's key, recomputed from params, the device the stage ran on and the corpus: every number
-    both hold must be equal. Compared only where the run was made on the machine the stage's record names
-    (MACHINE): a store filled elsewhere holds other float orders under the same keys. Runs the store does
-    not hold are not read; nothing is moved."""
-    engine = params.get("engine") or {}
-    store = RunStore(root / str(engine.get("store", "runs")), say=lambda line: None)
-    corpus = root / "data" / "corpus"
-    if not store.root.is_dir() or not all((corpus / n).is_file() for n in CORPUS_FILES):
-        return []
-    inputs = corpus_inputs(corpus)
-    problems = []
-    for file in FILES:
-        seeds = [int(x) for x in (dists.get(file) or {}).get("seeds", [])]
-        device = (envs.get(file) or {}).get("device")
-        if not seeds or file not in params or not device:
-            continue
-        cfg = _config(params, file)
-        for seed in seeds:
-            for variant in cfg.variants:
-                key = run_key(cfg.spec(variant, seed, device), inputs)
-                summary = store.path(key) / "summary.json"
-                if not summary.is_file():
-                    continue
-                ran_on_file = summary.with_name("env.json")  # an entry without one: its machine unknown, not read
-                recorded, ran_on = read_json(summary), read_json(ran_on_file) if ran_on_file.is_file() else {}
-                mine = [(f"metrics/dist/{file}.json seed {seed} {variant}", producers.get(file, file),
-                         (dists[file]["runs"].get(str(seed)) or {}).get(variant) or {})]
-                if seed == cfg.seed and not (root / "data" / file / variant / "summary.json").is_file():
-                    # (a run folder the stage keeps is read by check.run_record_findings already)
-                    mine.append((f"metrics/{file}.json {variant}", file, {k[len(f"{file}.{variant}."):]: v for k, v
-                                                                         in metrics.items()
-                                                                         if k.startswith(f"{file}.{variant}.")}))
-                for where, stage, values in mine:
-                    if any(ran_on.get(k) != (envs.get(stage) or {}).get(k) for k in MACHINE):
-                        continue
-                    bad = sorted(k for k, v in recorded.items() if k in values and not same(values[k], v))
-                    problems += [f"{where}: {k} = {fmt_number(values[k])}, but the run that made it (store "
-                                 f"{key[:12]}) recorded {fmt_number(recorded[k])}" for k in bad]
-    return problems
 
 
-def sweep_findings(root: Path, params: Mapping, envs: Mapping[str, dict], live: Callable[[str], dict],
-                   say: Callable[[str], None] = lambda line: None) -> tuple[list[str], list[str]]:
-    """(problems, notes): each sweep stage (run.stage.SWEEPS, choices@<arm> included) whose machine record
-    names this machine (MACHINE) and whose runs it made here is run again in a scratch folder from the run
-    store with --store-only (a run the store lacks stops it: a note, not a problem), and every number of
-    its metrics/*.json and every byte of its CSVs compared with the working tree's. Nothing in the
-    working tree is written and nothing trains (the scratch folder is removed; the store is read as any
-    stage reads it, so an entry found damaged is quarantined)."""
-    root = root.resolve()  # the scratch folder links to it
-    store = (root / str((params.get("engine") or {}).get("store", "runs"))).resolve()
-    problems: list[str] = []
-    notes: list[str] = []
-    if not store.is_dir():
-        return problems, notes
-    elsewhere = []
-    for name, st in dvc_stages(root).items():
-        outs = [dvc_entry(o)[0] for o in st.get("outs") or []]
-        env_file = next((o for o in outs if o.startswith("metrics/env/")), None)
-        env = envs.get(Path(env_file).stem) if env_file else None
-        if not is_sweep(name) or not env:
-            continue
-        if env.get("runs_on") != "this machine" or \
-                any(env.get(k) != live(str(env.get("device", "cpu"))).get(k) for k in MACHINE):
-            elsewhere.append(name)
-            continue
-        say(f"check: making {name} again from the run store (no training) ...")
-        with tempfile.TemporaryDirectory(prefix="attnrepro-remake-") as tmp:
-            scratch = Path(tmp)
-            made, why = _remake(root, scratch, st, store)
-            if not made:
-                notes.append(f"{name}: not made again from the run store ({why})")
-                continue
-            files = [f.relative_to(root).as_posix() for o in outs if not o.startswith("metrics/env/")
-                     for f in ([root / o] if (root / o).is_file() else sorted((root / o).rglob("*")))]
-            for out in files:
-                mine, again = root / out, scratch / out
-                if not mine.is_file() or not again.is_file():
-                    continue
-                if out.endswith(".json"):
-                    a, b = flatten(read_json(mine)), flatten(read_json(again))
-                    bad = sorted(k for k in set(a) | set(b) if not same(a.get(k), b.get(k)))
-                    problems += [f"{out}: {k} = {fmt_number(a.get(k))}, but made again from the run store's records "
-                                 f"it is {fmt_number(b.get(k))}" for k in bad[:3]]
-                    if len(bad) > 3:
-                        problems.append(f"{out}: and {len(bad) - 3} more numbers differ from the ones made again "
-                                        "from the run store")
-                elif out.endswith(".csv") and mine.read_bytes() != again.read_bytes():
-                    problems.append(f"{out} differs from the one made again from the run store's records")
-    if elsewhere:
-        notes.append(f"{', '.join(elsewhere)}: made on another machine than this one, so not made again from this "
-                     "run store (its float order differs)")
-    return problems, notes
 
 
-def _remake(root: Path, scratch: Path, stage: Mapping, store: Path) -> tuple[bool, str]:
-    """Run `stage`'s command in `scratch` (its code and read-only inputs linked, the files it reads
-    under metrics/ and plots/ copied) with the run store at `store`, --store-only."""
-    for part in ("src", "stages", "scripts"):
-        (scratch / part).symlink_to(root / part)
-    for f in ("params.yaml", "dvc.yaml"):
-        shutil.copy(root / f, scratch / f)
-    for dep in (dvc_entry(d)[0] for d in stage.get("deps") or []):
-        src, dst = root / dep, scratch / dep
-        if dep.split("/")[0] in ("src", "stages", "scripts") or not src.exists() or dst.exists():
-            continue
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        if dep.startswith(("metrics/", "plots/")):
-            (shutil.copytree if src.is_dir() else shutil.copy)(src, dst)
-        else:
-            dst.symlink_to(src)
-    words = str(stage["cmd"]).split()
-    script = next(i for i, w in enumerate(words) if w.startswith("stages/"))
-    cmd = [sys.executable, *words[script:], "--store", str(store), "--store-only", "--workers", "1"]
-    proc = subprocess.run(cmd, cwd=scratch, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(root / "src")})
-    if proc.returncode != 0:
-        lines = (proc.stderr or proc.stdout).strip().splitlines()
-        return False, lines[-1].removeprefix("error: ") if lines else f"exit {proc.returncode}"
-    return True, ""

@@ -1,22 +1,12 @@
-"""What `attnrepro check` judges a run against, and whether the run's files are still the run.
-
-The reference is a git revision (default HEAD; in CI the merge base with the pull request's
-base branch). It supplies claims.yaml, the predicates (src/attnrepro/judge/conclusions.py, executed
-from the revision's text: never the working tree's module), params.yaml, the reference metrics
-(metrics/*.json), their seed distributions (metrics/dist/), machine records (metrics/env/) and
-verdicts (metrics/claims.json). The working tree supplies only the run's outputs: claims,
-predicates or params edited there are listed (`claims_changes`, `params_changes`), never used
-to judge.
-
-The run's own record is dvc.lock: every output of the pipeline's stages that git holds (metrics/,
-plots/, report/) with its md5 (a directory's as DVC computes it, `out_md5`) and every param value
-each stage ran with. A file or param that differs from it was edited after the run (`lock_findings`).
-"""
+"""What `attnrepro check` judges a run against: a git revision (default HEAD; in CI the merge base with the
+pull request's base branch). It supplies claims.yaml, the predicates (src/attnrepro/judge/conclusions.py,
+executed from the revision's text: never the working tree's module), params.yaml, the reference metrics
+(metrics/*.json), their seed distributions (metrics/dist/), machine records (metrics/env/) and verdicts
+(metrics/claims.json). The working tree supplies only the run's outputs: claims, predicates or params
+edited there are listed (`claims_changes`, `params_changes`), never used to judge."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
 import subprocess
 import tempfile
@@ -27,8 +17,9 @@ from typing import Optional
 import yaml
 
 from attnrepro.config import UserError
-from attnrepro.files import dvc_stages, parse_json, read_yaml_or_none
+from attnrepro.files import parse_json
 from attnrepro.judge.claims import CONCLUSIONS, METRIC_FILES_EXCLUDED, METRICS, ClaimError, Expectations, Tol, load
+from attnrepro.provenance.lock import key_leaves, short
 from attnrepro.stats import flatten
 
 
@@ -228,21 +219,6 @@ def claims_changes(ref: Expectations, tree: Expectations) -> dict[str, dict[str,
     return {f: {k: v for k, v in d.items() if v} for f, d in files.items() if any(d.values())}
 
 
-def key_leaves(d, path: tuple = ()) -> dict[tuple, object]:
-    """{path of keys: value} of every leaf (a key may hold dots: a file name)."""
-    if isinstance(d, dict) and d:
-        out = {}
-        for k, v in d.items():
-            out.update(key_leaves(v, path + (str(k),)))
-        return out
-    return {path: d}
-
-
-def short(v, width: int = 24) -> str:
-    s = "—" if v is None else json.dumps(v, ensure_ascii=False) if isinstance(v, (list, dict)) else str(v)
-    return s if len(s) <= width else s[:width - 1] + "…"
-
-
 def params_changes(ref: dict, tree: dict) -> list[str]:
     """`key old -> new` for each params leaf that differs."""
     a, b = key_leaves(ref), key_leaves(tree)
@@ -250,109 +226,15 @@ def params_changes(ref: dict, tree: dict) -> list[str]:
             if a.get(k) != b.get(k)]
 
 
-def listed(items: list[str], n: int = 6) -> str:
-    return ", ".join(items[:n]) + (f" and {len(items) - n} more" if len(items) > n else "")
-
-
 # ---------------------------------------------------------------- the run's record: dvc.lock
 
-def file_md5(path: Path) -> str:
-    h = hashlib.md5()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
-def out_md5(path: Path) -> str:
-    """The md5 DVC 3 records for an output: a file's bytes; for a directory, the md5 of its manifest
-    (sorted [{"md5", "relpath"}] as JSON) followed by ".dir"."""
-    if not path.is_dir():
-        return file_md5(path)
-    manifest = sorted(({"md5": file_md5(f), "relpath": f.relative_to(path).as_posix()}
-                       for f in path.rglob("*") if f.is_file()), key=lambda e: e["relpath"])
-    return hashlib.md5(json.dumps(manifest, sort_keys=True).encode("utf-8")).hexdigest() + ".dir"
 
 
-_NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
-_BOOL = {"true": True, "yes": True, "on": True, "false": False, "no": False, "off": False}
 
 
-def norm_param(v):
-    """A params value as YAML 1.2 (DVC) reads it: PyYAML (1.1) leaves '-1.0e4' a string and reads 'on' as true."""
-    if isinstance(v, dict):
-        return {k: norm_param(x) for k, x in v.items()}
-    if isinstance(v, list):
-        return [norm_param(x) for x in v]
-    if isinstance(v, str) and _NUMBER.fullmatch(v):
-        return float(v)
-    if isinstance(v, str) and v.lower() in _BOOL:
-        return _BOOL[v.lower()]
-    return v
 
 
-def get_leaf(d, path: tuple):
-    for part in path:
-        if not isinstance(d, dict) or part not in d:
-            return None
-        d = d[part]
-    return d
 
 
-def lock_findings(root: Path, reference_lock: Optional[dict] = None) -> tuple[list[str], list[str]]:
-    """(problems, notes): each metrics/, plots/ and report/ output (what git holds) and each param that differs from what dvc.lock
-    recorded for the stages of dvc.yaml (a stale lock entry of a stage dvc.yaml no longer has is ignored),
-    and each metrics file no stage recorded, are problems; except that a param only stages that were not
-    rerun ran with another value of (their lock entry, outputs and params, is the reference's own, and
-    their outputs are intact) is a note where the new value was run: a thread count (a setting of the
-    machine, not of the protocol), or a param another stage ran with at its new value (`dvc exp run -S
-    failures.steps=600 failures` leaves the sweeps that declare `failures` so; `dvc status` lists them
-    stale). A param edit no stage ran with stays a problem: nothing committed follows params.yaml."""
-    if not (root / "dvc.lock").is_file():
-        return ["dvc.lock is missing: the outputs cannot be matched with the run that made them"], []
-    lock = read_yaml_or_none(root / "dvc.lock")
-    if not isinstance(lock, dict):
-        return ["dvc.lock is not valid YAML: the outputs cannot be matched with the run that made them"], []
-    stages, trees = dvc_stages(root, required=False), {}
-    current = {n: st for n, st in (lock.get("stages") or {}).items()
-               if n in stages}
-    problems, notes, recorded, params_seen, ran_with_now = [], [], set(), {}, {}
-    theirs = (reference_lock or {}).get("stages") or {}
-    not_rerun = {n for n, st in current.items()
-                 if n in theirs and (st.get("outs"), st.get("params")) == (theirs[n].get("outs"), theirs[n].get("params"))}
-    for name, st in current.items():
-        for out in st.get("outs") or []:
-            path = str(out.get("path", ""))
-            recorded.add(path)
-            if not (path == "report" or path.startswith((f"{METRICS}/", "plots/", "report/"))):  # git holds these
-                continue
-            if not (root / path).exists():
-                problems.append(f"{path} is missing (dvc.lock records it as an output of {name})")
-                not_rerun.discard(name)
-            elif out_md5(root / path) != out.get("md5"):
-                problems.append(f"{path} was edited after the run (its md5 differs from dvc.lock's)")
-                not_rerun.discard(name)
-        for file, values in (st.get("params") or {}).items():
-            tree = trees[file] if file in trees else trees.setdefault(file, read_yaml_or_none(root / file) or {})
-            for key, ran in (values or {}).items():  # key: a dotted path (DVC's), its value a leaf or a mapping
-                for leaf, v in key_leaves(ran, tuple(str(key).split("."))).items():
-                    if norm_param(get_leaf(tree, leaf)) != norm_param(v):
-                        params_seen.setdefault((file, ".".join(leaf), short(v), short(get_leaf(tree, leaf))),
-                                               []).append(name)
-                    else:
-                        ran_with_now.setdefault((file, ".".join(leaf)), []).append(name)
-    for (file, leaf, ran, now), names in params_seen.items():
-        run_now = ran_with_now.get((file, leaf), [])
-        if all(n in not_rerun for n in names) and (leaf.rsplit(".", 1)[-1] == "threads" or run_now):
-            notes.append(f"{file} {leaf} was edited after the run ({listed(names, 3)} ran with {ran}, it now reads "
-                         f"{now}), and {'it was' if len(names) == 1 else 'they were'} not rerun: the outputs are "
-                         "the reference's own (`dvc status` lists them stale)"
-                         + (f"; {listed(run_now, 3)} ran with {now}" if run_now else ""))
-        else:
-            problems.append(f"{file} {leaf} was edited after the run ({listed(names, 3)} ran with {ran}, it now "
-                            f"reads {now})")
-    for f in sorted(p for sub in ("", "dist/", "env/") for p in (root / METRICS).glob(f"{sub}*.json")):
-        rel = f.relative_to(root).as_posix()
-        if rel not in recorded and not any(rel.startswith(r + "/") for r in recorded):
-            problems.append(f"{rel} is an output of no stage in dvc.lock: not made by the run")
-    return problems, notes
