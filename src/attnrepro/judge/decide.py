@@ -26,7 +26,6 @@ from attnrepro.run.engine_settings import EngineConfig
 from attnrepro.stats import ALPHA, LOOKS, flatten
 
 
-
 @dataclass
 class Look:
     seeds: list[int]
@@ -173,11 +172,3 @@ def conclusion_shares(results: Sequence[ClaimResult], seed_runs: Mapping[str, di
                              share_p(again.seeds_held, again.seeds_n, res.seeds_held, res.seeds_n),
                              shares_shown_different(again.seeds_n, res.seeds_held, res.seeds_n)))
     return out
-
-
-
-
-
-
-
-

@@ -224,17 +224,3 @@ def params_changes(ref: dict, tree: dict) -> list[str]:
     a, b = key_leaves(ref), key_leaves(tree)
     return [f"{'.'.join(k)} {short(a.get(k))} -> {short(b.get(k))}" for k in sorted(set(a) | set(b))
             if a.get(k) != b.get(k)]
-
-
-# ---------------------------------------------------------------- the run's record: dvc.lock
-
-
-
-
-
-
-
-
-
-
-
