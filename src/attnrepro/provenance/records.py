@@ -27,6 +27,8 @@ from attnrepro.stats import flatten
 RUN_FILES = ("train", "failures")  # the stages whose metrics are seeded runs of the store (what --decide reruns)
 
 
+# judge.claims has its own `same` (and METRICS): claims.py is a dependency of the report stage, which must not
+# depend on this module and what it imports
 def same(a, b) -> bool:
     """Equal, nan equal to nan (a metric that is nan on both runs has not moved)."""
     return a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
