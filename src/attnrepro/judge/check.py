@@ -16,14 +16,14 @@ from attnrepro.envinfo import environment
 from attnrepro.files import read_params
 from attnrepro.formatting import fmt_number, md_table
 from attnrepro.judge import endpoints
-from attnrepro.judge.claims import (CONCLUSIONS, METRICS, ClaimResult, Expectations, Tol, band, counts,
-                                    evaluate_all, evaluate_claim, kind, load, load_json_dir, load_metrics_dir, ran_on,
-                                    same, seed_values, tally_lines)
+from attnrepro.judge.claims import (CONCLUSIONS, ClaimResult, Expectations, Tol, band, counts, evaluate_all,
+                                    evaluate_claim, kind, load, load_json_dir, load_metrics_dir, ran_on, seed_values,
+                                    tally_lines)
 from attnrepro.judge.decide import conclusion_shares, decide
 from attnrepro.judge.endpoints import Judgement
 from attnrepro.judge.revision import Reference, Revision, claims_changes, params_changes, reference
 from attnrepro.measure.head_matching import heads_renamed, seeds_renamed
-from attnrepro.provenance.lock import dist_producers, listed, lock_findings, made_with_other_params
+from attnrepro.provenance.lock import METRICS, dist_producers, listed, lock_findings, made_with_other_params, same
 from attnrepro.provenance.records import made_by, run_record_findings, store_findings, sweep_findings
 from attnrepro.run.engine_settings import EngineConfig
 from attnrepro.stats import ALPHA, LOOKS, Band

@@ -24,6 +24,7 @@ from attnrepro.files import read_json, read_yaml_mapping
 from attnrepro.formatting import fmt_number
 from attnrepro.judge.endpoints import Endpoint, EndpointError, parse_primary, seed_values
 from attnrepro.measure.head_matching import least_cost_pairs
+from attnrepro.provenance.lock import same
 from attnrepro.stats import Band, flatten, from_summary, percentile_of, share_interval
 
 CLASSES = ("conclusion", "checksum", "value")
@@ -532,7 +533,6 @@ def _match(pattern, template: str, cols: list[str], rows: dict, where: str) -> M
 
 # ---------------------------------------------------------------- metrics, distributions, machines
 
-METRICS = "metrics"  # the metrics folder, as dvc.yaml's outputs name it
 METRIC_FILES_EXCLUDED = ("claims", "claims_summary", "headline")  # the report's and the DVC view's own files
 
 
@@ -550,11 +550,6 @@ def load_json_dir(path: str | Path) -> dict[str, dict]:
     """{file stem: its content} of every <path>/*.json: the seed distributions of metrics/dist ({"stats":
     {key: summary}, "runs": {seed: metrics}}), the machine records of metrics/env."""
     return {f.stem: read_json(f) for f in sorted(Path(path).glob("*.json"))}
-
-
-def same(a, b) -> bool:
-    """Equal, nan equal to nan (a metric that is nan on both runs has not moved)."""
-    return a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
 
 
 def ran_on(stage: str, envs: Mapping[str, dict]) -> Optional[str]:

@@ -18,8 +18,8 @@ import yaml
 
 from attnrepro.config import UserError
 from attnrepro.files import parse_json
-from attnrepro.judge.claims import CONCLUSIONS, METRIC_FILES_EXCLUDED, METRICS, ClaimError, Expectations, Tol, load
-from attnrepro.provenance.lock import key_leaves, short
+from attnrepro.judge.claims import CONCLUSIONS, METRIC_FILES_EXCLUDED, ClaimError, Expectations, Tol, load
+from attnrepro.provenance.lock import METRICS, key_leaves, short
 from attnrepro.stats import flatten
 
 

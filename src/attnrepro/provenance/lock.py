@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from pathlib import Path
 from typing import Optional
@@ -13,6 +14,11 @@ from typing import Optional
 from attnrepro.files import dvc_entry, dvc_stages, read_yaml_or_none
 
 METRICS = "metrics"  # the metrics folder, as dvc.yaml's outputs name it
+
+
+def same(a, b) -> bool:
+    """Equal, nan equal to nan (a metric that is nan on both runs has not moved)."""
+    return a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
 
 
 def key_leaves(d, path: tuple = ()) -> dict[tuple, object]:

@@ -4,7 +4,6 @@ nothing (`sweep_findings`), and the numerics each stage's runs were keyed under 
 
 from __future__ import annotations
 
-import math
 import os
 import shutil
 import subprocess
@@ -18,20 +17,13 @@ from attnrepro.experiments.failures import FailuresConfig
 from attnrepro.experiments.protocol import CORPUS_FILES, TrainConfig, corpus_inputs
 from attnrepro.files import dvc_entry, dvc_stages, read_json
 from attnrepro.formatting import fmt_number
-from attnrepro.provenance.lock import METRICS
+from attnrepro.provenance.lock import METRICS, same
 from attnrepro.run.execute import NUMERICS, run_key
 from attnrepro.run.stage import is_sweep
 from attnrepro.store.run_store import RunStore, recorded_key
 from attnrepro.stats import flatten
 
 RUN_FILES = ("train", "failures")  # the stages whose metrics are seeded runs of the store (what --decide reruns)
-
-
-# judge.claims has its own `same` (and METRICS): claims.py is a dependency of the report stage, which must not
-# depend on this module and what it imports
-def same(a, b) -> bool:
-    """Equal, nan equal to nan (a metric that is nan on both runs has not moved)."""
-    return a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
 
 
 MACHINE = ("cpu", "cpu_capability", "device", "torch")  # a run's numbers are comparable where these agree
