@@ -15,14 +15,13 @@ benchmarks/results/paired_seeds.json.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 
-from scipy.stats import t as student_t
+from scipy.stats import ttest_1samp
 
+import gate_power  # beside this script
 from attnrepro.experiments.comparison import comparison, pairs_by_dhead
 from attnrepro.judge import endpoints
 from attnrepro.judge.revision import Revision
@@ -31,10 +30,6 @@ from attnrepro.stats import ALPHA, LOOKS, flatten, holm_adjusted
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results" / "paired_seeds.json"
-_spec = importlib.util.spec_from_file_location("gate_power", ROOT / "benchmarks" / "gate_power.py")
-gate_power = importlib.util.module_from_spec(_spec)
-sys.modules["gate_power"] = gate_power
-_spec.loader.exec_module(gate_power)
 
 
 def case_runs(case, rev: str, params: dict, seeds: list[int]) -> dict[int, dict]:
@@ -55,16 +50,16 @@ def case_runs(case, rev: str, params: dict, seeds: list[int]) -> dict[int, dict]
 
 
 def paired_answers(family, ref: dict[int, dict], run: dict[int, dict], alpha: float) -> dict[str, int]:
-    """SAME and DIFFERENT counts when each endpoint's shift is the mean of the paired differences (TOST and
-    the one-sided test beyond the margin, t with n - 1 degrees of freedom, Holm over the family)."""
+    """SAME and DIFFERENT counts when each endpoint's shift is the mean of the paired differences: one-sample
+    t tests against the margin's nearer edge (TOST for SAME, beyond it for DIFFERENT), Holm over the family."""
     p_same, p_diff = [], []
     for e in family:
         f = math.log if e.log else float
         d = [f(run[s][e.metric]) - f(ref[s][e.metric]) for s in run]
-        n, mean = len(d), sum(d) / len(d)
-        se = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1) / n)
-        p_same.append(float(student_t.sf((e.margin - abs(mean)) / se, n - 1)))
-        p_diff.append(float(student_t.sf((abs(mean) - e.margin) / se, n - 1)))
+        edge = math.copysign(e.margin, sum(d))
+        inside, beyond = ("less", "greater") if edge > 0 else ("greater", "less")
+        p_same.append(float(ttest_1samp(d, edge, alternative=inside).pvalue))
+        p_diff.append(float(ttest_1samp(d, edge, alternative=beyond).pvalue))
     return {"SAME": sum(p < alpha for p in holm_adjusted(p_same)),
             "DIFFERENT": sum(p < alpha for p in holm_adjusted(p_diff))}
 
