@@ -105,6 +105,7 @@ class Case:
     stages: tuple[str, ...] = TRAINING
     isa: str = "AVX2"  # the float order: the vector instructions torch and MKL may use (another CPU)
     workers: int = 2
+    first: str = "changed"  # the declared answer to "same computation?" (--first): changed | unchanged
 
 
 MUTANTS = [
@@ -155,16 +156,34 @@ MUTANTS = [
          "harmless, relabelled before any run once measured)",
          "src/attnrepro/data/tokenizer.py", "counts = Counter(text if count_newline else text.replace(\"\\n\", \"\"))",
          "counts = Counter(text)", DATA),
+    # issue 62: the classes the matrix lacked (evaluation, data pipeline, checkpoint, generation), declared
+    # before any run
+    Case("val_half_batches", "evaluation", "harmful", "the validation loss over the first half of its fixed batches",
+         "src/attnrepro/model/transformer.py", "losses = [model(x, y)[1].item() for x, y in batches]",
+         "losses = [model(x, y)[1].item() for x, y in batches[: max(1, len(batches) // 2)]]"),
+    Case("val_batches_train_seed", "data pipeline", "harmful",
+         "the validation batches drawn with the training batches' seed instead of val_seed",
+         "src/attnrepro/run/task_lm.py", "spec.data.val_batches, seed=spec.data.val_seed)",
+         "spec.data.val_batches, seed=spec.batch_seed)"),
+    Case("checkpoint_drops_ln_f", "checkpoint", "harmful",
+         "a loaded checkpoint keeps the fresh final LayerNorm (its weights are not restored)",
+         "src/attnrepro/model/transformer.py", "model.load_state_dict(ckpt[\"state_dict\"])",
+         "model.load_state_dict({k: v for k, v in ckpt[\"state_dict\"].items() if not k.startswith(\"ln_f\")}, "
+         "strict=False)"),
+    Case("kv_positions_restart", "generation", "harmful",
+         "with a KV cache each new token is given position 0 onwards again instead of its place after the cache",
+         "src/attnrepro/model/transformer.py", "start = kv_caches[0].length if kv_caches else 0", "start = 0"),
 ]
 
 FAITHFUL = [
-    Case("avx2", "float order", "faithful", "the same code on a CPU with AVX2 only (another reduction order)"),
+    Case("avx2", "float order", "faithful", "the same code on a CPU with AVX2 only (another reduction order)",
+         first="unchanged"),
     Case("no_simd", "float order", "faithful", "the same code without vector instructions (yet another order)",
-         isa="DEFAULT"),
+         isa="DEFAULT", first="unchanged"),
     Case("avx2_serial", "engine", "faithful", "AVX2, the runs one after the other (another schedule)",
-         workers=1),
+         workers=1, first="unchanged"),
     Case("mkl_sse42", "float order", "faithful", "ATen's AVX2 kernels with MKL limited to SSE4.2 (an order the "
-         "float-order profile did not calibrate on, unlike avx2)", isa="AVX2_MKL_SSE4_2"),
+         "float-order profile did not calibrate on, unlike avx2)", isa="AVX2_MKL_SSE4_2", first="unchanged"),
 ]
 
 CASES = {c.name: c for c in MUTANTS + FAITHFUL}
@@ -288,6 +307,51 @@ class CaseTree:
         else:
             sh(["git", "worktree", "remove", "--force", str(self.tree)], ROOT, check=False)
             shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+FIRST_RESULTS = ROOT / "benchmarks" / "results" / "first_question.json"
+# the check's first question alone (provenance.computation), in the case's tree and float order
+_FIRST = """import json, sys
+from pathlib import Path
+from attnrepro.judge.revision import Revision
+from attnrepro.provenance.computation import same_computation
+r = Revision(sys.argv[1], Path("."))
+c = same_computation(r.text_or_none, Path("."), r.yaml("dvc.lock"))
+print(json.dumps({"answer": c.answer, "moved": c.moved}))
+"""
+
+
+def first_question(case: Case, rev: str, keep: bool) -> dict:
+    """"Same computation?" on the case, under its float order: the corpus stage rerun where the change reaches
+    it (no training), then the golden runs, fingerprint and checksums against the reference."""
+    t0 = time.perf_counter()
+    with CaseTree(case, rev, keep) as t:
+        if "corpus" in case.stages:
+            sh([sys.executable, "-m", "dvc", "repro", "--force", "--single-item", "corpus"], t.tree, t.env)
+        p = sh([sys.executable, "-c", _FIRST, rev], t.tree, t.env, check=False)
+    try:
+        got = json.loads(p.stdout)
+    except json.JSONDecodeError:
+        got = {"answer": "ERROR", "moved": [p.stderr.strip()[-500:]]}
+    return {"case": case.name, "area": case.area, "expect": case.expect, "declared": case.first, **got,
+            "caught_by": sorted({m.split(" ", 2)[0] + " " + m.split(" ", 2)[1].rstrip(":") for m in got["moved"]}),
+            "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def first_main(names: list[str], rev: str, keep: bool) -> int:
+    results = []
+    for i, name in enumerate(names):
+        r = first_question(CASES[name], rev, keep)
+        results.append(r)
+        print(f"[{i + 1}/{len(names)}] {name:<24} declared {r['declared']:<9} answered {r['answer']:<9} "
+              f"{r['seconds']:>5.1f} s  {', '.join(r['caught_by']) or '—'}", flush=True)
+    wrong = [r["case"] for r in results if r["answer"] != r["declared"]]
+    print(f"\n{len(results) - len(wrong)} of {len(results)} cases answered as declared"
+          + (f"; not: {', '.join(wrong)}" if wrong else "") + f" (on {cpu_model()}, "
+          f"{max(r['seconds'] for r in results):.0f} s the longest)")
+    FIRST_RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    write_text(FIRST_RESULTS, json.dumps({"reference": rev, "cpu": cpu_model(), "results": results}, indent=1) + "\n")
+    return 1 if wrong else 0
 
 
 def run_case(case: Case, rev: str, keep: bool, decide: int = 0) -> dict:
@@ -657,6 +721,10 @@ def main(argv=None) -> int:
                     help="after each case's one-run verdict, `attnrepro check --decide MAX_SEEDS` on it (the primary "
                          "endpoints rerun at the reference's first 1, 3, 5, 10 seeds until decided; default 10): its "
                          "looks, answers and CPU time go in the results under `decide`")
+    ap.add_argument("--first", action="store_true",
+                    help="only the check's first question, same computation? (golden runs, fingerprint, checksums: "
+                         "seconds a case, no training), against each case's declared answer: "
+                         "benchmarks/results/first_question.json")
     ap.add_argument("--seeds", type=int, default=0, metavar="N",
                     help="instead of the check: each case's train variants at the reference's first N seeds, "
                          "paired with the reference's runs (is a mutant the gate passed harmless?)")
@@ -680,6 +748,8 @@ def main(argv=None) -> int:
     for c in (CASES[n] for n in names):  # fail before hours of work, not after, on the code the cases start from
         if c.path and sh(["git", "show", f"{rev}:{c.path}"], ROOT).stdout.count(c.old) != 1:
             raise SystemExit(f"mutant {c.name}: its text is not in {c.path} at {rev[:10]} exactly once")
+    if args.first:
+        return first_main(names, rev, args.keep)
     if args.seeds:
         return seeds_main(names, rev, args.seeds, args.keep)
     previous = load_results(rev)

@@ -1,7 +1,8 @@
 """Write the golden outputs (tests/golden/), or measure the tolerance they are compared with.
 
-  python scripts/golden.py              run every case (one thread) and write tests/golden/<case>.json
-  python scripts/golden.py CASE ...     only these cases
+  python scripts/golden.py              run every case (one thread) and write tests/golden/<case>.json,
+                                        and the fingerprint (attnrepro.run.fingerprint) to fingerprint.json
+  python scripts/golden.py CASE ...     only these cases (fingerprint: the fingerprint)
   python scripts/golden.py --measure    run every case with one and with two threads and print the
                                         largest relative difference (the float-order noise
                                         attnrepro.run.golden.RTOL is set from), writing nothing
@@ -15,7 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from attnrepro.run import golden
+from attnrepro.run import fingerprint, golden
 
 
 def main() -> int:
@@ -24,11 +25,16 @@ def main() -> int:
     ap.add_argument("--measure", action="store_true", help="measure threads 1 vs 2; write nothing")
     args = ap.parse_args()
     cases = golden.cases()
-    unknown = sorted(set(args.cases) - set(cases))
+    unknown = sorted(set(args.cases) - set(cases) - {fingerprint.NAME})
     if unknown:
         print(f"error: unknown case {unknown[0]!r} (cases: {', '.join(cases)})", file=sys.stderr)
         return 2
-    for name in args.cases or cases:
+    for name in args.cases or [*cases, fingerprint.NAME]:
+        if name == fingerprint.NAME:
+            if not args.measure:
+                golden.write(name, fingerprint.compute())
+                print(f"{name}: wrote {golden.path(name)}")
+            continue
         one = golden.run_case(cases[name], threads=1)
         if args.measure:
             worst, where = golden.largest_difference(one, golden.run_case(cases[name], threads=2))

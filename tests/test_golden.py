@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from attnrepro.run import golden
+from attnrepro.run import fingerprint, golden
 from attnrepro.run.execute import NUMERICS
 
 CASES = golden.cases()
@@ -12,7 +12,12 @@ CASES = golden.cases()
 
 def test_every_task_has_a_golden_case():
     assert {spec.task for spec in CASES.values()} == set(NUMERICS)
-    assert sorted(p.stem for p in golden.GOLDEN.glob("*.json")) == sorted(CASES)
+    assert sorted(p.stem for p in golden.GOLDEN.glob("*.json")) == sorted([*CASES, fingerprint.NAME])
+
+
+def test_the_fingerprint_holds():
+    expected = json.loads(golden.path(fingerprint.NAME).read_text(encoding="utf-8"))
+    assert fingerprint.differences(expected, fingerprint.compute()) == []
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

@@ -23,6 +23,7 @@ from attnrepro.judge.decide import conclusion_shares, decide
 from attnrepro.judge.endpoints import Judgement
 from attnrepro.judge.revision import Reference, Revision, claims_changes, params_changes, reference
 from attnrepro.measure.head_matching import heads_renamed, seeds_renamed
+from attnrepro.provenance.computation import same_computation
 from attnrepro.provenance.lock import METRICS, dist_producers, listed, lock_findings, made_with_other_params, same
 from attnrepro.provenance.records import made_by, run_record_findings, store_findings, sweep_findings
 from attnrepro.run.engine_settings import EngineConfig
@@ -237,6 +238,7 @@ class Outcome:
     provenance: list[str] = field(default_factory=list)  # which code made each stage's results
     looks: list = field(default_factory=list)  # --decide's looks (judge.decide.Look), in order
     shares: list = field(default_factory=list)  # conclusions on --decide's seeds (judge.decide.Share), not gated
+    computation: str = ""  # the first question's answer (provenance.computation)
 
     @property
     def ok(self) -> bool:
@@ -283,7 +285,9 @@ def run_check(rev: str = "HEAD", root: str | Path = ".", claims_path: str | Path
     m = machines(files, envs, ref.envs, made_on, live)
     ref_lock = revision.yaml("dvc.lock")
     lock_probs, lock_notes = lock_findings(root, ref_lock)
-    modes, why = decide_modes(files, m, ref, made_with_other_params(root, params, ref_lock, ref.params), mode)
+    other_params = made_with_other_params(root, params, ref_lock, ref.params)
+    modes, why = decide_modes(files, m, ref, other_params, mode)
+    computation = same_computation(revision.text_or_none, root, ref_lock, set(other_params))
     producers = dist_producers(root)
     remade = remade_seeds(cur_dists, ref.dists, modes, producers)
 
@@ -294,7 +298,8 @@ def run_check(rev: str = "HEAD", root: str | Path = ".", claims_path: str | Path
     looks = decide(exp.primary, ref.dists, params, decide_with, max_seeds or max(LOOKS)) if decide_with else []
     if looks:  # the endpoints --decide reran replace their one-run answers
         judged = [next((j for j in looks[-1].judgements if j.endpoint == e.endpoint), e) for e in judged]
-    out = Outcome(rows, results, modes, why, judged, ref.label, looks=looks)
+    out = Outcome(rows, results, modes, why, judged, ref.label, looks=looks,
+                  computation=computation.line(revision.name))
     if looks:
         out.shares = conclusion_shares(results, looks[-1].seed_runs, cur, ref.dists, envs)
     out.notes = m.notes + changes(revision, ref, root, claims_path, params, cur_dists)
@@ -304,7 +309,7 @@ def run_check(rev: str = "HEAD", root: str | Path = ".", claims_path: str | Path
     out.provenance, numerics = made_by(envs)
     sweep_probs, sweep_notes = sweep_findings(root, params, envs, live, lambda line: print(line, file=sys.stderr))
     out.notes += lock_notes + sweep_notes
-    out.problems = (lock_probs + run_record_findings(root)
+    out.problems = (computation.problems(revision.name) + lock_probs + run_record_findings(root)
                     + store_findings(root, params, cur, cur_dists, envs, producers) + sweep_probs + m.problems + numerics
                     + metric_problems(rows, ref.name) + endpoint_problems(judged, rows))
     for res in results:
@@ -418,7 +423,7 @@ def as_json(o: Outcome) -> dict:
     """The verdict for scripts (`attnrepro check --json`): verdict, reference, first lines, problems,
     each metrics file's mode, claim counts, conclusions not reproduced, provenance, and every gated
     metric that failed."""
-    return {"verdict": "PASS" if o.ok else "FAIL", "reference": o.label, "notes": o.notes, "problems": o.problems,
+    return {"verdict": "PASS" if o.ok else "FAIL", "reference": o.label, "computation": o.computation, "notes": o.notes, "problems": o.problems,
             "modes": o.modes, "why_statistical": o.why, "claims": counts(o.results),
             "not_reproduced": o.not_reproduced, "from_reference_seeds": o.from_seeds, "run_differs": o.run_differs,
             "provenance": o.provenance,
@@ -458,7 +463,7 @@ def render(o: Outcome, show_all: bool = False) -> str:
     else:  # judged statistically somewhere: nothing shown different, which is less than shown the same
         first = f"PASS — nothing in this run is shown to differ from the reference ({o.label})"
     lines = [f"check: {first}"]
-    lines += [f"  {n}" for n in o.notes] + [""]
+    lines += [f"  {n}" for n in ([o.computation] if o.computation else []) + o.notes] + [""]
     tally = tally_lines(c)
     for k in ("conclusion", "finding", "checksum"):  # published values after the metrics
         if k == "checksum" and o.from_seeds:

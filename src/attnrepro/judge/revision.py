@@ -61,6 +61,12 @@ class Revision:
         except UserError:
             raise UserError(f"{self.name} has no {path}") from None
 
+    def text_or_none(self, path: str) -> Optional[str]:
+        """A committed file's text, None where the revision has no such file."""
+        if path not in self._git("ls-tree", "--name-only", self.commit, path).split("\n"):
+            return None
+        return self.show(path)
+
     def json(self, path: str):
         return parse_json(self.show(path), f"{self.name}:{path}")
 
