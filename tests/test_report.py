@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+
+from attnrepro.formatting import fmt
 import shutil
 import subprocess
 import sys
@@ -205,7 +207,7 @@ def test_report_per_seed_table_from_the_distribution(tmp_path):
     train = json.loads((root / "metrics" / "train.json").read_text())
     runs = {}
     for k, seed in enumerate(("20261014", "1", "2")):
-        runs[seed] = {v: {"loss_final": train[v]["loss_final"] + 0.01 * k} for v in VARIANTS}
+        runs[seed] = {v: {"entropy_step222": train[v]["entropy_step222"] + 0.01 * k} for v in VARIANTS}
     from attnrepro.stats import distribution
 
     (root / "metrics" / "dist").mkdir()
@@ -214,8 +216,10 @@ def test_report_per_seed_table_from_the_distribution(tmp_path):
     assert p.returncode == 0, p.stderr
     md = unpad((root / "report" / "APPENDIX.md").read_text(encoding="utf-8"))
     assert "| metric | this run | seed 1 | seed 2 | seed 20261014 | mean | sd |" in md
-    row = next(line for line in md.splitlines() if line.startswith("| d32_unscaled.loss_final |"))
-    assert row == "| d32_unscaled.loss_final | 4 | 4.01 | 4.02 | 4 | 4.01 | 0.01 |"
+    row = next(line for line in md.splitlines() if line.startswith("| d256_scaled.entropy_step222 |"))
+    x = train["d256_scaled"]["entropy_step222"]
+    assert row == f"| d256_scaled.entropy_step222 | {fmt(x, 4)} | {fmt(x + 0.01, 4)} | {fmt(x + 0.02, 4)} | {fmt(x, 4)} | " \
+                  f"{fmt(x + 0.01, 4)} | 0.01 |"
 
 
 def test_one_verdict_rendered_twice():

@@ -187,7 +187,8 @@ def endpoint_values(exp: Expectations, ref: Reference, cur: dict, cur_dists: dic
     reference = endpoints.reference_values(exp.primary, ref.dists)
     run = {}
     for e in exp.primary:
-        mine = [cur[e.metric]] if e.metric in cur else []
+        own = endpoints.value(cur, e.metric)
+        mine = [own] if own is not None else []
         file = e.metric.split(".", 1)[0]
         if file in remade:  # its seeds, and the run itself where it is none of them
             seeds = seed_values(cur_dists, e.metric)
@@ -342,7 +343,7 @@ def endpoint_problems(judged: Sequence[Judgement], rows: Sequence[Row]) -> list[
     family = sum(j.answer not in (endpoints.MISSING, endpoints.INVALID) for j in judged)  # what Holm ran over
     out = []
     for j in judged:
-        if j.endpoint.metric in failed:
+        if failed & set(endpoints.parts(j.endpoint.metric)):
             continue
         if j.answer == endpoints.DIFFERENT:
             out.append(f"primary endpoint {j.endpoint.metric}: DIFFERENT from the reference, shift {j.shift_text()} "

@@ -22,7 +22,7 @@ from attnrepro.config import UserError
 from attnrepro.experiments.sensitivity import BASELINE, ROW_KEYS, accounts_for
 from attnrepro.files import read_json, read_yaml_mapping
 from attnrepro.formatting import fmt_number
-from attnrepro.judge.endpoints import Endpoint, EndpointError, parse_primary, seed_values
+from attnrepro.judge.endpoints import Endpoint, EndpointError, parse_primary, parts, seed_values
 from attnrepro.measure.head_matching import least_cost_pairs
 from attnrepro.provenance.lock import same
 from attnrepro.stats import Band, flatten, from_summary, percentile_of, share_interval
@@ -211,8 +211,8 @@ class Expectations:
 
     @property
     def headline(self) -> list[str]:
-        """The primary endpoints' metrics."""
-        return [e.metric for e in self.primary]
+        """The metrics the primary endpoints read (a contrast's two), in order."""
+        return list(dict.fromkeys(k for e in self.primary for k in parts(e.metric)))
 
     def drift_rule(self, key: str) -> Optional[DriftRule]:
         return next((r for r in self.drift if fnmatch.fnmatchcase(key, r.glob)), None)

@@ -112,7 +112,7 @@ def decide(family: Sequence[Endpoint], ref_dists: Mapping[str, dict], params: Ma
             flat = [flatten(m, f"{f}.") for m in per_seed.values()]
             for e in family:
                 if e.metric.startswith(f + "."):
-                    values[e.metric] = [m[e.metric] for m in flat if e.metric in m]
+                    values[e.metric] = [v for m in flat if (v := endpoints.value(m, e.metric)) is not None]
         print(f"check --decide: {n} seed(s) in {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
         return values, seeds, runs, trained, cpu
 

@@ -1,7 +1,9 @@
 """The primary endpoints (claims.yaml `primary:`): does this run still reproduce the chapter?
 
-Each endpoint is one metric with an equivalence margin in its own unit, declared with its reason
-before any run is judged. Against the reference's seeds (mean and sd over n_ref seeds, on the log
+Each endpoint is one of the chapter's effects with an equivalence margin in its own unit, declared with
+its reason before any run is judged: a metric, or the contrast `a / b` of two metrics of one stage (a
+ratio, taken per seed, so paired, and judged on the log scale: the unscaled over the scaled model's
+entropy, say). Against the reference's seeds (mean and sd over n_ref seeds, on the log
 scale for attention statistics: stats.log_scale) a rerun of n seeds, its shift's error from the seed
 sd of both samples pooled (`pooled_sd`), is
 
@@ -22,6 +24,8 @@ import math
 from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence
 
+import numpy as np
+
 from attnrepro.config import UserError
 from attnrepro.stats import (ALPHA, LOOKS, Band, flatten, holm_adjusted, log_scale, margin_p, seeds_to_decide,
                              shift_detected)
@@ -32,8 +36,29 @@ MAX_ENDPOINTS = 20
 SEEDS_CAP = 100  # INCONCLUSIVE's hint counts rerun seeds up to this
 
 
+CONTRAST = " / "
+
+
 class EndpointError(UserError):
     pass
+
+
+def parts(metric: str) -> list[str]:
+    """The metric keys an endpoint reads: itself, or a contrast's two."""
+    return metric.split(CONTRAST)
+
+
+def value(flat: Mapping[str, float], metric: str) -> Optional[float]:
+    """An endpoint's value from {"file.key": number}: the metric's, or its contrast's ratio (None where a key is
+    missing; nan where the denominator is 0)."""
+    xs = [flat.get(k) for k in parts(metric)]
+    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in xs):
+        return None
+    return xs[0] if len(xs) == 1 else (xs[0] / xs[1] if xs[1] else math.nan)
+
+
+def _log(metric: str) -> bool:
+    return len(parts(metric)) > 1 or log_scale(metric)
 
 
 @dataclass(frozen=True)
@@ -45,14 +70,18 @@ class Endpoint:
 
     @property
     def log(self) -> bool:
-        return log_scale(self.metric)
+        return _log(self.metric)
 
     @classmethod
     def parse(cls, entry, where: str) -> "Endpoint":
         if not (isinstance(entry, list) and len(entry) == 3 and all(isinstance(x, str) for x in entry)):
             raise EndpointError(f"{where}: expected [metric key, margin (±x or ×x), reason]")
         metric, text, reason = (x.strip() for x in entry)
-        log = log_scale(metric)
+        keys = parts(metric)
+        if len(keys) > 2 or len({k.split(".", 1)[0] for k in keys}) > 1 or not all(k.count(".") >= 1 for k in keys):
+            raise EndpointError(f"{where}: {metric!r}: expected a metric key (file.key) or the contrast of two of one "
+                                f"stage, 'file.a{CONTRAST}file.b'")
+        log = _log(metric)
         sign = "×" if log else "±"
         try:
             value = float(text[1:]) if text.startswith(sign) else math.nan
@@ -113,10 +142,10 @@ class Judgement:
 
 
 def seed_values(dists: Mapping[str, dict], key: str) -> list[float]:
-    """Each seed's value of metric `<file>.<key>`, where its stage has a seed distribution."""
-    file, _, rest = key.partition(".")
+    """Each seed's value of metric `<file>.<key>` (or of a contrast of two), where its stage has a seed distribution."""
+    file = key.partition(".")[0]
     runs = dists.get(file, {}).get("runs", {})
-    return [v for v in (flatten(r).get(rest) for r in runs.values()) if v is not None]
+    return [v for v in (value(flatten(r, f"{file}."), key) for r in runs.values()) if v is not None]
 
 
 def reference_values(family: Sequence[Endpoint], dists: Mapping[str, dict]) -> dict[str, list[float]]:
@@ -135,9 +164,10 @@ def pooled_sd(ref: Band, run: Band) -> float:
 
 
 def judge(endpoints: Sequence[Endpoint], reference: Mapping[str, Sequence[float]],
-          run: Mapping[str, Sequence[float]], alpha: float = ALPHA, looks: int = 1) -> list[Judgement]:
+          run: Mapping[str, Sequence[float]], alpha: float = ALPHA, looks: int = 1, hints: bool = True) -> list[Judgement]:
     """Every endpoint's answer: `reference[metric]` its reference seeds' values, `run[metric]` this
-    run's (one value per seed). Holm over the endpoints judged, at alpha / looks."""
+    run's (one value per seed). Holm over the endpoints judged, at alpha / looks; `hints`: the seeds that would
+    decide an INCONCLUSIVE one."""
     a = alpha / looks
     out = []
     for e in endpoints:
@@ -160,7 +190,7 @@ def judge(endpoints: Sequence[Endpoint], reference: Mapping[str, Sequence[float]
         for j, p in zip(judged, holm_adjusted(ps)):
             if p < a:
                 j.answer = kind
-    for j in judged:  # the seeds --decide, the way to add them, would need: at its alpha per look
+    for j in judged if hints else []:  # the seeds --decide, the way to add them, would need: at its alpha per look
         if j.answer == INCONCLUSIVE:
             j.seeds_needed = seeds_to_decide(j.shift, j.sd, j.n_ref, j.endpoint.margin,
                                              alpha / len(LOOKS) / len(judged), SEEDS_CAP)
@@ -180,27 +210,60 @@ def summary_line(judgements: Sequence[Judgement]) -> str:
             + f" (equivalence margins in claims.yaml, alpha {ALPHA} family-wise: docs/VERDICT.md)")
 
 
+def faithful_reruns(family: Sequence[Endpoint], dists: Mapping[str, dict], n: int, reps: int,
+                    rng: np.random.Generator) -> list[dict[str, list[float]]]:
+    """`reps` simulated faithful reruns of n seeds: each seed's endpoint values drawn from the normal that the
+    reference's seeds fit, per stage (their means and covariance on the analysis scale: a seed's endpoints
+    move together), the log scale's exponentiated back."""
+    out: list[dict[str, list[float]]] = [{} for _ in range(reps)]
+    for file in dict.fromkeys(e.metric.split(".", 1)[0] for e in family):
+        mine = [e for e in family if e.metric.startswith(file + ".")]
+        runs = dists.get(file, {}).get("runs", {}).values()
+        rows = [[value(flatten(r, f"{file}."), e.metric) for e in mine] for r in runs]
+        x = np.array([[math.log(v) if e.log else v for v, e in zip(row, mine)] for row in rows
+                      if all(v is not None and math.isfinite(v) and (v > 0 or not e.log) for v, e in zip(row, mine))])
+        if len(x) < 2:
+            continue
+        draws = rng.multivariate_normal(x.mean(0), np.atleast_2d(np.cov(x.T)), size=(reps, n), method="svd")
+        for sim, d in zip(out, draws):
+            sim.update({e.metric: (np.exp(d[:, i]) if e.log else d[:, i]).tolist() for i, e in enumerate(mine)})
+    return out
+
+
+def same_probability(family: Sequence[Endpoint], dists: Mapping[str, dict], seeds: Sequence[int] = LOOKS,
+                     reps: int = 400, seed: int = 0) -> dict[str, dict[int, float]]:
+    """Per endpoint, the share of simulated faithful reruns (`faithful_reruns`) of n seeds, for n in `seeds`,
+    that a look of --decide calls SAME (alpha / len(LOOKS), Holm over the family)."""
+    rng = np.random.default_rng(seed)
+    reference = reference_values(family, dists)
+    out = {e.metric: {} for e in family}
+    for n in seeds:
+        same = dict.fromkeys(out, 0)
+        for run in faithful_reruns(family, dists, n, reps, rng):
+            for j in judge(family, reference, run, looks=len(LOOKS), hints=False):
+                same[j.endpoint.metric] += j.answer == SAME
+        for m in out:
+            out[m][n] = same[m] / reps
+    return out
+
+
 def power_rows(endpoints: Sequence[Endpoint], dists: Mapping[str, dict], alpha: float = ALPHA,
                seeds: Sequence[int] = LOOKS) -> list[dict]:
     """Per endpoint: the smallest true shift a rerun of n seeds calls DIFFERENT with 80% power, for n in
     `seeds`, in the endpoint's unit and in the reference's seed sd (one look, Holm's first step:
-    alpha / the family's size, the conservative end); and `same_from`, the fewest rerun seeds from which
-    --decide could call it SAME at all (a rerun mean exactly on the reference's, Holm's last step: alpha
-    per look, the lenient end), None where no look up to the reference's seeds can: its margin lies within
-    the error of the reference's own mean, so a rerun that changes nothing stays INCONCLUSIVE there."""
+    alpha / the family's size, the conservative end); and `same`, the simulated probability that a faithful
+    rerun of n seeds is called SAME at a look of --decide (`same_probability`)."""
     rows = []
     a = alpha / max(1, len(endpoints))
     reference = reference_values(endpoints, dists)
+    same = same_probability(endpoints, dists, seeds)
     for e in endpoints:
         ref = reference[e.metric]
         if len(ref) < 2:
             continue
         b = Band.of(ref, log=e.log)
-        cap = min(max(seeds), b.n)  # --decide stops where the reference's seeds run out
-        need = seeds_to_decide(0.0, b.sd, b.n, e.margin, alpha / len(LOOKS), cap)
         row = {"metric": e.metric, "margin": e.text, "n_ref": b.n, "sd": b.sd, "log": e.log,
-               "margin_sd": e.margin / b.sd if b.sd > 0 else math.inf,
-               "same_from": None if need is None else min(next(n for n in seeds if n >= need), cap)}
+               "margin_sd": e.margin / b.sd if b.sd > 0 else math.inf, "same": same[e.metric]}
         for n in seeds:
             shift = shift_detected(b.sd, n, b.n, e.margin, a) if b.sd > 0 else e.margin
             row[f"shift_{n}"] = math.exp(shift) if e.log else shift

@@ -476,7 +476,7 @@ def verdict_markdown(exp, results: list[ClaimResult], flat: dict, dists: dict, e
     c = counts(results)
     tally = tally_lines(c)
     judged = endpoints.judge(exp.primary, endpoints.reference_values(exp.primary, dists),
-                             {e.metric: [flat[e.metric]] for e in exp.primary if e.metric in flat})
+                             {e.metric: [v] for e in exp.primary if (v := endpoints.value(flat, e.metric)) is not None})
     e = endpoints.summary(judged)
     con = c["conclusion"]
     n_con = con["n"] - con["skipped"]

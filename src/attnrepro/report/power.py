@@ -7,15 +7,10 @@ from attnrepro.judge.endpoints import power_rows
 from attnrepro.stats import ALPHA, LOOKS
 
 
-def _same_from(r: dict) -> str:
-    n = r["same_from"]
-    return f"never (within {min(max(LOOKS), r['n_ref'])} seeds)" if n is None else f"{n} seed{'s' * (n > 1)}"
-
-
 def power_markdown(dists: dict, exp) -> str:
     """Per primary endpoint, the smallest true shift called DIFFERENT with 80% power at 1, 3, 5 and 10
-    rerun seeds (judge.endpoints.power_rows), in its unit and in reference seed sd, and the rerun seeds
-    from which SAME is possible at all."""
+    rerun seeds (judge.endpoints.power_rows), in its unit and in reference seed sd, and the simulated probability
+    that a faithful rerun of that many seeds is called SAME."""
     rows = power_rows(exp.primary, dists)
     if not rows:
         return "No primary endpoints with seeds yet (claims.yaml `primary:`, metrics/dist/).\n\n"
@@ -28,12 +23,12 @@ def power_markdown(dists: dict, exp) -> str:
            f"for a rerun of 1, 3, 5 or 10 seeds against the reference's seeds (one look, alpha {ALPHA} over the "
            f"{len(exp.primary)} endpoints: Holm's first step; docs/VERDICT.md), in the endpoint's unit (×: a factor, "
            "log scale) and in reference seed sd. A shift is seen only once it passes its margin by the error of "
-           "both means. The last column is the other side: the fewest rerun seeds from which `--decide` could call "
-           "the endpoint SAME at all (a rerun mean exactly on the reference's; Holm's last step, the lenient end). "
-           "Where it says never, the margin lies within the error of the reference's own mean: a rerun that changes "
-           "nothing stays INCONCLUSIVE there, and `--decide` runs every look on it.\n"]
+           "both means. The last column is the other side, from simulation (judge.endpoints.same_probability: "
+           "reruns drawn from the normal the reference's seeds fit, their endpoints' covariance kept, judged as a look "
+           "of `--decide` judges them): the probability that a faithful rerun of 1, 3, 5 or 10 seeds is called SAME.\n"]
     header = ["endpoint", "margin (sd)", "reference seeds", *(f"{n} seed{'s' * (n > 1)}" for n in LOOKS),
-              "SAME possible from"]
+              "P(SAME), faithful, " + "/".join(map(str, LOOKS)) + " seeds"]
     out += md_table(header, [[r["metric"], f"{r['margin']} ({r['margin_sd']:.2g})", r["n_ref"],
-                              *(cell(r, n) for n in LOOKS), _same_from(r)] for r in rows])
+                              *(cell(r, n) for n in LOOKS), " / ".join(f"{r['same'][n]:.2f}" for n in LOOKS)]
+                             for r in rows])
     return "\n".join(out) + "\n\n"
