@@ -8,6 +8,7 @@ from attnrepro.audit.cases import C_TOL, DTYPES, unit_roundoff
 from attnrepro.audit.checks import CheckResult, Finding
 from attnrepro.audit.cost import mib_text
 from attnrepro.audit.diagnose import SPOILS, Diagnosis, cause_text, crash, rank
+from attnrepro.formatting import md_table
 
 EVIDENCE_LINES = 4
 TOLERANCE_NOTE = (f"tolerance: max|x - ref| <= {C_TOL:g} * R * (1 + max|logit|) * (u + u_fp32 * sqrt(E + S)); "
@@ -115,8 +116,6 @@ def _rest(diag: Diagnosis, results: list[CheckResult]) -> list[Finding]:
 
 def markdown(target: str, identity: str, diag: Diagnosis, results: list[CheckResult]) -> str:
     """The report's section on a user's attention (params attention.impl): verdict, evidence, checks."""
-    from attnrepro.formatting import md_table  # here: tabulate's import (0.3-0.4 s) is no part of the audit's page
-
     lines = ["## Attention implementation (params `attention.impl`)", "",
              f"The train, init_sweep and heads stages ran with `{target}` (source sha256 "
              f"`{identity.rpartition('@')[2] or 'n/a'}`) instead of `attnrepro.model.attention`; the entropy and "
