@@ -125,6 +125,7 @@ def markdown(target: str, identity: str, diag: Diagnosis, results: list[CheckRes
              f"**{diag.headline}**", ""]
     if diag.verdict == "FAIL":
         lines += [f"- {f.check}: {f.symptom}" for f in diag.evidence]
+        lines += [f"- raised (evidence, not the cause): {f.check}: {f.symptom}" for f in diag.crashes]
         if diag.smallest:
             lines.append(f"- smallest input that shows it: {diag.smallest}")
         lines.append("")
