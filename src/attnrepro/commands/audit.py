@@ -29,7 +29,7 @@ from attnrepro.files import write_json
 DESCRIPTION = """\
 Run the chapter's battery against an attention implementation with the signature of
 torch.nn.functional.scaled_dot_product_attention (query, key, value, attn_mask=None,
-dropout_p=0.0, is_causal=False, scale=None) and name what is wrong:
+dropout_p=0.0, is_causal=False, scale=None; enable_gqa=False optional) and name what is wrong:
 
   determinism two identical calls (dropout_p=0) agree bit for bit; dropout_p > 0 drops at
               that rate and rescales the kept weights by 1/(1 - p)
@@ -65,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="PATH", help="also write the JSON record here")
     p.add_argument("--full", action="store_true", help="a larger parity grid (longer, wider) and fp64")
     p.add_argument("--cost", action="store_true", help="also compare latency and peak memory with SDPA at n = 256, "
-                   "512, 1024 (informational; adds 2-6 s)")
+                   "512, 1024 (informational; adds 4.5-10 s on 2 loaded cores)")
     p.add_argument("--time-limit", type=float, default=120.0, metavar="S",
                    help="seconds each check may take before the implementation counts as hung (default 120; "
                         "a hung cost comparison is reported and the verdict stands)")
