@@ -29,34 +29,18 @@ sys.path.insert(0, str(REPO))  # the examples package, as `attnrepro audit` run 
 EX = {name: importlib.import_module(f"examples.attention.{name}") for name in
       ("chunked", "mask_zero", "no_max_subtraction", "dk_not_sqrt", "scale_after_softmax", "future_leak",
        "mask_ignored_when_causal", "softmax_wrong_axis", "dropout_always_on", "mask_fill_finite", "mask_sign_flipped",
-       "bool_mask_inverted", "float_mask_typeerror", "bool_masks_only", "fp16_plain", "fp16_scaled_q")}
+       "bool_mask_inverted", "float_mask_typeerror", "bool_masks_only", "fp16_plain", "fp16_scaled_q", "gqa_tiled",
+       "gqa_interleaved", "kv_swapped", "output_transposed")}
 CHUNKED = EX["chunked"].chunked_attention
 
 
 def audit(target: str, *extra: str) -> tuple[int, dict]:
     from attnrepro.commands.audit import build_parser, run
 
-    return run(build_parser().parse_args([target, "--no-cost", *extra]))
+    return run(build_parser().parse_args([target, *extra]))
 
 
 # ---------------------------------------------------------------- the verdicts on the examples
-
-@pytest.mark.parametrize("module,cause", [
-    ("mask_zero:attention", "mask_zero"),
-    ("no_max_subtraction:attention", "no_stable_softmax"),
-    ("dk_not_sqrt:attention", "dk_not_sqrt"),
-    ("scale_after_softmax:attention", "scale_after_softmax"),
-    ("future_leak:attention", "future_leak_1"),
-])
-def test_each_wrong_example_fails_with_its_own_bug_named(module, cause, capsys):
-    rc, rec = audit(f"examples.attention.{module}")
-    assert rc == 1 and rec["verdict"] == "FAIL"
-    assert rec["cause"] == cause, rec["headline"]
-    assert rec["other_causes"] == []  # one bug each, nothing else named
-    first = capsys.readouterr().out.splitlines()[0]
-    assert first.startswith("FAIL: ") and first == rec["headline"]
-    assert rec["smallest_input"]
-
 
 @pytest.mark.parametrize("target", ["examples.attention.chunked:chunked_attention",
                                     "torch.nn.functional:scaled_dot_product_attention"])
@@ -67,39 +51,81 @@ def test_correct_implementations_pass(target, capsys):
     assert all(c["status"] == "pass" for c in rec["checks"].values()), rec["checks"]["determinism"]
 
 
-# the gallery (issue 41): each example's first line, as a user reads it
+PASS = "PASS: matches the float64 reference; invariants, numerics and scale hold"
+NO_GQA = "grouped-query attention not supported: the signature takes no enable_gqa"
+# the gallery (issues 41, 64): every example's page as a user reads it: its first line, its cause, one cause only
+# (no "also:"), and what else the page must say
 GALLERY = [
-    ("chunked:chunked_attention", 0, "PASS: matches the float64 reference; invariants, numerics and scale hold"),
-    ("fp16_scaled_q:attention", 0, "PASS: matches the float64 reference; invariants, numerics and scale hold"),
-    ("mask_ignored_when_causal:attention", 1,
-     "FAIL: attn_mask ignored when is_causal is also set (SDPA applies both)"),
-    ("softmax_wrong_axis:attention", 1,
-     "FAIL: softmax over the queries (dim -2) instead of the keys: each key's column of weights sums to 1"),
-    ("dropout_always_on:attention", 1,
-     "FAIL: dropout applied with dropout_p=0 (about 10% of the weights zeroed): the output is random"),
-    ("mask_fill_finite:attention", 1, "FAIL: masked scores filled with -1e+04 instead of -inf (a finite fill)"),
-    ("mask_sign_flipped:attention", 1, "FAIL: float attn_mask subtracted from the scores instead of added"),
-    ("bool_mask_inverted:attention", 1, "FAIL: boolean attn_mask inverted (True taken as 'masked out')"),
-    ("float_mask_typeerror:attention", 1,
+    ("chunked:chunked_attention", 0, "", PASS, [NO_GQA]),
+    ("fp16_scaled_q:attention", 0, "", PASS, [NO_GQA]),
+    ("gqa_interleaved:attention", 0, "", PASS, ["49 of 49 cases within tolerance"]),
+    ("mask_zero:attention", 1, "mask_zero", "FAIL: masked scores filled with 0 instead of -inf (the chapter's mask_zero)",
+     ["future leak at every offset 1-15", "masked scores filled with 0)"]),
+    ("no_max_subtraction:attention", 1, "no_stable_softmax",
+     "FAIL: exp without subtracting the row maximum (the chapter's no_stable_softmax)", ["fp32 overflow above logit 88.7"]),
+    ("dk_not_sqrt:attention", 1, "dk_not_sqrt", "FAIL: scores divided by d_k instead of sqrt(d_k) (dk_not_sqrt)",
+     ["divided by d_k^1.00"]),
+    ("scale_after_softmax:attention", 1, "scale_after_softmax",
+     "FAIL: 1/sqrt(d_k) applied to the weights after the softmax (scale_after_softmax)", ["sum to 0.25, not 1"]),
+    ("future_leak:attention", 1, "future_leak_1", "FAIL: causal mask off by one: future leak at offset 1",
+     ["smallest input that shows it: B=1 H=1 L=2 S=2 "]),
+    ("causal_bottom_right:attention", 1, "causal_bottom_right",
+     "FAIL: causal mask aligned bottom-right (KV-cache style) where SDPA aligns it top-left",
+     ["is_causal aligns the mask top-left", "L=1 S=2"]),
+    ("mask_ignored_when_causal:attention", 1, "mask_ignored_when_causal",
+     "FAIL: attn_mask ignored when is_causal is also set (SDPA applies both)", ["causal+bool mask"]),
+    ("softmax_wrong_axis:attention", 1, "softmax_axis",
+     "FAIL: softmax over the queries (dim -2) instead of the keys: each key's column of weights sums to 1",
+     ["queries are mixed"]),
+    ("dropout_always_on:attention", 1, "dropout_on",
+     "FAIL: dropout applied with dropout_p=0 (about 10% of the weights zeroed): the output is random",
+     ["follow from this one"]),
+    ("mask_fill_finite:attention", 1, "mask_fill:-1e+04",
+     "FAIL: masked scores filled with -1e+04 instead of -inf (a finite fill)", ["attn_mask=[[False]]"]),
+    ("mask_sign_flipped:attention", 1, "mask_sign_flipped",
+     "FAIL: float attn_mask subtracted from the scores instead of added", ["float mask"]),
+    ("bool_mask_inverted:attention", 1, "mask_inverted",
+     "FAIL: boolean attn_mask inverted (True taken as 'masked out')", ["follow from this one"]),
+    ("float_mask_typeerror:attention", 1, "raises:TypeError",
      "FAIL: raises TypeError: attn_mask must be boolean, got torch.float32 (on B=2 H=3 L=17 S=17 E=24 Ev=24, "
-     "float mask, fp32)"),
-    ("bool_masks_only:attention", 1, "INCOMPLETE: nothing failed, but 7 cases could not run (unsupported): "
-     "the audit vouches only for what ran"),
-    ("fp16_plain:attention", 1, "FAIL: fp16 overflow above logit 1.638e+04: q k^T exceeds fp16's range before "
-     "the scale (fix: scale q before q k^T, or compute q k^T in float32)"),
+     "float mask, fp32)", ["raise NotImplementedError and the audit reports it as not supported"]),
+    ("bool_masks_only:attention", 1, "", "INCOMPLETE: nothing failed, but 7 cases could not run (unsupported): "
+     "the audit vouches only for what ran", ["[unsupported] parity:", NO_GQA]),
+    ("fp16_plain:attention", 1, "scores_overflow", "FAIL: fp16 overflow above logit 1.638e+04: q k^T exceeds fp16's "
+     "range before the scale (fix: scale q before q k^T, or compute q k^T in float32)", ["65504"]),
+    ("gqa_tiled:attention", 1, "gqa_tiled", "FAIL: grouped-query heads mapped by tiling (key/value head h % Hkv, "
+     "`repeat`) where SDPA's enable_gqa interleaves (head h // (H/Hkv), `repeat_interleave`)",
+     ["4 of 49 cases differ", "45 of 49 cases within", "smallest input that shows it: B=1 H=4 Hkv=2 "]),
+    ("output_transposed:attention", 1, "output_transposed",
+     "FAIL: output transposed: returned (B, L, H, Ev) where SDPA returns (B, H, L, Ev)", ["follow from this one"]),
+    ("kv_swapped:attention", 1, "kv_swapped",
+     "FAIL: key and value swapped: the output is softmax(q v^T) k, not softmax(q k^T) v",
+     ["37 of 37 cases differ", "with the identity as the key and k as the value it is",
+      "raised an exception on 4 inputs (evidence; the cases that ran name the cause)", "E=40 Ev=16, none mask"]),
 ]
 
 
-@pytest.mark.parametrize("module,status,first", GALLERY, ids=[g[0].split(":")[0] for g in GALLERY])
-def test_gallery_first_lines(module, status, first, capsys):
+@pytest.mark.parametrize("module,status,cause,first,needles", GALLERY, ids=[g[0].split(":")[0] for g in GALLERY])
+def test_gallery_pages(module, status, cause, first, needles, capsys):
     rc, rec = audit(f"examples.attention.{module}")
-    assert capsys.readouterr().out.splitlines()[0] == first
-    assert rc == status
+    page = capsys.readouterr().out
+    assert page.splitlines()[0] == first == rec["headline"]
+    assert (rc, rec["cause"], rec["other_causes"]) == (status, cause, [])  # one bug each, nothing else named
+    assert "\n  also: " not in page
+    assert ("declines" in page) == module.startswith("bool_masks_only")  # NotImplementedError, the one decline
+    assert "is_causal aligns the mask top-left" in page and "fp16 4.9e-04" in page  # the conventions, every page
+    for needle in needles:
+        assert needle in page, needle
 
 
-def test_smallest_input_of_a_future_leak_is_two_tokens():
-    _, rec = audit("examples.attention.future_leak:attention")
-    assert rec["smallest_input"].startswith("B=1 H=1 L=2 S=2 ")
+def test_the_gallery_is_every_example_and_the_readme_names_each():
+    modules = {p.stem for p in (REPO / "examples" / "attention").glob("*.py")} - {"__init__", "third_party"}
+    assert {g[0].split(":")[0] for g in GALLERY} == modules
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("attnrepro audit package.module:function"):readme.index("Health checks")]
+    index = (REPO / "examples" / "attention" / "__init__.py").read_text()
+    for name in modules:
+        assert f"`{name}`" in section and name in index, name
 
 
 def test_json_record_and_the_subcommand(tmp_path, capsys, monkeypatch):
@@ -107,7 +133,7 @@ def test_json_record_and_the_subcommand(tmp_path, capsys, monkeypatch):
 
     monkeypatch.chdir(REPO)
     out = tmp_path / "audit.json"
-    rc = main(["audit", "examples.attention.dk_not_sqrt:attention", "--no-cost", "--json", str(out)])
+    rc = main(["audit", "examples.attention.dk_not_sqrt:attention", "--json", str(out)])
     assert rc == 1
     rec = json.loads(out.read_text())
     assert rec["cause"] == "dk_not_sqrt" and rec["identity"].startswith("examples.attention.dk_not_sqrt:attention@")
@@ -338,7 +364,7 @@ def test_bad_input_is_one_line_and_exit_2(name, body, target, needle, tmp_path, 
 
     _module(tmp_path, monkeypatch, name, body)
     t = time.perf_counter()
-    rc = main(["audit", target, "--time-limit", "0.5", "--no-cost"])
+    rc = main(["audit", target, "--time-limit", "0.5"])
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1 and err.startswith("error: ") and needle in err, err
     assert time.perf_counter() - t < 30
@@ -350,7 +376,7 @@ def test_a_check_that_hangs_later_is_stopped_by_the_time_limit(tmp_path, monkeyp
     _module(tmp_path, monkeypatch, "bi_slow_later", "import time\nimport torch.nn.functional as F\n" + GOOD_SIG +
             "    if query.shape[-2] > 5:\n        time.sleep(3600)\n"
             "    return F.scaled_dot_product_attention(query, key, value)\n")
-    assert main(["audit", "bi_slow_later:attn", "--time-limit", "1", "--no-cost"]) == 2
+    assert main(["audit", "bi_slow_later:attn", "--time-limit", "1"]) == 2
     err = capsys.readouterr().err
     assert "check determinism: no result within 1 s" in err and err.count("\n") == 1
 
@@ -522,7 +548,7 @@ def test_an_exception_is_a_fail_naming_the_input_and_its_first_line():
     raised = [f for f in res.findings if f.severity == "fail"]
     assert raised and all(f.cause == "raises:RuntimeError" for f in raised)
     assert all("second line" not in f.symptom for f in raised)
-    assert "raised" in render._summary(res) and f"of {len(cases_mod.grid())} cases" in render._summary(res)
+    assert "raised" in render._summary(res) and f"of {sum(not c.gqa for c in cases_mod.grid())} cases" in render._summary(res)
     d = diagnose.diagnose([res])
     assert d.headline.startswith("FAIL: raises RuntimeError: masks are not wired up (on B=")
 
@@ -550,7 +576,7 @@ def test_a_hang_in_the_cost_check_keeps_the_gated_verdict(tmp_path, monkeypatch)
             " is_causal=is_causal, scale=scale)\n")
     from attnrepro.audit.battery import battery
 
-    results = battery(load.resolve("bi_cost_hangs:attn"), time_limit=15)
+    results = battery(load.resolve("bi_cost_hangs:attn"), time_limit=15, with_cost=True)
     assert diagnose.diagnose(results).verdict == "PASS"
     [c] = [r for r in results if r.name == "cost"]
     assert "no result within 15 s" in c.findings[0].symptom and c.findings[0].severity == "info"
@@ -598,9 +624,173 @@ def test_gated_checks_run_on_one_thread_and_the_setting_is_restored():
     torch.set_num_threads(2)
     try:
         SEEN.clear()
-        battery(load.resolve("test_audit:thread_recorder"))
+        battery(load.resolve("test_audit:thread_recorder"), with_cost=True)
         SEEN.discard((5, 2))  # the smoke call, on the caller's threads
         assert {t for n, t in SEEN if n < 256} == {1}  # (cost times on 1 thread as well)
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(1)  # the suite's setting (conftest)
+
+
+# ---------------------------------------------------------------- issue 64: GQA, layout bugs, one cause, conventions
+
+def sdpa_gqa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    return F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                                          is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+
+
+def gqa_heads_dropped(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    if enable_gqa:  # planted: key/value head 0 for every query head
+        key, value = (t[:, :1].expand(-1, query.shape[1], -1, -1) for t in (key, value))
+    return sdpa_gqa(query, key, value, attn_mask, dropout_p, is_causal, scale)
+
+
+def test_grid_has_grouped_and_multi_query_cases_with_an_interleaved_reference():
+    gqa = [c for c in cases_mod.grid() if c.gqa]
+    assert {c.Hkv for c in gqa} == {1, 2} and all(c.H > c.Hkv and c.H % c.Hkv == 0 for c in gqa)
+    q, k, v, kw, _ = gqa[0].inputs()
+    assert kw["enable_gqa"] is True and k.shape[1] == 2 < q.shape[1] == 4
+    ref = reference(q, k, v, **kw)
+    head = reference(q[:, 1:2], k[:, :1], v[:, :1])  # query head 1 reads key/value head 1 // 2 = 0
+    assert (ref[:, 1:2] - head).abs().max() < 1e-12
+    assert (reference(q, k, v, **kw, variant="gqa_tiled")[:, 1:2] - head).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("target", ["test_audit:sdpa_gqa", "examples.attention.gqa_interleaved:attention"])
+def test_correct_grouped_query_attention_passes_with_its_cases_run(target):
+    rc, rec = audit(target)
+    assert (rc, rec["verdict"]) == (0, "PASS"), rec["headline"]
+    parity = rec["checks"]["parity"]["details"]
+    assert parity["gqa_not_supported"] == 0 and sum("Hkv=" in c["case"] for c in parity["cases"]) == 6
+
+
+@pytest.mark.parametrize("fn,cause", [(EX["gqa_tiled"].attention, "gqa_tiled"), (gqa_heads_dropped, "gqa_heads_dropped")])
+def test_the_head_mapping_is_diagnosed(fn, cause):
+    res = checks.parity(Impl(fn))
+    [f] = [f for f in res.findings if f.severity == "fail"]
+    assert f.cause == cause and all("Hkv=2" in c for c in f.data["failing"])
+    assert "Hkv=2" in f.smallest
+
+
+def test_without_enable_gqa_the_page_says_gqa_is_not_supported(capsys):
+    rc, rec = audit("examples.attention.chunked:chunked_attention")
+    assert rc == 0 and rec["checks"]["parity"]["details"]["gqa_not_supported"] == 6
+    page = capsys.readouterr().out
+    assert f"[info] parity: {NO_GQA}" in page and "6 grouped-query not supported (no enable_gqa)" in page
+    assert not checks.takes_gqa(CHUNKED) and checks.takes_gqa(sdpa_gqa) and checks.takes_gqa(F.scaled_dot_product_attention)
+
+
+def test_a_transposed_output_is_a_fail_with_its_cause_in_the_json(tmp_path, monkeypatch, capsys):
+    from attnrepro.commands.main import main
+
+    monkeypatch.chdir(REPO)
+    out = tmp_path / "audit.json"
+    assert main(["audit", "examples.attention.output_transposed:attention", "--json", str(out)]) == 1
+    rec = json.loads(out.read_text())
+    assert (rec["verdict"], rec["cause"]) == ("FAIL", "output_transposed")
+    assert rec["headline"] == "FAIL: output transposed: returned (B, L, H, Ev) where SDPA returns (B, H, L, Ev)"
+    assert rec["cause_text"].startswith("output transposed") and rec["other_causes"] == []
+    assert checks.layout((2, 3, 8, 5), (2, 3, 5, 8)) == "(B, H, Ev, L)"  # a transpose of L and E
+    assert checks.layout((2, 3, 5, 1), (2, 3, 5, 8)) == ""  # not a permutation: bad input (exit 2)
+
+
+def kv_swapped_same_width(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+    if value.shape[-1] != key.shape[-1]:
+        raise NotImplementedError("values as wide as the keys only")
+    return EX["kv_swapped"].attention(query, key, value, attn_mask, dropout_p, is_causal, scale)
+
+
+@pytest.mark.parametrize("target", ["examples.attention.kv_swapped:attention", "test_audit:kv_swapped_same_width"])
+def test_key_and_value_swapped_is_named_whether_or_not_widths_differ(target):
+    rc, rec = audit(target)
+    assert (rc, rec["cause"], rec["other_causes"]) == (1, "kv_swapped", [])  # not also "dropout_rate"
+    raised = rec["raised_beside"]
+    assert all("Ev=16" in r["symptom"] for r in raised) and bool(raised) == target.startswith("examples")
+    [probe] = [f for f in rec["checks"]["invariants"]["findings"] if f["cause"] == "kv_swapped"]
+    assert "identity as the key" in probe["symptom"]
+
+
+def test_the_kv_swap_probe_passes_correct_implementations():
+    for fn in (CHUNKED, F.scaled_dot_product_attention):
+        res = checks.invariants(Impl(fn))
+        assert res.status == "pass" and res.details["kv_swap_probe"]["identity_as_key"] > 1
+
+
+def test_dropout_always_on_names_dropout_and_nothing_else(capsys):
+    rc, rec = audit("examples.attention.dropout_always_on:attention")
+    assert (rec["cause"], rec["other_causes"]) == ("dropout_on", [])  # not also "heads mixed"
+    assert "heads_mixed" in {f["cause"] for f in rec["checks"]["invariants"]["findings"]}  # its symptom, not a cause
+    assert "also:" not in capsys.readouterr().out
+
+
+def test_a_second_cause_needs_a_probe_the_first_does_not_spoil():
+    swap = Finding("parity", "fail", "x", cause="kv_swapped")
+    rate = Finding("determinism", "fail", "y", cause="dropout_rate", via=(checks.IDENTITY,))
+    overflow = Finding("numerics", "fail", "z", cause="scores_overflow")
+    d = diagnose.diagnose([_res("parity", swap, Finding("invariants", "fail", "w", cause="kv_swapped")),
+                           _res("determinism", rate), _res("numerics", overflow)])
+    assert (d.cause, d.others) == ("kv_swapped", ["scores_overflow"])  # the overflow's probe is not spoiled
+    d = diagnose.diagnose([_res("determinism", Finding("determinism", "fail", "r", cause="dropout_on")),
+                           _res("invariants", Finding("invariants", "fail", "h", cause="heads_mixed")), _res("numerics", overflow)])
+    assert (d.cause, d.others) == ("dropout_on", [])
+
+
+def test_a_crash_beside_other_failures_is_evidence_not_the_headline():
+    crash = Finding("parity", "fail", "B=2 ...: raised ValueError: no", cause="raises:ValueError", smallest="B=2 ...",
+                    data={"headline": "raises ValueError: no"})
+    d = diagnose.diagnose([_res("parity", crash, Finding("parity", "fail", "x", cause="mask_zero"))])
+    assert d.cause == "mask_zero" and d.crashes == [crash] and d.others == []
+    page = render.page("t:f", "t:f@0", d, [_res("parity", crash)], 1.0)
+    assert "raised an exception on 1 inputs" in page and "B=2 ...: raised ValueError" in page
+    assert "raise NotImplementedError" in page
+    d = diagnose.diagnose([_res("parity", crash)])  # nothing else failed: the crash is the bug
+    assert d.headline.startswith("FAIL: raises ValueError: no (on B=2")
+
+
+def test_declines_is_reserved_for_not_implemented_error():
+    res = checks.parity(Impl(EX["kv_swapped"].attention))
+    optional = [f.symptom for f in res.findings if f.severity == "info" and "optional" in f.symptom]
+    assert optional and not any("declines" in s for s in optional)
+    assert all("SDPA's math path refuses too (B=" in s for s in optional)
+
+
+def test_the_help_and_the_page_state_the_conventions():
+    from attnrepro.commands.audit import build_parser
+
+    text = " ".join(build_parser().format_help().split())
+    for needle in ("aligns the mask top-left", "bottom-right alignment is a FAIL", "NotImplementedError",
+                   "not supported", "enable_gqa", "fp16 4.9e-04", "path/to/file.py:function", "--cost"):
+        assert needle in text, needle
+    assert any("top-left" in line for line in render.CONVENTIONS)
+
+
+def test_a_path_to_a_py_file_is_a_module(monkeypatch, capsys):
+    from attnrepro.commands.main import main
+
+    monkeypatch.chdir(REPO)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    rc, rec = audit("examples/attention/fp16_scaled_q.py:attention")
+    assert rc == 0 and rec["target"] == "examples/attention/fp16_scaled_q.py:attention"
+    assert main(["audit", "examples/attention/nothing.py:attention"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no file examples/attention/nothing.py" in err
+
+
+def always_causal(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+    return F.scaled_dot_product_attention(query, key, value, dropout_p=dropout_p, is_causal=True, scale=scale)
+
+
+def test_the_dropout_rate_is_read_over_the_weights_live_without_dropout():
+    assert determinism.determinism(Impl(always_causal)).status == "pass"  # its mask is parity's, not dropout's
+
+
+def scale_on_q_and_k(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+    s = query.shape[-1] ** -0.5 if scale is None else scale
+    return F.scaled_dot_product_attention(query * s, key * s, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                                          is_causal=is_causal, scale=1.0)  # planted: scale on both q and k
+
+
+def test_a_scale_applied_to_q_and_k_is_named_squared():
+    rc, rec = audit("test_audit:scale_on_q_and_k")
+    assert (rec["cause"], rec["other_causes"]) == ("scale_squared", [])
+    assert "scale squared" in rec["headline"]

@@ -16,6 +16,11 @@ bool_mask_inverted   a boolean attn_mask read as "True = masked out"
 float_mask_typeerror raises TypeError on a float attn_mask (an input the signature allows)
 bool_masks_only      correct, but raises NotImplementedError on a float attn_mask: INCOMPLETE
 fp16_plain           q k^T in the input's dtype before the scale: fp16 overflows at logit 16384
+causal_bottom_right  is_causal aligned bottom-right (KV-cache style) where SDPA aligns it top-left
+gqa_interleaved      grouped- and multi-query attention (enable_gqa), key/value heads repeat_interleave'd: correct
+gqa_tiled            grouped-query key/value heads tiled (repeat) instead of interleaved
+output_transposed    returns (B, L, H, Ev) where SDPA returns (B, H, L, Ev)
+kv_swapped           key and value swapped: softmax(q v^T) k; raises when the values' width is not the keys'
 
 Every one has the signature of torch.nn.functional.scaled_dot_product_attention. The wrong
 ones are the textbook formula with one line changed (marked BUG), each a different class of

@@ -1,7 +1,8 @@
 """Adapters to SDPA's signature for attention the project did not write, to audit them:
 
 sdpa_math, sdpa_flash    torch's scaled_dot_product_attention pinned to one CPU backend
-                         (a backend that has no kernel for an input raises NotImplementedError)
+                         (a backend that has no kernel for an input raises NotImplementedError;
+                         enable_gqa passed through)
 mha                      torch.nn.MultiheadAttention with identity projections: (B, H, L, E) as
                          (B, L, H*E), its bool mask convention (True = masked out) and its own
                          scale (1/sqrt(head_dim)) translated
@@ -25,23 +26,23 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 NO_KERNEL = ("No viable backend", "No available kernel")
 
 
-def _pinned(backend, query, key, value, attn_mask, dropout_p, is_causal, scale):
+def _pinned(backend, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
     try:
         with sdpa_kernel([backend]):
             return F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
-                                                  is_causal=is_causal, scale=scale)
+                                                  is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
     except RuntimeError as e:
         if any(text in str(e) for text in NO_KERNEL):
             raise NotImplementedError(f"{backend.name}: no kernel for this input") from None
         raise
 
 
-def sdpa_math(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
-    return _pinned(SDPBackend.MATH, query, key, value, attn_mask, dropout_p, is_causal, scale)
+def sdpa_math(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    return _pinned(SDPBackend.MATH, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
 
 
-def sdpa_flash(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
-    return _pinned(SDPBackend.FLASH_ATTENTION, query, key, value, attn_mask, dropout_p, is_causal, scale)
+def sdpa_flash(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    return _pinned(SDPBackend.FLASH_ATTENTION, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
 
 
 def _mha_mask(attn_mask, is_causal, B, H, L, S, device):

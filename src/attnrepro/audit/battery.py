@@ -1,5 +1,7 @@
 """The battery: every check of the audit on one attention function, in order, each under a time
-limit, after a smoke call; and the audit as a section of the report. A gated check that hangs
+limit, after a first plain call; and the audit as a section of the report. The first call must
+return a tensor of SDPA's shape, or of a permutation of it (output transposed: a finding of the
+checks, not bad input). A gated check that hangs
 ends the audit (exit 2); the cost comparison, never gated, is reported as hung and the gated
 verdict stands. The gated checks run on one intra-op thread: their inputs are small, and on a
 shared machine two OpenMP threads contending with other jobs made parity up to 50 times slower
@@ -12,12 +14,29 @@ from typing import Callable
 
 import torch
 
-from attnrepro.audit.checks import CheckResult, Finding, Impl, invariants, numerics, parity, scale_check
+from attnrepro.audit.checks import (CallFailed, CheckResult, Finding, Impl, Unsupported, invariants, numerics, parity,
+                                    scale_check)
 from attnrepro.audit.cost import cost
 from attnrepro.audit.determinism import determinism
 from attnrepro.audit.diagnose import diagnose
 from attnrepro.audit.render import markdown
-from attnrepro.model.attention_impl import AuditTimeout, Target, call_with_limit, resolve, smoke
+from attnrepro.config import UserError
+from attnrepro.model.attention_impl import AuditTimeout, Target, call_with_limit, resolve
+
+
+def first_call(impl: Impl, spec: str, time_limit: float) -> None:
+    """f(q, k, v) on a (2, 3, 5, 8) query, on the caller's threads: an exception, or an output that is not a
+    tensor of SDPA's shape (or of a permutation of it, or of another dtype, which the checks report), is bad input."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, n, 8, generator=g).to(impl.device) for n in (5, 7, 7))
+    what = f"{spec} on a (2, 3, 5, 8) query"
+    try:
+        call_with_limit(impl.call, time_limit, what, q, k, v, {}, what)
+    except Unsupported as e:
+        raise UserError(f"{what} raised NotImplementedError: {str(e).partition(': ')[2]}") from None
+    except CallFailed as e:
+        if e.cause not in ("output_transposed", "wrong_dtype"):
+            raise UserError(str(e)) from None
 
 
 def on_threads(count: int, fn: Callable[[], CheckResult]) -> CheckResult:
@@ -27,11 +46,11 @@ def on_threads(count: int, fn: Callable[[], CheckResult]) -> CheckResult:
 
 
 def battery(target: Target, device: str = "cpu", time_limit: float = 120.0, full: bool = False,
-            with_cost: bool = True) -> list[CheckResult]:
-    """Every check on `target`, each under the time limit, after a smoke call."""
-    smoke(target, time_limit, device)  # one call, on the caller's threads
-    threads = torch.get_num_threads()
+            with_cost: bool = False) -> list[CheckResult]:
+    """Every check on `target`, each under the time limit, after a first call (the cost comparison: with_cost)."""
     impl = Impl(target.fn, device)
+    first_call(impl, target.spec, time_limit)
+    threads = torch.get_num_threads()
     steps = [("determinism", lambda: determinism(impl)), ("parity", lambda: parity(impl, full)),
              ("invariants", lambda: invariants(impl)),
              ("numerics", lambda: numerics(impl)), ("scale", lambda: scale_check(impl))]
@@ -57,5 +76,5 @@ def battery(target: Target, device: str = "cpu", time_limit: float = 120.0, full
 def report_section(spec: str) -> str:
     """The audit of params attention.impl as a section of report/REPORT.md (no timings: deterministic)."""
     target = resolve(spec)
-    results = battery(target, with_cost=False)
+    results = battery(target)
     return markdown(spec, target.identity, diagnose(results), results)

@@ -44,7 +44,8 @@ def tolerance(dtype: torch.dtype, E: int, S: int, logit_max: float, ref_scale: f
 @dataclass(frozen=True)
 class Case:
     """One call: shapes (batch B, heads H, queries L, keys S, head width E, value width Ev), the mask
-    (none | causal | bool | float), the `scale` argument, the dtype and whether to check gradients."""
+    (none | causal | bool | float), the `scale` argument, the dtype, whether to check gradients and the
+    key/value heads Hkv (None: H; fewer: grouped-query attention, 1: multi-query, called with enable_gqa)."""
     B: int
     H: int
     L: int
@@ -56,11 +57,17 @@ class Case:
     dtype: str = "fp32"
     grad: bool = True
     seed: int = 0
+    Hkv: Optional[int] = None
+
+    @property
+    def gqa(self) -> bool:
+        return self.Hkv is not None and self.Hkv != self.H
 
     @property
     def label(self) -> str:
         sc = "" if self.scale is None else f", scale={self.scale:g}"
-        return (f"B={self.B} H={self.H} L={self.L} S={self.S} E={self.E} Ev={self.Ev}, "
+        kv = f" Hkv={self.Hkv}" if self.gqa else ""
+        return (f"B={self.B} H={self.H}{kv} L={self.L} S={self.S} E={self.E} Ev={self.Ev}, "
                 f"{self.mask} mask{sc}, {self.dtype}")
 
     @property
@@ -73,6 +80,11 @@ class Case:
     def size(self) -> int:
         return self.B * self.H * (self.L * self.E + self.S * (self.E + self.Ev))
 
+    @property
+    def valid(self) -> bool:
+        """Each key/value head serves a whole group of query heads."""
+        return not self.gqa or (self.Hkv < self.H and self.H % self.Hkv == 0)
+
     def with_shape(self, **dims) -> "Case":
         return replace(self, **dims)
 
@@ -80,13 +92,17 @@ class Case:
         """(q, k, v, kwargs, d_out) drawn from the case's seed. `mask` is none, causal, or a mask kind
         (bool, float: L x S; bool_b: B x 1 x L x S; float_h: 1 x H x L x S; bool_lr: the causal mask aligned
         bottom-right, as a KV-cache decode sees it), optionally after "causal+" (is_causal and the mask, as
-        SDPA combines them). A bool mask keeps >= 1 key per row among those is_causal leaves."""
+        SDPA combines them). A bool mask keeps >= 1 key per row among those is_causal leaves. A grouped-query
+        case (Hkv < H) passes enable_gqa=True."""
         g = torch.Generator().manual_seed(self.seed)
+        Hkv = self.Hkv or self.H
         q = torch.randn(self.B, self.H, self.L, self.E, generator=g)
-        k = torch.randn(self.B, self.H, self.S, self.E, generator=g)
-        v = torch.randn(self.B, self.H, self.S, self.Ev, generator=g)
+        k = torch.randn(self.B, Hkv, self.S, self.E, generator=g)
+        v = torch.randn(self.B, Hkv, self.S, self.Ev, generator=g)
         d_out = torch.randn(self.B, self.H, self.L, self.Ev, generator=g)
         kw: dict = {"scale": self.scale}
+        if self.gqa:
+            kw["enable_gqa"] = True
         causal, _, kind = self.mask.rpartition("+")
         if kind == "causal" or causal:
             kw["is_causal"] = True
@@ -110,13 +126,15 @@ class Case:
 
 def logit_max(q: torch.Tensor, k: torch.Tensor, scale: Optional[float]) -> float:
     s = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3) if q.dim() > 2 else k  # grouped-query heads
     return (q.double() @ k.double().transpose(-2, -1)).abs().max().item() * abs(s)
 
 
 def grid(full: bool = False) -> list[Case]:
     """The parity grid: shapes with non-powers of two, L != S, Ev != E; every mask kind; is_causal with a
     mask; masks broadcast over heads or batch; decode (one query, many keys) in both alignments; explicit
-    scales; half types with and without masks. `full` adds longer sequences and wider heads."""
+    scales; half types with and without masks; grouped-query (2 key/value heads for 4 or 6 query heads) and
+    multi-query (1) attention. `full` adds longer sequences and wider heads."""
     shapes = [(2, 3, 17, 17, 24, 24), (1, 2, 64, 64, 64, 64), (2, 1, 33, 47, 40, 16), (1, 1, 128, 128, 96, 96)]
     if full:
         shapes += [(1, 2, 256, 256, 128, 128), (1, 1, 200, 300, 256, 256), (4, 4, 31, 31, 12, 20)]
@@ -131,4 +149,7 @@ def grid(full: bool = False) -> list[Case]:
     cases += [Case(*s, mask=m, dtype=dt, seed=11) for dt in others for s in shapes[:2] for m in ("none", "causal")]
     cases += [Case(*shapes[0], mask=m, dtype=dt, seed=12) for dt in ("fp16", "bf16")
               for m in ("bool", "float", "causal+bool")]
+    cases += [Case(2, 4, 17, 17, 24, 24, mask=m, Hkv=hkv, seed=30 + hkv) for hkv in (2, 1) for m in ("none", "causal")]
+    cases += [Case(1, 6, 9, 23, 16, 8, mask="bool", Hkv=2, seed=33), Case(2, 4, 1, 47, 40, 40, mask="causal", Hkv=2,
+                                                                          seed=34)]
     return cases

@@ -1,15 +1,19 @@
 """The battery: parity, invariants, numerics and scale, each returning a CheckResult.
 
 Every call of the implementation goes through `Impl.call`, which turns NotImplementedError
-into "unsupported" (reported, never a pass or a fail: the audit is INCOMPLETE) and any other
-exception into a failure naming the input and the exception's first line (cause
-`raises:<Type>`), except on the cases the contract leaves optional (is_causal with
-an attn_mask), which an implementation may decline. A check never stops at its first failure: the diagnosis needs the
-whole pattern (which cases fail, which pass).
+into "unsupported" (reported, never a pass or a fail: the audit is INCOMPLETE), an output whose
+shape is a permutation of SDPA's into a failure "output transposed", and any other exception
+into a failure naming the input and the exception's first line (cause `raises:<Type>`), except
+on the cases the contract leaves optional (is_causal with an attn_mask), which an
+implementation may decline (NotImplementedError) or refuse as SDPA's math path does.
+Grouped-query cases are passed enable_gqa=True, and only to a function whose signature takes it.
+A check never stops at its first failure: the diagnosis needs the whole pattern (which cases
+fail, which pass).
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 from dataclasses import dataclass, field
 from typing import Callable, Optional
@@ -18,7 +22,10 @@ import numpy as np
 import torch
 
 from attnrepro.audit.cases import DTYPES, Case, grid, logit_max, tolerance
-from attnrepro.audit.float64_reference import HYPOTHESES, reference
+from attnrepro.audit.float64_reference import HYPOTHESES, applies, reference
+
+# what a finding's reading relies on (Finding.via): the weights read off through values = identity, a boolean attn_mask
+IDENTITY, BOOL_MASK = "identity values", "boolean attn_mask"
 
 
 class Unsupported(Exception):
@@ -26,17 +33,47 @@ class Unsupported(Exception):
 
 
 class CallFailed(Exception):
-    def __init__(self, message: str, raised: str = ""):
+    def __init__(self, message: str, cause: str = "", headline: str = ""):
         super().__init__(message)
-        self.raised = raised  # "<Type>: <first line>" for an exception, "" for a wrong output
-
-    @property
-    def cause(self) -> str:
-        return f"raises:{self.raised.split(':')[0]}" if self.raised else ""
+        self.cause = cause  # "raises:<Type>", "output_transposed", "wrong_dtype", or "" (a wrong shape)
+        self.headline = headline
 
     @property
     def data(self) -> dict:
-        return {"headline": f"raises {self.raised}"} if self.raised else {}
+        return {"headline": self.headline} if self.headline else {}
+
+
+def first_line(e: BaseException) -> str:
+    return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}".rstrip(": ")
+
+
+def raised(what: str, e: BaseException, where: str = "") -> CallFailed:
+    line = first_line(e)
+    return CallFailed(f"{what}: {where}raised {line}", f"raises:{type(e).__name__}",
+                      f"raises {line}" + (f" (in {where.strip()})" if where else ""))
+
+
+def layout(got: tuple, want: tuple, names=("B", "H", "L", "Ev")) -> str:
+    """`got` read as a permutation of `want`'s dimensions, e.g. "(B, L, H, Ev)"; "" when it is none."""
+    if len(got) != len(want) or sorted(got) != sorted(want) or got == want:
+        return ""
+    left = list(range(len(want)))
+    order = []
+    for i, n in enumerate(got):
+        j = i if i in left and want[i] == n else next(j for j in left if want[j] == n)
+        left.remove(j)
+        order.append(names[j] if len(want) == len(names) else f"dim {j}")
+    return "(" + ", ".join(order) + ")"
+
+
+def takes_gqa(fn: Callable) -> bool:
+    """Whether fn accepts enable_gqa (SDPA's since torch 2.5): by name or **kwargs; a builtin without an
+    introspectable signature (SDPA itself) is taken at its word."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    return any(p.name == "enable_gqa" or p.kind is p.VAR_KEYWORD for p in params)
 
 
 @dataclass
@@ -47,6 +84,7 @@ class Finding:
     cause: str = ""  # a key of diagnose.CAUSES, "" when unknown
     smallest: str = ""  # the smallest input that shows it
     data: dict = field(default_factory=dict)
+    via: tuple[str, ...] = ()  # IDENTITY, BOOL_MASK: what its reading relies on (a k/v swap spoils IDENTITY, ...)
 
 
 @dataclass
@@ -66,6 +104,10 @@ class CheckResult:
 class Impl:
     fn: Callable
     device: str = "cpu"
+    gqa: bool = field(init=False)
+
+    def __post_init__(self):
+        self.gqa = takes_gqa(self.fn)
 
     def call(self, q, k, v, kw, what: str):
         try:
@@ -73,16 +115,21 @@ class Impl:
         except NotImplementedError as e:
             raise Unsupported(f"{what}: {e or 'NotImplementedError'}") from None
         except Exception as e:
-            first = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}".rstrip(": ")
-            raise CallFailed(f"{what}: raised {first}", first) from None
+            raise raised(what, e) from None
         if isinstance(out, torch.Tensor) and not any(t.requires_grad for t in (q, k, v)):
             out = out.detach()  # a module's own parameters (nn.MultiheadAttention) need no graph here
         want = q.shape[:-1] + (v.shape[-1],)
-        if not isinstance(out, torch.Tensor) or out.shape != want:
-            got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-            raise CallFailed(f"{what}: returned {got}, expected shape {tuple(want)}")
+        if not isinstance(out, torch.Tensor):
+            raise CallFailed(f"{what}: returned {type(out).__name__}, expected a tensor")
+        if out.shape != want:
+            perm = layout(tuple(out.shape), tuple(want))
+            if perm:
+                head = f"output transposed: returned {perm} where SDPA returns (B, H, L, Ev)"
+                raise CallFailed(f"{what}: {head}, shape {tuple(out.shape)} for {tuple(want)}", "output_transposed",
+                                 head)
+            raise CallFailed(f"{what}: returned shape {tuple(out.shape)}, expected {tuple(want)}")
         if out.dtype != q.dtype:
-            raise CallFailed(f"{what}: returned {out.dtype} for {q.dtype} inputs")
+            raise CallFailed(f"{what}: returned {out.dtype} for {q.dtype} inputs", "wrong_dtype")
         return out
 
 
@@ -112,8 +159,7 @@ def run_case(impl: Impl, case: Case) -> dict:
         try:
             grads = torch.autograd.grad(out, leaves, d_out)
         except Exception as e:
-            first = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}".rstrip(": ")
-            raise CallFailed(f"{case.label}: backward raised {first}", f"{first} (in backward)") from None
+            raise raised(case.label, e, "backward ") from None
         rleaves = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
         rgrads = torch.autograd.grad(reference(*rleaves, **kw), rleaves, d_out.double())
         # R for a gradient: max|ref|, floored at max|d_out| max|v| (the size of d(weights)), as a gradient that
@@ -124,40 +170,52 @@ def run_case(impl: Impl, case: Case) -> dict:
     return row
 
 
-def hypothesis_ratios(out: torch.Tensor, case: Case, device: str) -> dict[str, float]:
+def hypothesis_ratios(out: torch.Tensor, case: Case, device: str, hypotheses=tuple(HYPOTHESES)) -> dict[str, float]:
     """error / tolerance of the output against each hypothesis (one of the chapter's bugs, ...)."""
     q, k, v, kw, _ = case.inputs(device)
     tol = tolerance(DTYPES[case.dtype], case.E, case.S, logit_max(q, k, case.scale), v.double().abs().max().item())
-    return {h: _err(out, reference(q, k, v, **kw, variant=h)) / tol for h in HYPOTHESES}
+    return {h: _err(out, reference(q, k, v, **kw, variant=h)) / tol if applies(h, q, k, v) else math.inf
+            for h in hypotheses}
 
 
 def parity(impl: Impl, full: bool = False) -> CheckResult:
     res = CheckResult("parity")
     rows = []
     cases = grid(full)
+    skipped = [c for c in cases if c.gqa and not impl.gqa]
+    if skipped:
+        res.findings.append(Finding("parity", "info", "grouped-query attention not supported: the signature takes "
+                                    f"no enable_gqa, so the {len(skipped)} cases whose key/value have fewer heads than "
+                                    "the query (1: multi-query, 2: grouped-query) did not run"))
+    outcomes = dict.fromkeys(("raised", "wrong output", "unsupported", "optional"), 0)  # cases that gave no row
     for case in cases:
+        if case in skipped:
+            continue
         try:
             row = run_case(impl, case)
         except (Unsupported, CallFailed) as e:
-            if case.optional:
-                res.findings.append(Finding("parity", "info", f"declines is_causal with attn_mask ({e}), as "
-                                            "SDPA's math path does: not checked"))
+            crashed = isinstance(e, CallFailed) and e.cause.startswith("raises:")
+            if case.optional and (isinstance(e, Unsupported) or crashed):
+                outcome = "optional"
+                res.findings.append(Finding("parity", "info", (
+                    f"declines is_causal with attn_mask ({e})" if isinstance(e, Unsupported) else
+                    f"is_causal with attn_mask, which SDPA's math path refuses too ({e})") + ": optional, not checked"))
             elif isinstance(e, Unsupported):
+                outcome = "unsupported"
                 res.findings.append(Finding("parity", "unsupported", str(e)))
             else:
+                outcome = "raised" if crashed else "wrong output"
                 res.findings.append(Finding("parity", "fail", str(e), cause=e.cause, smallest=case.label, data=e.data))
+            outcomes[outcome] += 1
             continue
-        row["hyp"] = hypothesis_ratios(row.pop("out"), case, impl.device)
         row["ok"] = row["fwd"] <= 1 and row.get("bwd", 0.0) <= 1
         row["case_obj"] = case
         rows.append(row)
-    res.details["cases"] = [{k: v for k, v in r.items() if k not in ("case_obj", "hyp")} for r in rows]
-    res.details["grid_size"] = len(cases)
-    for sev, key in (("fail", "raised"), ("unsupported", "unsupported"), ("info", "declined")):
-        res.details[key] = sum(f.severity == sev for f in res.findings)
+    res.details["cases"] = [{k: v for k, v in r.items() if k not in ("case_obj", "out")} for r in rows]
+    res.details.update(outcomes, grid_size=len(cases) - len(skipped), gqa_not_supported=len(skipped))
     bad = [r for r in rows if not r["ok"]]
     if bad:
-        cause = consistent_hypothesis(rows)
+        cause = consistent_hypothesis(rows, impl.device)
         worst = max(bad, key=lambda r: max(r["fwd"], r.get("bwd", 0.0)))
         smallest = shrink(impl, min(bad, key=lambda r: r["case_obj"].size)["case_obj"], cause)
         what = "forward" if any(r["fwd"] > 1 for r in bad) else "backward only"
@@ -170,12 +228,20 @@ def parity(impl: Impl, full: bool = False) -> CheckResult:
     return res
 
 
-def consistent_hypothesis(rows: list[dict]) -> str:
-    """The bug whose float64 output every case's output matches (within tolerance), else ""."""
-    fits = [h for h in HYPOTHESES if h != "correct" and all(r["hyp"][h] <= 1 for r in rows)]
+def consistent_hypothesis(rows: list[dict], device: str) -> str:
+    """The bug whose float64 output every case's output matches (within tolerance), else "". Every hypothesis is
+    computed on the failing cases, and only those that match them all on the passing ones (the bulk of the cost)."""
+    bad = [r for r in rows if not r["ok"]]
+    for r in bad:
+        r["hyp"] = hypothesis_ratios(r["out"], r["case_obj"], device)
+    fits = [h for h in HYPOTHESES if h != "correct" and all(r["hyp"][h] <= 1 for r in bad)]
+    for r in rows:
+        if r["ok"] and fits:
+            ratios = hypothesis_ratios(r["out"], r["case_obj"], device, fits)
+            fits = [h for h in fits if ratios[h] <= 1]
     if fits:
         return fits[0]
-    failing = [r for r in rows if r["fwd"] > 1]
+    failing = [r for r in bad if r["fwd"] > 1]
     votes: dict[str, int] = {}
     for r in failing:
         best = min(r["hyp"], key=r["hyp"].get)
@@ -204,7 +270,7 @@ def shrink(impl: Impl, case: Case, cause: str) -> str:
             continue
         for value in range(1, getattr(case, dim)):
             trial = case.with_shape(**{dim: value}, **({"S": value} if tied and dim == "L" else {}))
-            if _fails(impl, trial, cause):
+            if trial.valid and _fails(impl, trial, cause):
                 case = trial
                 break
     return case.label
@@ -304,14 +370,14 @@ def fully_masked_row(impl: Impl) -> list[Finding]:
     found = []
     if _err(others, own_others) > _tol(q, k, v):
         found.append(Finding("invariants", "fail", "a fully masked row changes the other rows' outputs",
-                             smallest="L=S=6, one row of attn_mask all False"))
+                             smallest="L=S=6, one row of attn_mask all False", via=(BOOL_MASK,)))
     if torch.isfinite(row).all() and row.abs().max().item() > 0:
         fill = fill_value(impl)
         cause = "finite_fill" if fill is None else "mask_zero" if fill == 0 else f"mask_fill:{fill:.3g}"
         found.append(Finding("invariants", "fail", "a fully masked row returns a finite non-zero output: it "
                              "averages values it was told not to see (masked scores filled with "
                              + ("a finite value" if fill is None else f"{fill:.3g}") + ")",
-                             cause=cause, smallest=smallest, data={"fill": fill}))
+                             cause=cause, smallest=smallest, data={"fill": fill}, via=(IDENTITY, BOOL_MASK)))
     elif not torch.isfinite(row).all():
         d_out = torch.ones_like(out)
         d_out[..., 2, :] = 0  # the masked row takes no part in the loss
@@ -339,7 +405,7 @@ def _leaks(impl: Impl, res: CheckResult) -> None:
                 "invariants", "fail", f"future leak at {how} ({'attn_mask=tril' if explicit else 'is_causal'}): "
                 f"perturbing key/value i+{leaks[0]} changes causal row i by {infl[leaks[0] - 1]:.3g}x the tolerance",
                 cause=cause, smallest=f"B=1 H=1 L=S={leaks[0] + 1}: row 0 changes with key {leaks[0]}",
-                data={"offsets": leaks}))
+                data={"offsets": leaks}, via=(BOOL_MASK,) if explicit else ()))
 
 
 def _permutation(impl: Impl, res: CheckResult) -> None:
@@ -405,7 +471,7 @@ def _row_sums(impl: Impl, res: CheckResult) -> None:
         columns_sum_to_one &= (w.double().sum(-2) - 1).abs().max().item() <= tol or mask == "causal"
         if w.double().min().item() < -tol:
             res.findings.append(Finding("invariants", "fail", f"negative weights (min {w.min().item():.3g}, "
-                                        f"{mask} mask)"))
+                                        f"{mask} mask)", via=(IDENTITY,)))
     if bad_sums:
         lo, hi = next(iter(bad_sums.values()))
         after = all(abs(x * math.sqrt(16) - 1) < 0.01 for pair in bad_sums.values() for x in pair)
@@ -418,7 +484,32 @@ def _row_sums(impl: Impl, res: CheckResult) -> None:
                "queries)" if axis else ")"),
             cause="scale_after_softmax" if after else "softmax_axis" if axis else "",
             smallest=f"B=1 H=1 L=S=1 E=16: the single weight is {lo:.4g}" if after else
-            "B=1 H=1 L=S=2: the rows of the weights do not sum to 1"))
+            "B=1 H=1 L=S=2: the rows of the weights do not sum to 1", via=(IDENTITY,)))
+
+
+def _kv_swap(impl: Impl, res: CheckResult) -> None:
+    """Key and value swapped (softmax(q v^T) k): with the identity as the value a correct function returns the
+    weights W = softmax(q k^T s); a swapped one returns them when the identity is passed as the key and k as the
+    value instead. With values of another width than the keys, a swapped function cannot even run."""
+    g = torch.Generator().manual_seed(12)
+    q, k = (torch.randn(1, 2, n, 8, generator=g).to(impl.device) for n in (6, 8))
+    eye = torch.eye(8, device=impl.device).expand(1, 2, 8, 8)
+    weights = reference(q, k, eye)
+    tol = _tol(q, k, eye)
+    as_value = _err(impl.call(q, k, eye, {}, "values = identity"), weights) / tol
+    as_key = _err(impl.call(q, eye, k, {}, "keys = identity, values = k"), weights) / tol
+    res.details["kv_swap_probe"] = {"identity_as_value": as_value, "identity_as_key": as_key}
+    if as_value <= 1 or as_key > 1:
+        return
+    try:
+        impl.call(q, k, torch.randn(1, 2, 8, 3, generator=g).to(impl.device), {}, "values 3 wide, keys 8")
+        wide = ""
+    except (CallFailed, Unsupported) as e:
+        wide = f"; with values 3 wide for keys 8 wide it fails ({str(e).partition(': ')[2]})"
+    res.findings.append(Finding("invariants", "fail", "with the identity as the value the output is not the weights "
+                                f"({as_value:.3g}x the tolerance), with the identity as the key and k as the value it "
+                                f"is: key and value swapped{wide}", cause="kv_swapped",
+                                smallest="B=1 H=1 L=1 S=E=Ev=2, values = identity"))
 
 
 def guarded(res: CheckResult, part: Callable[[], object]) -> None:
@@ -434,7 +525,7 @@ def guarded(res: CheckResult, part: Callable[[], object]) -> None:
 
 def invariants(impl: Impl) -> CheckResult:
     res = CheckResult("invariants")
-    for part in (_independence, _leaks, _permutation, _row_sums):
+    for part in (_independence, _leaks, _permutation, _row_sums, _kv_swap):
         guarded(res, lambda: part(impl, res))
     guarded(res, lambda: res.findings.extend(fully_masked_row(impl)))
     return res
@@ -536,6 +627,8 @@ def scale_check(impl: Impl, d_heads=(16, 32, 64, 128, 256)) -> CheckResult:
     (S = d_head keys, so the value width equals the key width)."""
     res = CheckResult("scale")
     guarded(res, lambda: _scale(impl, d_heads, res))
+    for f in res.findings:
+        f.via = f.via or (IDENTITY,)
     return res
 
 

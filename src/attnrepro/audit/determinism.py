@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from attnrepro.audit.checks import CheckResult, Finding, Impl, guarded
+from attnrepro.audit.checks import IDENTITY, CheckResult, Finding, Impl, guarded
 
 P_TEST = 0.25
 SHAPE = (1, 4, 64, 64)  # B, H, L, S: 16384 weights, the keep rate's standard error 0.0034 at p = 0.25
@@ -35,6 +35,9 @@ def determinism(impl: Impl) -> CheckResult:
     guarded(res, lambda: _repeat(impl, res))
     if not any(f.cause in ("dropout_on", "nondeterministic") for f in res.findings):
         guarded(res, lambda: _dropout(impl, res))
+        for f in res.findings:
+            if f.cause.startswith("dropout_"):
+                f.via = (IDENTITY,)  # the rates are read off with values = identity
     return res
 
 
@@ -69,9 +72,10 @@ def _dropout(impl: Impl, res: CheckResult) -> None:
     B, H, L, S = SHAPE
     base = uniform_weights(impl, 0.0, "weights with dropout_p=0 (q = 0, values = identity)")
     w = uniform_weights(impl, P_TEST, f"weights with dropout_p={P_TEST} (q = 0, values = identity)")
-    kept = w != 0
-    rate = kept.double().mean().item()
-    se = math.sqrt(P_TEST * (1 - P_TEST) / kept.numel())
+    live = base != 0  # the weights dropout can drop (a mask applied by mistake zeroes others at any p)
+    kept = (w != 0) & live
+    rate = kept.double().sum().item() / max(1, live.sum().item())
+    se = math.sqrt(P_TEST * (1 - P_TEST) / max(1, live.sum().item()))
     # a kept weight against the same weight without dropout (another normalisation bug cancels out)
     scale = (w[kept] / base[kept]).mean().item() if kept.any() else math.nan
     res.details.update({"dropout_p": P_TEST, "keep_rate": rate, "keep_rate_expected": 1 - P_TEST,

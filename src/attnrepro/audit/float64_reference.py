@@ -5,7 +5,9 @@ is_causal keeps key j for query i when j <= i (the mask aligned top-left, also w
 L != S); a boolean attn_mask keeps the keys that are True; a float attn_mask is added
 to the scaled scores (is_causal and attn_mask together: both apply, as SDPA's
 flash kernel does); scale=None means 1/sqrt(E); a row with no key left returns 0
-(what SDPA does since torch 2.5). A `variant` other than "correct" injects one bug, so
+(what SDPA does since torch 2.5); key and value with fewer heads than the query (grouped-query
+attention, enable_gqa=True) serve query head h from key/value head h // (H / Hkv), as
+`repeat_interleave` expands them. A `variant` other than "correct" injects one bug, so
 the diagnosis can ask which bug an implementation's output matches.
 """
 
@@ -32,6 +34,13 @@ HYPOTHESES: dict[str, str] = {
     "mask_ignored_when_causal": "attn_mask ignored when is_causal is also set (SDPA applies both)",
     "mask_sign_flipped": "float attn_mask subtracted from the scores instead of added",
     "softmax_axis": "softmax over the queries (dim -2) instead of the keys: each key's column of weights sums to 1",
+    "scale_squared": "the scale applied to both q and k: the logits are multiplied by scale squared (1/d_k when "
+                     "scale=None, 0.09 for an explicit scale=0.3)",
+    "kv_swapped": "key and value swapped: the output is softmax(q v^T) k, not softmax(q k^T) v",
+    "gqa_tiled": "grouped-query heads mapped by tiling (key/value head h % Hkv, `repeat`) where SDPA's enable_gqa "
+                 "interleaves (head h // (H/Hkv), `repeat_interleave`)",
+    "gqa_heads_dropped": "grouped-query attention with key/value heads dropped: every query head reads key/value "
+                         "head 0",
 }
 
 
@@ -52,14 +61,37 @@ def keep_mask(L: int, S: int, attn_mask, is_causal: bool, variant: str = "correc
     return keep
 
 
-def reference(query, key, value, attn_mask=None, is_causal=False, scale=None, *, variant: str = "correct"):
+def applies(variant: str, query, key, value) -> bool:
+    """Whether the bug can be computed on these inputs (a k/v swap needs values as wide as the keys)."""
+    return variant != "kv_swapped" or key.shape[-1] == value.shape[-1] == query.shape[-1]
+
+
+def expand_heads(query, key, value, variant: str = "correct"):
+    """Key and value with one head per query head: SDPA's enable_gqa (repeat_interleave), or a variant's mapping."""
+    H, Hkv = query.shape[-3], key.shape[-3]
+    if Hkv == H:
+        return key, value
+    if variant == "gqa_tiled":
+        return (torch.cat([t] * (H // Hkv), dim=-3) for t in (key, value))
+    if variant == "gqa_heads_dropped":
+        return (t[..., :1, :, :].expand(*t.shape[:-3], H, *t.shape[-2:]) for t in (key, value))
+    return (t.repeat_interleave(H // Hkv, dim=-3) for t in (key, value))
+
+
+def reference(query, key, value, attn_mask=None, is_causal=False, scale=None, enable_gqa=False, *,
+              variant: str = "correct"):
     """SDPA's result in float64 (or, with `variant`, the result of one bug)."""
     if variant not in HYPOTHESES:
         raise ValueError(f"unknown variant {variant!r}")
-    q, k, v = query.double(), key.double(), value.double()
+    if variant == "kv_swapped":
+        key, value = value, key
+    k, v = expand_heads(query, key, value, variant)
+    q, k, v = query.double(), k.double(), v.double()
     E, L, S = q.shape[-1], q.shape[-2], k.shape[-2]
     default = {"dk_not_sqrt": 1.0 / E, "unscaled": 1.0}.get(variant, 1.0 / math.sqrt(E))
     s_mult = default if scale is None or variant == "scale_ignored" else scale
+    if variant == "scale_squared":
+        s_mult = (1.0 / math.sqrt(E) if scale is None else scale) ** 2
     s = q @ k.transpose(-2, -1)
     if variant != "scale_after_softmax":
         s = s * s_mult

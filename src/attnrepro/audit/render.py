@@ -4,15 +4,26 @@ from __future__ import annotations
 
 import math
 
-from attnrepro.audit.cases import C_TOL
-from attnrepro.audit.checks import CheckResult
+from attnrepro.audit.cases import C_TOL, DTYPES, unit_roundoff
+from attnrepro.audit.checks import CheckResult, Finding
 from attnrepro.audit.cost import mib_text
-from attnrepro.audit.diagnose import Diagnosis, cause_text, rank
+from attnrepro.audit.diagnose import SPOILS, Diagnosis, cause_text, crash, rank
 from attnrepro.formatting import md_table
 
 EVIDENCE_LINES = 4
 TOLERANCE_NOTE = (f"tolerance: max|x - ref| <= {C_TOL:g} * R * (1 + max|logit|) * (u + u_fp32 * sqrt(E + S)); "
-                  "u = eps/2 of the dtype, R = max|v| (output) or max(max|ref|, max|d_out| max|v|) (gradients)")
+                  "u = eps/2 of the dtype (" + ", ".join(f"{n} {unit_roundoff(DTYPES[n]):.1e}" for n in
+                                                          ("fp32", "fp16", "bf16")) + "), R = max|v| (output) or "
+                  "max(max|ref|, max|d_out| max|v|) (gradients)")
+CONVENTIONS = [
+    "conventions: SDPA's. is_causal aligns the mask top-left (query i sees keys j <= i, also when L < S); a "
+    "bottom-right (KV-cache) alignment is a FAIL: pass an explicit attn_mask for that",
+    "NotImplementedError on an input = not supported (not run: INCOMPLETE, never a pass); any other exception on an "
+    "input the signature allows is a FAIL; grouped-query cases (key/value with fewer heads) are passed "
+    "enable_gqa=True, and only where the signature takes it",
+]
+NIE_HINT = ("(an input you do not support: raise NotImplementedError and the audit reports it as not supported, "
+            "not as a FAIL)")
 
 
 def _summary(r: CheckResult) -> str:
@@ -21,7 +32,9 @@ def _summary(r: CheckResult) -> str:
         cases = d.get("cases", [])
         ok = sum(c["fwd"] <= 1 and c.get("bwd", 0) <= 1 for c in cases)
         worst = max((max(c["fwd"], c.get("bwd", 0)) for c in cases), default=0.0)
-        aside = ", ".join(f"{d[k]} {k}" for k in ("raised", "unsupported", "declined") if d.get(k))
+        aside = ", ".join(f"{d[k]} {k}" for k in ("raised", "wrong output", "unsupported", "optional") if d.get(k))
+        if d.get("gqa_not_supported"):
+            aside += ("; " if aside else "") + f"{d['gqa_not_supported']} grouped-query not supported (no enable_gqa)"
         return (f"{ok} of {d.get('grid_size', len(cases))} cases within tolerance, forward and backward (worst "
                 f"{worst:.2g}x)" + (f"; {aside}" if aside else ""))
     if r.name == "determinism":
@@ -67,24 +80,38 @@ def page(target: str, identity: str, diag: Diagnosis, results: list[CheckResult]
             lines += [f"    - {f.check}: {f.symptom}" for f in diag.evidence[:EVIDENCE_LINES]]
             if len(diag.evidence) > EVIDENCE_LINES:
                 lines.append(f"    - and {len(diag.evidence) - EVIDENCE_LINES} more like these (--json has them all)")
-        if rank(diag.cause) == 0:
+        if rank(diag.cause) <= 1 or any(SPOILS.get(diag.cause, set()) & set(f.via) for f in _rest(diag, results)):
             lines.append("  (the other checks' failures below follow from this one; fix it first)")
         if diag.smallest:
             lines.append(f"  smallest input that shows it: {diag.smallest}")
         if diag.others:
             lines.append("  also: " + "; ".join(cause_text(c) for c in diag.others))
+        if diag.crashes:
+            lines.append(f"  raised an exception on {len(diag.crashes)} inputs (evidence; the cases that ran name "
+                         "the cause):")
+            lines += [f"    - {f.check}: {f.symptom}" for f in diag.crashes[:EVIDENCE_LINES]]
+            if len(diag.crashes) > EVIDENCE_LINES:
+                lines.append(f"    - and {len(diag.crashes) - EVIDENCE_LINES} more (--json has them all)")
+        if any(crash(f) for f in diag.evidence + diag.crashes):
+            lines.append("  " + NIE_HINT)
     lines.append("")
     lines.append(f"  {'check':<13}{'status':<8}{'time':>7}  summary")
     for r in results:
         status = "info" if r.name == "cost" else r.status
         lines.append(f"  {r.name:<13}{status:<8}{r.seconds:>6.1f}s  {_summary(r)}")
-    rest = [f for r in results for f in r.findings if f not in diag.evidence]
+    rest = _rest(diag, results)
     if rest:
         lines.append("")
         lines += [f"  [{f.severity}] {f.check}: {f.symptom}" for f in rest]
     lines.append("")
-    lines.append("  " + TOLERANCE_NOTE)
+    lines += [f"  {line}" for line in CONVENTIONS + [TOLERANCE_NOTE]]
     return "\n".join(lines) + "\n"
+
+
+def _rest(diag: Diagnosis, results: list[CheckResult]) -> list[Finding]:
+    """The findings the verdict's lines above do not show."""
+    shown = {id(f) for f in diag.evidence + diag.crashes}
+    return [f for r in results for f in r.findings if id(f) not in shown]
 
 
 def markdown(target: str, identity: str, diag: Diagnosis, results: list[CheckResult]) -> str:
@@ -98,6 +125,7 @@ def markdown(target: str, identity: str, diag: Diagnosis, results: list[CheckRes
              f"**{diag.headline}**", ""]
     if diag.verdict == "FAIL":
         lines += [f"- {f.check}: {f.symptom}" for f in diag.evidence]
+        lines += [f"- raised (evidence, not the cause): {f.check}: {f.symptom}" for f in diag.crashes]
         if diag.smallest:
             lines.append(f"- smallest input that shows it: {diag.smallest}")
         lines.append("")
@@ -121,6 +149,7 @@ def record(target: str, identity: str, source: str, diag: Diagnosis, results: li
         "target": target, "identity": identity, "source": source, "verdict": diag.verdict,
         "headline": diag.headline, "cause": diag.cause, "cause_text": cause_text(diag.cause) if diag.cause else "",
         "other_causes": diag.others, "smallest_input": diag.smallest, "seconds": seconds, "environment": env,
+        "raised_beside": [{"check": f.check, "symptom": f.symptom, "cause": f.cause} for f in diag.crashes],
         "checks": {r.name: {"status": r.status, "seconds": r.seconds, "details": r.details,
                             "findings": [{"severity": f.severity, "symptom": f.symptom, "cause": f.cause,
                                           "smallest": f.smallest} for f in r.findings]} for r in results},
