@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Set up the environment and run the test suite (unit tests + an end-to-end
-# `dvc repro` on a tiny configuration). Extra arguments go to pytest.
+# `dvc repro` on a tiny configuration) on every core (pytest-xdist; ATTNREPRO_TEST_WORKERS=N
+# for N workers, 0 for none). Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
 source .venv/bin/activate
 set +e
-python -m pytest "$@"
+python -m pytest -n "${ATTNREPRO_TEST_WORKERS:-auto}" --dist worksteal "$@"
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then

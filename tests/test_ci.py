@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import os
 import subprocess
 import sys
 import tomllib
@@ -190,7 +191,23 @@ def test_ci_entry_point_changes_no_global_state():
     text = (REPO / ".ci" / "run").read_text(encoding="utf-8")
     code = [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
     assert not any("--global" in ln or "--system" in ln for ln in code), code
-    assert any(ln.startswith("exec bash scripts/test.sh") for ln in code)
+    assert any(ln.startswith("bash scripts/test.sh") for ln in code)
+
+
+def test_ci_entry_point_prints_its_wall_time_and_passes_on_the_test_commands_exit(tmp_path):
+    """.ci/run ends with its own wall time (issue 66: measured, printed) and exits as scripts/test.sh did."""
+    (tmp_path / ".ci").mkdir()
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / ".ci" / "run").write_text((REPO / ".ci" / "run").read_text(encoding="utf-8"), encoding="utf-8")
+    (tmp_path / "scripts" / "test.sh").write_text("echo '1 passed'; exit 3\n", encoding="utf-8")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "chromium").write_text("#!/bin/sh\n", encoding="utf-8")  # installed: no apt-get here
+    (bin_dir / "chromium").chmod(0o755)
+    p = subprocess.run(["bash", ".ci/run"], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"})
+    last = p.stdout.strip().splitlines()[-1]
+    assert p.returncode == 3 and last.startswith("ci: setup and tests took 0 min ") and last.endswith("(exit 3)"), p
 
 
 def test_a_closed_pipe_is_no_traceback():
