@@ -808,11 +808,12 @@ def kind(claim: Claim) -> str:
 
 
 def counts(results: list[ClaimResult]) -> dict:
-    """Per kind (KINDS): n, passed, failed (missing included), skipped; values: unexplained deviations."""
+    """Per kind (KINDS): n (judged: the skipped excluded), passed, failed (missing included), skipped; values:
+    unexplained deviations."""
     out = {}
     for k in KINDS:
         rs = [r for r in results if kind(r.claim) == k]
-        out[k] = {"n": len(rs), "passed": sum(r.passed for r in rs),
+        out[k] = {"n": sum(r.status != "skipped" for r in rs), "passed": sum(r.passed for r in rs),
                   "failed": sum(r.status in ("fail", "missing") for r in rs),
                   "skipped": sum(r.status == "skipped" for r in rs)}
     out["value"]["unexplained"] = sum(r.explanation.startswith("unexplained") for r in results)
@@ -822,21 +823,18 @@ def counts(results: list[ClaimResult]) -> dict:
 def tally_lines(c: dict) -> dict[str, str]:
     """The claims' counts (`counts`) in words, per kind: what `attnrepro check` and the report both print."""
 
-    def judged(k):
-        return c[k]["n"] - c[k]["skipped"]
-
     def skipped(k):
         return f", {c[k]['skipped']} skipped (need a GPU)" if c[k]["skipped"] else ""
 
-    lines = {"conclusion": f"conclusions {c['conclusion']['passed']} of {judged('conclusion')} hold (the chapter's; "
+    lines = {"conclusion": f"conclusions {c['conclusion']['passed']} of {c['conclusion']['n']} hold (the chapter's; "
                            f"each on this run and, where a stage has seeds, on most of the reference's seeds)"
                            f"{skipped('conclusion')}",
-             "finding": f"findings    {c['finding']['passed']} of {judged('finding')} hold (this project's own, not "
+             "finding": f"findings    {c['finding']['passed']} of {c['finding']['n']} hold (this project's own, not "
                         f"the chapter's: the sensitivity sweep's pre-registered one, QK-norm's){skipped('finding')}",
-             "checksum": f"checksums   {c['checksum']['passed']} of {judged('checksum')} hold (true by construction)",
-             "value": f"published   {c['value']['passed']} of {judged('value')} published values inside our band or "
+             "checksum": f"checksums   {c['checksum']['passed']} of {c['checksum']['n']} hold (true by construction)",
+             "value": f"published   {c['value']['passed']} of {c['value']['n']} published values inside our band or "
                       f"tolerance; of the others {c['value']['unexplained']} unexplained (informational)"}
-    return {k: line for k, line in lines.items() if c[k]["n"]}
+    return {k: line for k, line in lines.items() if c[k]["n"] or c[k]["skipped"]}
 
 
 def claims_json(results: list[ClaimResult]) -> dict:

@@ -479,10 +479,9 @@ def verdict_markdown(exp, results: list[ClaimResult], flat: dict, dists: dict, e
                              {e.metric: [v] for e in exp.primary if (v := endpoints.value(flat, e.metric)) is not None})
     e = endpoints.summary(judged)
     con = c["conclusion"]
-    n_con = con["n"] - con["skipped"]
     failed = [r for r in results if kind(r.claim) == "conclusion" and r.status in ("fail", "missing")]
     md = ["## Verdict\n",
-          f"**Does the chapter reproduce?** {'Yes' if not failed else 'Partly'}: {con['passed']} of its {n_con} "
+          f"**Does the chapter reproduce?** {'Yes' if not failed else 'Partly'}: {con['passed']} of its {con['n']} "
           "conclusions this machine can test hold on this run and on most of the reference seeds"
           + (f"; {len(failed)} do not, each below with its measured cause." if failed else "."),
           "",
