@@ -20,6 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from attnrepro.commands import tool
 from attnrepro.config import ArgumentParser, UserError
 from attnrepro.files import dvc_entry, dvc_stages, parse_yaml
 from attnrepro.staging import STAGING
@@ -28,10 +29,7 @@ EXTRA = ("dvc.lock", "README.md")
 
 
 def _run(cmd: list[str], root: Path, check: bool = True) -> subprocess.CompletedProcess:
-    try:
-        proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True)
-    except FileNotFoundError:
-        raise UserError(f"`{cmd[0]}` is not on PATH (activate the environment: source .venv/bin/activate)") from None
+    proc = subprocess.run([tool(cmd[0]), *cmd[1:]], cwd=root, capture_output=True, text=True)
     if check and proc.returncode != 0:
         last = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
         raise UserError(f"`{shlex.join(cmd)}` failed: {last[-1] if last else f'exit {proc.returncode}'}")
