@@ -205,7 +205,12 @@ def _run_claims(args) -> int:
     failed = [r.claim.id for r in results if r.claim.cls == "checksum" and r.gated_failure]
     if failed:
         sys.stdout.write("checksums failing (true by construction: a bug): " + ", ".join(failed) + "\n")
-    return 1 if failed else 0
+    gated = [r.claim.id for r in results if r.gated_failure]
+    if gated:
+        sys.stdout.write(f"exit 1: {len(gated)} gated " + ("claim fails or is missing" if len(gated) == 1 else
+                                                             "claims fail or are missing")
+                         + " (published values outside their band are informational)\n")
+    return 1 if gated else 0
 
 
 def main(argv: list[str] | None = None) -> int:
