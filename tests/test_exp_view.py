@@ -65,3 +65,13 @@ def test_without_the_environment_activated_dvc_is_found_beside_python_or_named_i
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: `dvc` is neither on PATH nor beside") and \
         "source .venv/bin/activate" in err
+
+
+def test_the_usage_sample_is_the_committed_headline():
+    """docs/USAGE.md's `attnrepro exp` sample showed a reference long gone (issue 66); after a new reference,
+    paste `attnrepro exp`'s rows for it."""
+    from attnrepro.commands.exp_view import row
+
+    usage = (REPO / "docs" / "USAGE.md").read_text(encoding="utf-8")
+    sample = usage.split(f"  {HEADER}\n", 1)[1].split("  ```", 1)[0].splitlines()
+    assert sample == [f"  {row(name, HEADLINE)}" for name in ("workspace", "main")]
