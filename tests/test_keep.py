@@ -132,16 +132,20 @@ def test_restore_puts_the_reference_back(project, capsys):
     ref = (project / "metrics" / "make.json").read_text()
     _new_run(project, 5)
     (project / "plots" / "make" / "extra.csv").write_text("new output\n")
+    (project / "plots" / "make" / "kept.csv").write_text("staged by attnrepro keep\n")
+    _sh(project, "git", "add", "plots/make/kept.csv")
     assert cli.main(["restore", "--yes"]) == 0
     out = capsys.readouterr().out
     assert "plots/make/extra.csv (not in the reference: removed)" in out
+    assert "plots/make/kept.csv (not in the reference: removed)" in out and not (project / "plots/make/kept.csv").exists()
+    assert _sh(project, "git", "diff", "--cached", "--name-only").stdout == ""
     assert (project / "metrics" / "make.json").read_text() == ref
     assert (project / "data" / "big.bin").read_bytes() == bytes([1]) * 1000  # dvc checkout, from the cache
     lines = out.splitlines()
     listed = [line for line in lines if line.startswith(" ")]  # what it lists before it acts: git's files
     assert lines[0] == f"restore: {len(listed)} files of the pipeline's outputs go back to HEAD's (your changes to them are discarded):"
     assert "restore: data/big.bin: the reference's version, from the DVC cache (dvc checkout)" in lines
-    assert f"restore: {len(listed) - 1} checked out from HEAD, 1 removed" in lines  # counts that match the list
+    assert f"restore: {len(listed) - 2} checked out from HEAD, 2 removed" in lines  # counts that match the list
     assert "restore: 1 DVC-tracked output checked out from the DVC cache" in lines
     assert lines[-1].startswith("next: attnrepro check")
     assert not (project / "plots" / "make" / "extra.csv").exists()

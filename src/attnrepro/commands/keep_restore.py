@@ -202,10 +202,12 @@ def restore(root: Path, yes: bool, say=print, ask=input, now=None) -> int:
 
     from attnrepro.provenance.lock import out_md5
 
-    paths = reference_paths(root)
-    in_head = [p for p in paths if _run(["git", "ls-tree", "HEAD", "--", p], root).stdout.strip()]
-    changed = _run(["git", "diff", "--name-only", "HEAD", "--", *in_head], root).stdout.split() if in_head else []
-    new = _run(["git", "ls-files", "--others", "--exclude-standard", "--", *git_outputs(root)], root).stdout.split()
+    status = [line.split("\t", 1) for line in _run(["git", "diff", "--name-status", "--no-renames", "HEAD", "--",
+                                                     *reference_paths(root)], root).stdout.splitlines()]
+    changed = [f for s, f in status if s != "A"]  # modified or deleted: HEAD's version comes back
+    added = [f for s, f in status if s == "A"]  # staged (attnrepro keep), not in HEAD
+    new = added + _run(["git", "ls-files", "--others", "--exclude-standard", "--", *git_outputs(root)],
+                       root).stdout.split()
     cache = Path(_run(["dvc", "cache", "dir"], root).stdout.strip() or root / ".dvc" / "cache")
     cache = cache if cache.is_absolute() else root / cache
     differ = {p: md5 for p, md5 in dvc_outputs_of_head(root).items()
@@ -240,6 +242,8 @@ def restore(root: Path, yes: bool, say=print, ask=input, now=None) -> int:
                 return 1
         if changed:
             _run(["git", "checkout", "HEAD", "--", *changed], root)
+        if added:
+            _run(["git", "rm", "-q", "--cached", "--", *added], root)
         for f in new:
             (root / f).unlink(missing_ok=True)
         for f in aside:
