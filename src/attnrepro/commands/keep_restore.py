@@ -266,8 +266,8 @@ def restore(root: Path, yes: bool, say=print, ask=input, now=None) -> int:
         say(f"restore: {len(fetchable)} DVC-tracked output{'s' * (len(fetchable) != 1)} checked out from the "
             "DVC cache")
     if absent:
-        say(f"restore: not in this checkout, nor in the DVC cache: {', '.join(absent)} (dvc pull fetches them, "
-            "where a remote holds them; the check does not need them)")
+        say(f"restore: not in this checkout, nor in the DVC cache: {', '.join(absent)} (left absent: dvc pull "
+            "fetches them where a remote holds them, dvc repro remakes them)")
     say("next: attnrepro check   # the verdict on the restored reference (about a minute)")
     return 0
 
