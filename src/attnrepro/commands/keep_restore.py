@@ -190,7 +190,7 @@ def in_dvc_cache(cache: Path, md5: str) -> bool:
     return True
 
 
-ASIDE = ".attnrepro-aside"  # (its own .gitignore ignores it) where restore moves the run's data/ outputs DVC cannot give back
+ASIDE = ".attnrepro-aside"  # where restore moves the run's data/ outputs DVC cannot give back (git-ignored)
 
 
 def restore(root: Path, yes: bool, say=print, ask=input, now=None) -> int:
@@ -248,8 +248,9 @@ def restore(root: Path, yes: bool, say=print, ask=input, now=None) -> int:
             (root / f).unlink(missing_ok=True)
         for f in aside:
             (root / folder / f).parent.mkdir(parents=True, exist_ok=True)
-            (root / ASIDE / ".gitignore").write_text("*\n", encoding="utf-8")  # git and dvc ignore the folder
             (root / f).rename(root / folder / f)
+        if aside:
+            (root / ASIDE / ".gitignore").write_text("*\n", encoding="utf-8")  # git and dvc ignore the folder
         said = [f"{len(changed)} checked out from HEAD"] * bool(changed) + [f"{len(new)} removed"] * bool(new) \
             + [f"{len(aside)} moved aside into {folder}/"] * bool(aside)
         say("restore: " + ", ".join(said))
