@@ -461,8 +461,8 @@ def render_md(o: Outcome, show_all: bool = False) -> str:
     first, summary, sections = _parts(o, show_all)
     lines = [f"### check: {first}", "", "```", *(line for line in summary if line.strip()), "```"]
     for title, body in sections:
-        lines += ["", f"#### {title}", ""] * bool(title) + [""] * (not title) \
-            + [f"- **{b[0]}**: {b[1]}" if isinstance(b, tuple) else b for b in body]
+        lines += ["", f"#### {title}", ""] if title else [""]
+        lines += [f"- **{b[0]}**: {b[1]}" if isinstance(b, tuple) else b for b in body]
     text = "\n".join(lines).rstrip() + "\n"
     return text.replace(o.root.rstrip("/") + "/", "") if o.root else text
 
@@ -471,10 +471,8 @@ def render(o: Outcome, show_all: bool = False) -> str:
     first, summary, sections = _parts(o, show_all)
     lines = [f"check: {first}", *summary]
     for title, body in sections:
-        if title in ("problems", ""):
-            lines += ["", f"{title}:" * bool(title), *body] if title else ["", *body]
-        else:
-            lines += ["", title, ""] + [f"  {b[0]:<13}{b[1]}" if isinstance(b, tuple) else b for b in body]
+        lines += ["", "problems:"] if title == "problems" else ["", title, ""] if title else [""]
+        lines += [f"  {b[0]:<13}{b[1]}" if isinstance(b, tuple) else b for b in body]
     return "\n".join(lines) + "\n"
 
 
