@@ -4,8 +4,8 @@
 #
 #   bash scripts/reproduce.sh            the default pipeline: every stage but the sweeps
 #   bash scripts/reproduce.sh --sweeps   also the sweeps (seeds, critical, qknorm, choices, sensitivity):
-#                                        about 100 training runs, hours on 2 CPU cores from an
-#                                        empty run store (runs/); minutes once it holds them
+#                                        hundreds of training runs (README.md counts them and their
+#                                        minutes) from an empty run store (runs/); minutes once it holds them
 #
 # Each stage is forced (`dvc repro --force`): on a fresh clone, stages whose small outputs
 # are committed to git would otherwise count as up to date and be skipped. The sweeps'

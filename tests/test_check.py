@@ -147,7 +147,15 @@ def test_a_pass_judged_statistically_claims_no_more_than_nothing_shown_to_differ
     assert "INCONCLUSIVE" in out
 
 
+def test_an_untouched_checkout_says_nothing_was_rerun(repo, capsys):
+    rc, out = check(repo, capsys)
+    assert rc == 0 and out.splitlines()[0].startswith("check: PASS — nothing was rerun: metrics/ holds the "
+                                                      "reference's (HEAD) own results")
+
+
 def test_the_reference_itself_passes_exactly_and_the_verdict_comes_first(repo, capsys):
+    for f in ("train", "init", "latency", "sweep"):  # rerun here: the records of another run, the same machine
+        dump(repo / f"metrics/env/{f}.json", {**INTEL, "git_revision": "a later commit"})
     rc, out = check(repo, capsys)
     assert rc == 0
     assert out.splitlines()[0] == "check: PASS — this run reproduces the reference (HEAD) exactly"
@@ -155,6 +163,9 @@ def test_the_reference_itself_passes_exactly_and_the_verdict_comes_first(repo, c
     # the primary endpoints: this run (one value) against the reference's 5 seeds, within ±0.2 shown
     assert "  primary     2 endpoints: 1 SAME, 0 DIFFERENT, 1 INCONCLUSIVE" in out
     assert "| train.unscaled.loss_final | ±0.2 | 1, 5 | 5.1 | 5.14 | -0.04 (-1.3 sd) | SAME |" in out
+    legend = out.split("| SAME |", 1)[1].split("\n\n", 2)[1].splitlines()  # under the table, after a blank line
+    assert [line.split()[0].rstrip(":") for line in legend] == ["SAME", "DIFFERENT", "INCONCLUSIVE"]
+    assert "attnrepro check --decide" in legend[2] and "nothing to do" in legend[0]
 
 
 def test_same_machine_same_params_any_change_fails(repo, capsys):
@@ -193,9 +204,17 @@ def test_another_machine_moving_a_primary_endpoint_beyond_its_margin_fails(repo,
     rc, out = check(repo, capsys, "--json")
     d = json.loads(out)
     assert rc == 1 and d["verdict"] == "FAIL"
-    assert [(e["metric"], e["margin"], e["answer"], e["seeds"], e["reference_seeds"]) for e in d["endpoints"]] == [
-        ("train.unscaled.loss_final", "±0.2", "DIFFERENT", 1, 5),
-        ("train.unscaled.entropy", "×2", "INCONCLUSIVE", 1, 5)]
+    assert [(e["metric"], e["margin"], e["margin_is"], e["answer"], e["seeds"], e["reference_seeds"])
+            for e in d["endpoints"]] == [("train.unscaled.loss_final", 0.2, "absolute", "DIFFERENT", 1, 5),
+                                         ("train.unscaled.entropy", 2.0, "factor", "INCONCLUSIVE", 1, 5)]
+    assert {k: d["endpoint_counts"][k] for k in ("SAME", "DIFFERENT", "INCONCLUSIVE")} == \
+        {"SAME": 0, "DIFFERENT": 1, "INCONCLUSIVE": 1}
+    rc, md = check(repo, capsys, "--md")
+    assert rc == 1 and md.startswith("### check: FAIL") and str(repo) not in md
+    block = md.split("```")[1]  # the summary's code block holds no heading, no table, no problem
+    assert "#" not in block and "|" not in block and "primary endpoint" not in block.replace("primary     ", "")
+    assert "#### problems" in md and "#### primary endpoints" in md and "- **SAME**: " in md
+    assert md.count("```") == 2
     edit(repo, "train", lambda d: d["unscaled"].__setitem__("loss_final", 5.2))  # inside the margin
     rc, out = check(repo, capsys)
     assert rc == 0 and "DIFFERENT |" not in out, out

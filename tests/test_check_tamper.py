@@ -445,6 +445,8 @@ def test_json_and_md_forms_carry_the_same_verdict(tmp_path, capsys):
     md = render_md(o)
     assert md.startswith("### check: FAIL") and "drifted from 1" in md
     assert render(o).splitlines()[0] in md
+    o.root, o.notes = str(tmp_path), [f"sweep: not made again from the run store ({tmp_path}/runs/ab12 is damaged)"]
+    assert f"({tmp_path}/runs/ab12" in render(o) and "(runs/ab12 is damaged)" in render_md(o)  # --md: relative
 
 
 def test_store_findings_compare_metrics_with_the_runs_that_made_them(tmp_path):

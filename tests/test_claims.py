@@ -407,3 +407,17 @@ def test_a_cause_prints_the_metrics_it_rests_on(tmp_path):
     exp = C.load(write(tmp_path, {"train": {"section": "s"}}, CAUSE_PRED,
                        causes={"train.c": {"says": "because", "metrics": ["train.x", "train.y"]}}))
     assert exp.causes["train.c"].text({"train.x": 0.123456}) == "because (train.x = 0.123; train.y missing)"
+
+
+def test_attnrepro_claims_exits_1_on_a_failing_gated_row(tmp_path, capsys):
+    """`attnrepro claims` printed `fail` rows and exited 0 (issue 66)."""
+    from attnrepro.commands.main import main
+    from test_check import SEEDS, dump, write_repo
+
+    root = write_repo(tmp_path / "r")
+    assert main(["claims", "--root", str(root)]) == 0, capsys.readouterr().out
+    dump(root / "metrics/train.json", {**SEEDS[0], "unscaled": {**SEEDS[0]["unscaled"], "entropy": 0.5}})
+    assert main(["claims", "--root", str(root)]) == 1
+    out = capsys.readouterr().out
+    assert "| fail |" in out and out.splitlines()[-1] == "exit 1: 1 gated claim fails or is missing (published " \
+        "values outside their band are informational)"

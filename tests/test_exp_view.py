@@ -45,3 +45,33 @@ def test_the_command_runs_on_this_repository():
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0] == HEADER and lines[1].split()[0] == "workspace" and all(len(ln) <= 80 for ln in lines)
+
+
+def test_without_the_environment_activated_dvc_is_found_beside_python_or_named_in_one_line(tmp_path, monkeypatch,
+                                                                                          capsys):
+    """`attnrepro exp` without the venv activated ended in a traceback (FileNotFoundError: 'dvc', issue 66)."""
+    import os
+    import sys
+
+    from attnrepro.commands import tool
+    from attnrepro.commands.main import main
+
+    real = os.path.join(os.path.dirname(sys.executable), "dvc")
+    monkeypatch.setenv("PATH", str(tmp_path))  # not activated: dvc is not on PATH
+    if os.path.exists(real):
+        assert tool("dvc") == real  # the venv's, beside the interpreter
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))  # and no dvc beside this Python either
+    assert main(["exp"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: `dvc` is neither on PATH nor beside") and \
+        "source .venv/bin/activate" in err
+
+
+def test_the_usage_sample_is_the_committed_headline():
+    """docs/USAGE.md's `attnrepro exp` sample showed a reference long gone (issue 66); after a new reference,
+    paste `attnrepro exp`'s rows for it."""
+    from attnrepro.commands.exp_view import row
+
+    usage = (REPO / "docs" / "USAGE.md").read_text(encoding="utf-8")
+    sample = usage.split(f"  {HEADER}\n", 1)[1].split("  ```", 1)[0].splitlines()
+    assert sample == [f"  {row(name, HEADLINE)}" for name in ("workspace", "main")]

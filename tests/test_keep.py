@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from attnrepro.commands import main as cli
 from attnrepro.commands.keep_restore import git_outputs
@@ -131,12 +132,22 @@ def test_restore_puts_the_reference_back(project, capsys):
     ref = (project / "metrics" / "make.json").read_text()
     _new_run(project, 5)
     (project / "plots" / "make" / "extra.csv").write_text("new output\n")
+    (project / "plots" / "make" / "kept.csv").write_text("staged by attnrepro keep\n")
+    _sh(project, "git", "add", "plots/make/kept.csv")
     assert cli.main(["restore", "--yes"]) == 0
     out = capsys.readouterr().out
     assert "plots/make/extra.csv (not in the reference: removed)" in out
+    assert "plots/make/kept.csv (not in the reference: removed)" in out and not (project / "plots/make/kept.csv").exists()
+    assert _sh(project, "git", "diff", "--cached", "--name-only").stdout == ""
     assert (project / "metrics" / "make.json").read_text() == ref
     assert (project / "data" / "big.bin").read_bytes() == bytes([1]) * 1000  # dvc checkout, from the cache
-    assert " data/big.bin (the reference's version, from the DVC cache)" in out  # listed before it happened
+    lines = out.splitlines()
+    listed = [line for line in lines if line.startswith(" ")]  # what it lists before it acts: git's files
+    assert lines[0] == f"restore: {len(listed)} files of the pipeline's outputs go back to HEAD's (your changes to them are discarded):"
+    assert "restore: data/big.bin: the reference's version, from the DVC cache (dvc checkout)" in lines
+    assert f"restore: {len(listed) - 2} checked out from HEAD, 2 removed" in lines  # counts that match the list
+    assert "restore: 1 DVC-tracked output checked out from the DVC cache" in lines
+    assert lines[-1].startswith("next: attnrepro check")
     assert not (project / "plots" / "make" / "extra.csv").exists()
     assert "changed outs" not in _sh(project, sys.executable, "-m", "dvc", "status", "--json").stdout
     assert (project / "params.yaml").read_text() == "make:\n  n: 5\n"  # params are code: left alone
@@ -150,20 +161,72 @@ def test_restore_is_silent_about_params_it_did_not_change(project, capsys):
     assert "params.yaml" not in capsys.readouterr().out
 
 
-def test_restore_keeps_data_the_dvc_cache_cannot_give_back(project, capsys):
-    """`restore --yes` after a run on a fresh clone (the reference's checkpoints never pulled) let `dvc
-    checkout` delete the run's data/ and exited 1 (issue 40): it now keeps what it cannot bring back, says
-    so in the preview, and exits 0."""
+def test_restore_moves_aside_the_data_the_dvc_cache_cannot_give_back(project, capsys):
+    """`restore --yes` after a run on a fresh clone (the reference's checkpoints never pulled) kept the run's
+    data/ as it was, whose run records contradict the restored metrics (issue 66): it now moves them aside
+    into one named folder, listed first, and deletes nothing."""
     import shutil
+    from datetime import datetime, timezone
+
+    from attnrepro.commands.keep_restore import ASIDE, restore
 
     _new_run(project, 5)
     shutil.rmtree(project / ".dvc" / "cache")  # the reference's data/big.bin is in no cache now
-    assert cli.main(["restore", "--yes"]) == 0
-    out = capsys.readouterr().out
-    assert " data/big.bin kept as it is: the DVC cache lacks the reference's version" in out
-    assert (project / "data" / "big.bin").read_bytes() == bytes([5]) * 1000  # the run's, not deleted
+    lines = []
+    assert restore(project, yes=True, say=lines.append, now=datetime(2026, 12, 7, 21, tzinfo=timezone.utc)) == 0
+    folder = f"{ASIDE}/20261207T210000Z"
+    i = lines.index(f"restore: 1 of the run's data/ outputs differ from the reference's, which the DVC cache lacks: "
+                    f"moved aside into {folder}/ (delete it when you no longer need them):")
+    assert lines[i + 1] == " data/big.bin" and not any("kept" in line for line in lines)
+    assert f"restore: 3 checked out from HEAD, 1 moved aside into {folder}/" in lines  # dvc.lock, metrics, plot
+    assert not (project / "data" / "big.bin").exists()
+    assert (project / folder / "data" / "big.bin").read_bytes() == bytes([5]) * 1000  # the run's, not deleted
     assert json.loads((project / "metrics" / "make.json").read_text()) == {"n": 1}  # git's part is done
-    assert "0 DVC-tracked outputs from the cache; 1 kept as they are (data/big.bin: not in the DVC cache)" in out
+    assert _sh(project, "git", "status", "--porcelain").stdout.split() == ["M", "params.yaml"]  # the folder ignored
+
+
+def test_restore_after_a_run_on_another_float_order_ends_where_check_passes(tmp_path, monkeypatch, capsys):
+    """The run made on another CPU (metrics, env records and its run folder under data/ other than HEAD's;
+    the reference's data/ in no DVC cache, as on a fresh clone): `restore --yes`, then `check` exits 0."""
+    from attnrepro.store.run_store import recorded_key
+    from test_check import AMD, INTEL, SEEDS, dump, git, write_repo
+    from test_check_lock import relock
+
+    monkeypatch.setattr("attnrepro.judge.check.live_environment", lambda device: dict(INTEL))
+    root = tmp_path / "r"
+    write_repo(root)
+    _sh(root, sys.executable, "-m", "dvc", "init", "-q")
+    (root / "data").mkdir()
+    (root / "data/.gitignore").write_text("/train\n")
+    dvc = yaml.safe_load((root / "dvc.yaml").read_text())
+    for st in dvc["stages"].values():  # git holds metrics/ and plots/, as in the project's dvc.yaml
+        for k in ("outs", "metrics"):
+            st[k] = [{path: {"cache": False}} for path in st.get(k, [])]
+    dvc["stages"]["train"]["outs"].append("data/train")  # DVC the run folders
+    (root / "dvc.yaml").write_text(yaml.safe_dump(dvc))
+
+    def run_folder(values: dict) -> None:
+        folder = root / "data/train/scaled"
+        folder.mkdir(parents=True, exist_ok=True)
+        spec = {"task": "corpus_lm", "seed": 0}
+        dump(folder / "spec.json", {**spec, "key": recorded_key(spec)})
+        dump(folder / "summary.json", values)
+
+    run_folder(SEEDS[0]["scaled"])
+    relock(root)
+    git(root, "add", "-A")
+    git(root, "commit", "-q", "-m", "the reference, its run folder in no DVC cache")
+    assert cli.main(["check", "--root", str(root)]) == 0
+    other = {**SEEDS[0]["scaled"], "loss_final": 3.75}  # another float order
+    run_folder(other)
+    dump(root / "metrics/train.json", {**SEEDS[0], "scaled": other})
+    for f in ("train", "init", "latency", "sweep"):
+        dump(root / f"metrics/env/{f}.json", AMD)
+    relock(root)
+    monkeypatch.chdir(root)
+    assert cli.main(["restore", "--yes"]) == 0
+    assert "moved aside into" in capsys.readouterr().out
+    assert cli.main(["check"]) == 0, capsys.readouterr().out
 
 
 def test_restore_asks_first(project, capsys, monkeypatch):

@@ -39,6 +39,20 @@ def test_converter_renders_the_report_markup():
     assert markdown_to_html(md, lambda s: None) == markdown_to_html(md, lambda s: None)  # deterministic
 
 
+def test_status_marks_are_words_and_figures_open_full_size_on_click():
+    """✅ ❌ ⏭ were empty boxes in Chromium without an emoji font, and figures could not be enlarged (issue 66)."""
+    md = "| claim | result |\n| --- | --- |\n| a | ✅ |\n| b | ❌ not reproduced |\n| c | ❌ |\n| d | ⏭ skipped |\n\n" \
+         "![f](figures/f.png)\n"
+    page = markdown_to_html(md, lambda src: PNG)
+    body = page.split("<body>", 1)[1]
+    assert not set("✅❌⏭") & set(body)
+    assert ['<td><span class="pass">pass</span></td>', '<td><span class="fail">not reproduced</span></td>',
+            '<td><span class="fail">fail</span></td>', '<td><span class="skipped">skipped</span></td>'] == \
+        re.findall(r"<td><span.*?</td>", body)
+    assert re.search(r'<img src="data:image/png;base64,[^"]*" alt="f" tabindex="0"', body)
+    assert "img:focus{position:fixed" in page and "max-width:98vw" in page
+
+
 def embedded_pngs(page: str) -> list[bytes]:
     out = []
     for src, alt in IMG.findall(page):

@@ -133,6 +133,15 @@ def test_store_verify_without_a_store_is_one_line(tmp_path, capsys):
     assert capsys.readouterr().err.strip().endswith("no run store here (a sweep creates it; or pass --store)")
 
 
+def test_store_verify_outside_a_checkout_is_one_clear_line(tmp_path, capsys, monkeypatch):
+    """Outside a checkout it said `error: engine.workers: missing` (issue 66)."""
+    monkeypatch.chdir(tmp_path)
+    assert cli_main(["store", "verify"]) == 2
+    err = capsys.readouterr().err
+    assert err == ("error: params.yaml: not found, and it names the run store (engine.store): run in an attnrepro "
+                   "checkout, or give the store: --store DIR\n")
+
+
 @pytest.mark.parametrize("manifest", ['{"model.pt": 10, "status.json": 3}', '{"../x": {"size": 1, "sha256": ""}}',
                                       '[]'], ids=["sizes only", "a path out of the entry", "a list"])
 def test_a_malformed_manifest_is_damage_not_a_traceback(pristine, tmp_path, manifest, capsys):

@@ -237,7 +237,7 @@ def test_check_makes_each_sweep_again_from_the_store(repo, tmp_path):
         assert sweep_findings(Path("."), params, envs, environment, seen.append) == ([], [])
     finally:
         os.chdir(here)
-    assert sorted(line.split()[2] for line in seen) == ["choices@no_breaks", "choices@no_decay", "critical", "qknorm",
+    assert sorted(line.split()[1] for line in seen) == ["choices@no_breaks", "choices@no_decay", "critical", "qknorm",
                                                         "seeds", "sensitivity"]
 
     crit, gaps = repo / "metrics/critical.json", repo / "plots/seeds/gaps.csv"
@@ -258,9 +258,11 @@ def test_check_makes_each_sweep_again_from_the_store(repo, tmp_path):
 
     empty = tmp_path / "store"
     empty.mkdir()
+    seen.clear()
     problems, notes = sweep_findings(repo, {**params, "engine": {**params["engine"], "store": str(empty)}}, envs,
-                                     environment)
+                                     environment, seen.append)
     assert problems == [] and len(notes) == 6 and all("runs are not in the store" in n for n in notes), notes
+    assert seen == []  # nothing said "made again" that was not (issue 66: three such lines, then "not made again")
     assert not list(empty.rglob("summary.json"))
 
 

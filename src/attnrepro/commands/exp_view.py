@@ -15,6 +15,7 @@ import subprocess
 import sys
 from typing import Optional
 
+from attnrepro.commands import tool
 from attnrepro.config import ArgumentParser, UserError
 from attnrepro.formatting import dig
 
@@ -73,7 +74,7 @@ def main(argv: list[str]) -> int:
                                "(normalised; the chapter: 0.0022); J fall: the scaled model's softmax Jacobian norm "
                                "over the unscaled one's at the last step (the chapter: four orders of magnitude).")
     ap.parse_args(argv)
-    proc = subprocess.run(["dvc", "exp", "show", "--json"], capture_output=True, text=True)
+    proc = subprocess.run([tool("dvc"), "exp", "show", "--json"], capture_output=True, text=True)
     if proc.returncode != 0:
         last = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
         raise UserError(f"`dvc exp show --json` failed: {last[-1] if last else proc.returncode}")

@@ -4,7 +4,8 @@
                                    pipeline's git-tracked outputs, dvc.lock and README.md; prints what it
                                    staged and the `git commit` to run (it never commits)
   attnrepro restore [--yes]        put the committed reference back: `git checkout HEAD -- <those paths>`
-                                   (new files inside output folders removed) and `dvc checkout`
+                                   (new files inside output folders removed), `dvc checkout` of the data/
+                                   outputs the DVC cache holds, the others moved aside (ASIDE)
 
 The paths are read from dvc.yaml: every output, metric and plot with `cache: false` (what git
 tracks: metrics/, plots/, report/), plus dvc.lock and README.md. DVC-cached outputs (data/: the
@@ -19,6 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from attnrepro.commands import tool
 from attnrepro.config import ArgumentParser, UserError
 from attnrepro.files import dvc_entry, dvc_stages, parse_yaml
 from attnrepro.staging import STAGING
@@ -27,10 +29,7 @@ EXTRA = ("dvc.lock", "README.md")
 
 
 def _run(cmd: list[str], root: Path, check: bool = True) -> subprocess.CompletedProcess:
-    try:
-        proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True)
-    except FileNotFoundError:
-        raise UserError(f"`{cmd[0]}` is not on PATH (activate the environment: source .venv/bin/activate)") from None
+    proc = subprocess.run([tool(cmd[0]), *cmd[1:]], cwd=root, capture_output=True, text=True)
     if check and proc.returncode != 0:
         last = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
         raise UserError(f"`{shlex.join(cmd)}` failed: {last[-1] if last else f'exit {proc.returncode}'}")
@@ -164,14 +163,17 @@ def keep(root: Path, allow_stale: bool, say=print) -> int:
 
 
 def dvc_outputs_of_head(root: Path) -> dict[str, str]:
-    """The DVC-cached outputs (data/) HEAD's dvc.lock records: {path: md5}."""
+    """The DVC-cached outputs (data/) HEAD's dvc.lock records for the stages of dvc.yaml: {path: md5}. A
+    lock entry of a stage dvc.yaml no longer has is stale, and a file inside a folder git tracks is git's."""
     lock = _run(["git", "show", "HEAD:dvc.lock"], root, check=False).stdout
-    tracked = set(git_outputs(root))
+    tracked = git_outputs(root)
+    stages = dvc_stages(root)
     out = {}
-    for st in (parse_yaml(lock, "HEAD:dvc.lock").get("stages") or {}).values() if lock else []:
-        for o in st.get("outs") or []:
-            if o.get("md5") and o.get("path") not in tracked:
-                out[o["path"]] = o["md5"]
+    for name, st in (parse_yaml(lock, "HEAD:dvc.lock").get("stages") or {}).items() if lock else []:
+        for o in (st.get("outs") or []) if name in stages else []:
+            path = str(o.get("path", ""))
+            if o.get("md5") and not any(path == t or path.startswith(t.rstrip("/") + "/") for t in tracked):
+                out[path] = o["md5"]
     return out
 
 
@@ -188,57 +190,86 @@ def in_dvc_cache(cache: Path, md5: str) -> bool:
     return True
 
 
-def restore(root: Path, yes: bool, say=print, ask=input) -> int:
-    paths = reference_paths(root)
-    in_head = [p for p in paths if _run(["git", "ls-tree", "HEAD", "--", p], root).stdout.strip()]
-    diff = _run(["git", "diff", "--stat", "HEAD", "--", *in_head], root).stdout.rstrip() if in_head else ""
-    new = _run(["git", "ls-files", "--others", "--exclude-standard", "--", *git_outputs(root)], root).stdout.split()
+ASIDE = ".attnrepro-aside"  # where restore moves the run's data/ outputs DVC cannot give back (git-ignored)
+
+
+def restore(root: Path, yes: bool, say=print, ask=input, now=None) -> int:
+    """Put the committed reference back; ends where `attnrepro check` passes on the reference's own files.
+    Its data/ outputs: already the reference's (left), in the DVC cache (`dvc checkout`), or else the run's,
+    which no command brings back to the reference's (the DVC remote is empty on a fresh clone): moved
+    aside into one folder, since their run records contradict the restored metrics."""
+    from datetime import datetime, timezone
+
+    from attnrepro.provenance.lock import out_md5
+
+    status = [line.split("\t", 1) for line in _run(["git", "diff", "--name-status", "--no-renames", "HEAD", "--",
+                                                     *reference_paths(root)], root).stdout.splitlines()]
+    changed = [f for s, f in status if s != "A"]  # modified or deleted: HEAD's version comes back
+    added = [f for s, f in status if s == "A"]  # staged (attnrepro keep), not in HEAD
+    new = added + _run(["git", "ls-files", "--others", "--exclude-standard", "--", *git_outputs(root)],
+                       root).stdout.split()
     cache = Path(_run(["dvc", "cache", "dir"], root).stdout.strip() or root / ".dvc" / "cache")
     cache = cache if cache.is_absolute() else root / cache
-    data = dvc_outputs_of_head(root)
-    fetchable = [p for p, md5 in data.items() if in_dvc_cache(cache, md5)]
-    kept = [p for p in data if p not in fetchable and (root / p).exists()]
-    if diff or new:
-        say("restore: these changes to the pipeline's outputs will be discarded:")
-        if diff:
-            say(diff)
+    differ = {p: md5 for p, md5 in dvc_outputs_of_head(root).items()
+              if not (root / p).exists() or out_md5(root / p) != md5}
+    fetchable = [p for p, md5 in differ.items() if in_dvc_cache(cache, md5)]
+    aside = [p for p in differ if p not in fetchable and (root / p).exists()]
+    absent = [p for p in differ if p not in fetchable and p not in aside]
+    stamp = (now or datetime.now(timezone.utc)).strftime("%Y%m%dT%H%M%SZ")
+    folder = f"{ASIDE}/{stamp}"
+    if changed or new:
+        say(f"restore: {len(changed) + len(new)} files of the pipeline's outputs go back to HEAD's "
+            "(your changes to them are discarded):")
+        for f in changed:
+            say(f" {f}" + ("" if (root / f).exists() else " (deleted: brought back)"))
         for f in new:
             say(f" {f} (not in the reference: removed)")
-    if data:
-        say("restore: the DVC-tracked outputs (data/):")
-        for f in fetchable:
-            say(f" {f} (the reference's version, from the DVC cache)")
-        for f in kept:
-            say(f" {f} kept as it is: the DVC cache lacks the reference's version (dvc pull fetches it, "
-                f"dvc repro remakes it)")
-    if diff or new:
+    for f in fetchable:
+        say(f"restore: {f}: the reference's version, from the DVC cache (dvc checkout)")
+    if aside:
+        say(f"restore: {len(aside)} of the run's data/ outputs differ from the reference's, which the DVC cache "
+            f"lacks: moved aside into {folder}/ (delete it when you no longer need them):")
+        for f in aside:
+            say(f" {f}")
+    if not (changed or new or aside):
+        say("restore: the git-tracked outputs, dvc.lock and README.md are the committed reference already")
+    if changed or new or aside:
         if not yes:
             if not sys.stdin.isatty():
                 raise UserError("restore discards the changes listed above: pass --yes to confirm (no terminal to ask)")
             if ask("restore the committed reference? [y/N] ").strip().lower() not in ("y", "yes"):
                 say("restore: nothing changed")
                 return 1
-        if in_head:
-            _run(["git", "checkout", "HEAD", "--", *in_head], root)
+        if changed:
+            _run(["git", "checkout", "HEAD", "--", *changed], root)
+        if added:
+            _run(["git", "rm", "-q", "--cached", "--", *added], root)
         for f in new:
             (root / f).unlink(missing_ok=True)
-        say(f"restore: {len(in_head)} paths checked out from HEAD" + (f", {len(new)} new files removed" if new else ""))
-    else:
-        say("restore: the git-tracked outputs, dvc.lock and README.md are the committed reference already")
+        for f in aside:
+            (root / folder / f).parent.mkdir(parents=True, exist_ok=True)
+            (root / f).rename(root / folder / f)
+        if aside:
+            (root / ASIDE / ".gitignore").write_text("*\n", encoding="utf-8")  # git and dvc ignore the folder
+        said = [f"{len(changed)} checked out from HEAD"] * bool(changed) + [f"{len(new)} removed"] * bool(new) \
+            + [f"{len(aside)} moved aside into {folder}/"] * bool(aside)
+        say("restore: " + ", ".join(said))
     if _run(["git", "diff", "--quiet", "HEAD", "--", "params.yaml"], root, check=False).returncode == 1:
         # params are an input, like code: an edit (or a `dvc exp run -S` applied to the workspace) stays
         say("restore: params.yaml differs from HEAD and is left as it is (dvc status will list the stages "
             "that read the changed params); `git checkout HEAD -- params.yaml` puts the reference's back")
     if fetchable:  # only what the cache can give back: `dvc checkout` deletes an output it cannot restore
         proc = _run(["dvc", "checkout", *fetchable], root, check=False)
-        out = (proc.stdout + proc.stderr).strip()
-        if out:
-            say(out)
         if proc.returncode != 0:
-            say("restore: `dvc checkout` failed for " + ", ".join(fetchable))
+            out = (proc.stdout + proc.stderr).strip()
+            say((out + "\n" if out else "") + "restore: `dvc checkout` failed for " + ", ".join(fetchable))
             return 1
-    say(f"restore: {len(fetchable)} DVC-tracked outputs from the cache"
-        + (f"; {len(kept)} kept as they are ({', '.join(kept)}: not in the DVC cache)" if kept else ""))
+        say(f"restore: {len(fetchable)} DVC-tracked output{'s' * (len(fetchable) != 1)} checked out from the "
+            "DVC cache")
+    if absent:
+        say(f"restore: not in this checkout, nor in the DVC cache: {', '.join(absent)} (left absent: dvc pull "
+            "fetches them where a remote holds them, dvc repro remakes them)")
+    say("next: attnrepro check   # the verdict on the restored reference (about a minute)")
     return 0
 
 
@@ -263,10 +294,12 @@ def restore_main(argv: list[str]) -> int:
                                     "git-tracked outputs, dvc.lock, README.md>`, remove new files inside output "
                                     "folders, then `dvc checkout` of the data/ outputs the DVC cache holds. Lists "
                                     "what it discards and asks first.",
-                        epilog="A DVC-tracked output whose reference version the DVC cache lacks (never pulled) is "
-                               "kept as it is and named; nothing is deleted that cannot be brought back. exit 0 "
-                               "restored (or nothing to restore); 1 declined, or dvc checkout failed; 2 bad usage "
-                               "(no terminal to ask and no --yes).")
+                        epilog=f"A data/ output that differs from the reference's while the DVC cache lacks the "
+                               f"reference's version (a fresh clone: the run folders of train, reversal, charlm) is "
+                               f"moved aside into {ASIDE}/<time>/, listed first; nothing is deleted that cannot be "
+                               "brought back. It ends by naming `attnrepro check`. exit 0 restored (or nothing to "
+                               "restore); 1 declined, or dvc checkout failed; 2 bad usage (no terminal to ask and "
+                               "no --yes).")
     ap.add_argument("--root", default=".", help="repository root (default: current directory)")
     ap.add_argument("--yes", "-y", action="store_true", help="do not ask (for scripts)")
     args = ap.parse_args(argv)

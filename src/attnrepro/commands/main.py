@@ -83,14 +83,17 @@ is listed); 2 bad usage or input.
 Two questions: on the reference's kind of machine with its params every metric must be
 identical; everywhere, the primary endpoints of the reference's claims.yaml are judged
 SAME / DIFFERENT / INCONCLUSIVE against the reference's seeds within their equivalence
-margins (Holm, alpha 0.05). The rules: docs/VERDICT.md.
+margins (Holm, alpha 0.05): SAME shown inside its margin; DIFFERENT shown beyond it (a
+problem); INCONCLUSIVE neither, not a failure (--decide reruns seeds to decide it). The
+rules: docs/VERDICT.md.
 """
 
 
 def _check_parser(sub) -> None:
     p = sub.add_parser("check", help="does this run reproduce the committed reference? (verdict first)",
                        description="Compare this run (metrics/) with the reference committed at a git revision "
-                                   "(default HEAD) and evaluate claims.yaml. The first line is the verdict.",
+                                   "(default HEAD) and evaluate claims.yaml. The first line is the verdict; about a minute "
+                                   "on two cores (--decide: minutes to hours).",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     ref = p.add_mutually_exclusive_group()
     ref.add_argument("--rev", default="HEAD", help="git revision holding the reference run (default HEAD)")
@@ -202,7 +205,12 @@ def _run_claims(args) -> int:
     failed = [r.claim.id for r in results if r.claim.cls == "checksum" and r.gated_failure]
     if failed:
         sys.stdout.write("checksums failing (true by construction: a bug): " + ", ".join(failed) + "\n")
-    return 1 if failed else 0
+    gated = [r.claim.id for r in results if r.gated_failure]
+    if gated:
+        sys.stdout.write(f"exit 1: {len(gated)} gated " + ("claim fails or is missing" if len(gated) == 1 else
+                                                             "claims fail or are missing")
+                         + " (published values outside their band are informational)\n")
+    return 1 if gated else 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,7 +23,10 @@ from attnrepro.store.run_store import RunStore
 def _store_root(arg: str | None, params: str) -> Path:
     if arg:
         return Path(arg)
-    return Path(engine_config(read_params(params) if Path(params).exists() else {}).store)
+    if not Path(params).exists():
+        raise UserError(f"{params}: not found, and it names the run store (engine.store): run in an attnrepro "
+                        "checkout, or give the store: --store DIR")
+    return Path(engine_config(read_params(params)).store)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -5,6 +5,7 @@ as the reference judges them (judge.claims), the problems provenance/ finds, and
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -240,6 +241,8 @@ class Outcome:
     looks: list = field(default_factory=list)  # --decide's looks (judge.decide.Look), in order
     shares: list = field(default_factory=list)  # conclusions on --decide's seeds (judge.decide.Share), not gated
     computation: str = ""  # the first question's answer (provenance.computation)
+    rerun: Optional[list[str]] = None  # the metrics files whose env record is not the reference's (None: not known)
+    root: str = ""  # the checkout judged: --md names its files relative to it
 
     @property
     def ok(self) -> bool:
@@ -299,7 +302,8 @@ def run_check(rev: str = "HEAD", root: str | Path = ".", claims_path: str | Path
     looks = decide(exp.primary, ref.dists, params, decide_with, max_seeds or max(LOOKS)) if decide_with else []
     if looks:  # the endpoints --decide reran replace their one-run answers
         judged = [next((j for j in looks[-1].judgements if j.endpoint == e.endpoint), e) for e in judged]
-    out = Outcome(rows, results, modes, why, judged, ref.label, looks=looks,
+    out = Outcome(rows, results, modes, why, judged, ref.label, looks=looks, root=str(root.resolve()),
+                  rerun=sorted(f for f in files if envs.get(f) != ref.envs.get(f)),
                   computation=computation.line(revision.name))
     if looks:
         out.shares = conclusion_shares(results, looks[-1].seed_runs, cur, ref.dists, envs)
@@ -428,7 +432,9 @@ def as_json(o: Outcome) -> dict:
             "modes": o.modes, "why_statistical": o.why, "claims": counts(o.results),
             "not_reproduced": o.not_reproduced, "from_reference_seeds": o.from_seeds, "run_differs": o.run_differs,
             "provenance": o.provenance,
-            "endpoints": [{"metric": j.endpoint.metric, "margin": j.endpoint.text, "answer": j.answer, "seeds": j.n,
+            "endpoint_counts": endpoints.summary(o.endpoints),
+            "endpoints": [{"metric": j.endpoint.metric, "margin": _margin(j.endpoint),
+                           "margin_is": "factor" if j.endpoint.log else "absolute", "answer": j.answer, "seeds": j.n,
                            "reference_seeds": j.n_ref, "run_mean": j.run_mean, "reference_mean": j.ref_mean,
                            "shift": j.shift, "shift_sd": j.shift_sd, "reference_sd": j.ref_sd, "pooled_sd": j.sd,
                            "p_same": j.p_same, "p_different": j.p_different,
@@ -442,29 +448,56 @@ def as_json(o: Outcome) -> dict:
                                for r in o.rows if r.failure]}
 
 
+def _margin(e) -> float:
+    """An endpoint's margin as claims.yaml writes it, a number: 0.1 for "±0.1" (its unit), 2 for "×2" (a factor)."""
+    return round(math.exp(e.margin) if e.log else e.margin, 12)
+
+
+LEGEND = (("SAME", "shown inside its margin of the reference: nothing to do"),
+          ("DIFFERENT", "shown beyond its margin: a problem, the check fails; see what moved (git diff --stat, "
+                        "report/REPORT.md), or keep the run on purpose (attnrepro keep)"),
+          ("INCONCLUSIVE", "neither, not a failure (one rerun seed rarely decides); to decide it: attnrepro check "
+                           "--decide (reruns the reference's seeds, minutes to hours)"))
+
+
 def render_md(o: Outcome, show_all: bool = False) -> str:
     """The verdict as a Markdown document (`attnrepro check --md`, e.g. a pull request's comment): the
-    first lines as a heading and a quote, then the tables of `render`."""
-    text = render(o, show_all=show_all).split("\n")
-    head, rest = text[0], text[1:]
-    cut = next((i for i, line in enumerate(rest) if line.startswith("|")), len(rest))
-    summary = [line for line in rest[:cut] if line.strip()]
-    return "\n".join([f"### {head}", "", "```", *summary, "```", "", *rest[cut:]]).rstrip() + "\n"
+    first line as a heading, the summary in a code block, then each section of `render` under a heading
+    of its own; files named relative to the checkout."""
+    first, summary, sections = _parts(o, show_all)
+    lines = [f"### check: {first}", "", "```", *(line for line in summary if line.strip()), "```"]
+    for title, body in sections:
+        lines += ["", f"#### {title}", ""] if title else [""]
+        lines += [f"- **{b[0]}**: {b[1]}" if isinstance(b, tuple) else b for b in body]
+    text = "\n".join(lines).rstrip() + "\n"
+    return text.replace(o.root.rstrip("/") + "/", "") if o.root else text
 
 
 def render(o: Outcome, show_all: bool = False) -> str:
+    first, summary, sections = _parts(o, show_all)
+    lines = [f"check: {first}", *summary]
+    for title, body in sections:
+        lines += ["", "problems:"] if title == "problems" else ["", title, ""] if title else [""]
+        lines += [f"  {b[0]:<13}{b[1]}" if isinstance(b, tuple) else b for b in body]
+    return "\n".join(lines) + "\n"
+
+
+def _parts(o: Outcome, show_all: bool) -> tuple[str, list[str], list[tuple[str, list]]]:
+    """(the verdict, the summary under it, the sections (title, lines; a (word, meaning) pair is a legend line))."""
     c = counts(o.results)
     gated = [r for r in o.rows if r.verdict not in ("info", "new", "skipped")]
     exact = sorted(f for f, m in o.modes.items() if m == "exact")
     stat = sorted(f for f, m in o.modes.items() if m == "statistical")
     if not o.ok:
         first = f"FAIL — this run does not reproduce the reference ({o.label}): {len(o.problems)} problem(s), listed below"
+    elif o.rerun == []:
+        first = (f"PASS — nothing was rerun: metrics/ holds the reference's ({o.label}) own results, consistent with "
+                 "their records (bash scripts/reproduce.sh reruns them; then check again)")
     elif exact and not stat:
         first = f"PASS — this run reproduces the reference ({o.label}) exactly"
     else:  # judged statistically somewhere: nothing shown different, which is less than shown the same
         first = f"PASS — nothing in this run is shown to differ from the reference ({o.label})"
-    lines = [f"check: {first}"]
-    lines += [f"  {n}" for n in ([o.computation] if o.computation else []) + o.notes] + [""]
+    lines = [f"  {n}" for n in ([o.computation] if o.computation else []) + o.notes] + [""]
     tally = tally_lines(c)
     for k in ("conclusion", "finding", "checksum"):  # published values after the metrics
         if k == "checksum" and o.from_seeds:
@@ -498,36 +531,39 @@ def render(o: Outcome, show_all: bool = False) -> str:
         lines.append(f"  statistical verdict ({why}): {', '.join(files)}")
     if o.provenance:
         lines += [f"  provenance: {o.provenance[0]}"] + [f"              {x}" for x in o.provenance[1:]]
+    sections: list[tuple[str, list]] = []
     if o.problems:
-        lines += ["", "problems:"] + [f"- {p}" for p in o.problems]
+        sections.append(("problems", [f"- {p}" for p in o.problems]))
     if o.endpoints:
-        lines += ["", "primary endpoints (this run's mean against the reference seeds' mean: geometric means, and the "
-                  "shift as a factor, for those judged on the log scale)", ""]
-        lines += md_table(["endpoint", "margin", "seeds (run, ref)", "this run", "reference", "shift", "answer"],
-                          [[j.endpoint.metric, j.endpoint.text, f"{j.n}, {j.n_ref}", _md_number(j.run_mean),
-                            _md_number(j.ref_mean), j.shift_text(),
-                            j.answer + (f": {j.need_text()}" if j.need_text() else "")] for j in o.endpoints])
+        sections.append(("primary endpoints (this run's mean against the reference seeds' mean: geometric means, and "
+                         "the shift as a factor, for those judged on the log scale)",
+                         md_table(["endpoint", "margin", "seeds (run, ref)", "this run", "reference", "shift", "answer"],
+                                  [[j.endpoint.metric, j.endpoint.text, f"{j.n}, {j.n_ref}", _md_number(j.run_mean),
+                                    _md_number(j.ref_mean), j.shift_text(),
+                                    j.answer + (f": {j.need_text()}" if j.need_text() else "")] for j in o.endpoints])
+                         + [""] + list(LEGEND)))
     if o.shares:
-        lines += ["", "the chapter's conclusions on --decide's seeds against the reference's (shown, not gated: "
-                  "Fisher's exact test of the two shares)", ""]
-        lines += md_table(["conclusion", "on these seeds", "on the reference's", "p", "shown different at"],
-                          [[s.result.claim.id, f"{s.held} of {s.n}", s.result.share_text(), f"{s.p:.2g}",
-                            s.detectable_text()] for s in o.shares])
+        sections.append(("the chapter's conclusions on --decide's seeds against the reference's (shown, not gated: "
+                         "Fisher's exact test of the two shares)",
+                         md_table(["conclusion", "on these seeds", "on the reference's", "p", "shown different at"],
+                                  [[s.result.claim.id, f"{s.held} of {s.n}", s.result.share_text(), f"{s.p:.2g}",
+                                    s.detectable_text()] for s in o.shares])))
     shown = [r for r in o.rows if show_all or r.failure]
     if shown:
-        lines += ["", "all metrics" if show_all else "other metrics that failed", ""]
-        lines += md_table(["metric", "this run", "reference run", "reference band", "how", "verdict"],
-                          [[r.key, _md_number(r.cur), _md_number(r.ref), r.band_text(), r.how, r.verdict] for r in shown])
+        sections.append(("all metrics" if show_all else "other metrics that failed",
+                         md_table(["metric", "this run", "reference run", "reference band", "how", "verdict"],
+                                  [[r.key, _md_number(r.cur), _md_number(r.ref), r.band_text(), r.how, r.verdict]
+                                   for r in shown])))
     claims = [r for r in o.results if show_all or (r.gated_failure and r.claim.id not in o.not_reproduced)]
     if claims:
-        lines += ["", "claims" if show_all else "claims that failed", ""]
         rows = []
         for r in claims:
             detail = r.detail or (f"{_md_number(r.value)} vs {_md_number(r.claim.published)}" if r.claim.is_cell else "")
             if r.seeds_n:
                 detail = detail if r.share_text() in detail else (detail + "; " if detail else "") + r.share_text()
             rows.append([r.claim.id, r.claim.cls, r.status, detail])
-        lines += md_table(["claim", "class", "result", "detail"], rows)
+        sections.append(("claims" if show_all else "claims that failed",
+                         md_table(["claim", "class", "result", "detail"], rows)))
     if not show_all:
-        lines += ["", "(`attnrepro check --all` lists every metric and claim, timings included)"]
-    return "\n".join(lines) + "\n"
+        sections.append(("", ["(`attnrepro check --all` lists every metric and claim, timings included)"]))
+    return first, lines, sections

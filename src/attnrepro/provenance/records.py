@@ -151,13 +151,13 @@ def sweep_findings(root: Path, params: Mapping, envs: Mapping[str, dict], live: 
                 any(env.get(k) != live(str(env.get("device", "cpu"))).get(k) for k in MACHINE):
             elsewhere.append(name)
             continue
-        say(f"check: making {name} again from the run store (no training) ...")
         with tempfile.TemporaryDirectory(prefix="attnrepro-remake-") as tmp:
             scratch = Path(tmp)
             made, why = _remake(root, scratch, st, store)
             if not made:
                 notes.append(f"{name}: not made again from the run store ({why})")
                 continue
+            say(f"check: {name} made again from the run store (no training); comparing")  # said only once it was
             files = [f.relative_to(root).as_posix() for o in outs if not o.startswith("metrics/env/")
                      for f in ([root / o] if (root / o).is_file() else sorted((root / o).rglob("*")))]
             for out in files:

@@ -403,9 +403,11 @@ def build(claims_path: Path, metrics_dir: Path, plots_dir: Path, pairs, smooth: 
             md.append(experiment_markdown(None, rs, classes=("conclusion",)))
         more = experiment_markdown(None, rs, classes=("checksum", "value")) if rs else ""
         extra = details[sec.key]() if sec.key in details else ""
-        if more.strip() or extra.strip():
-            appendix += [f"## {title}\n", extra, more]
-            md.append(f"Its checksums, published values and per-seed tables: [the appendix](APPENDIX.md#{anchor(title)}).\n")
+        if more.strip() or extra.strip():  # unnumbered there: not every section has tables, so its numbers would skip
+            in_appendix = title.split(". ", 1)[1]
+            appendix += [f"## {in_appendix}\n", extra, more]
+            md.append(f"Its checksums, published values and per-seed tables: [the appendix](APPENDIX.md#"
+                      f"{anchor(in_appendix)}).\n")
     rest = [e for e in embedded if e not in shown]
     if rest:
         md.append("## Other figures\n")

@@ -1,7 +1,8 @@
 """The report as one HTML page (report/REPORT.html): REPORT.md through markdown-it (CommonMark and
 tables), with every figure embedded as a data URI and the CJK glyphs the page uses embedded as a
 font (vendor/fonts/report-cjk.otf, cut to the page's characters), so the page stands alone and its
-Chinese quotes render on a machine without CJK fonts."""
+Chinese quotes render on a machine without CJK fonts; the status marks as words (MARKS), and a figure
+shown full size while clicked (focused)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pathlib import Path
 from fontTools import subset
 from fontTools.ttLib import TTFont
 from markdown_it import MarkdownIt
+from markdown_it.common.utils import escapeHtml
 
 FONT = Path(__file__).resolve().parents[3] / "vendor" / "fonts" / "report-cjk.otf"
 FONT_FAMILY = "ReportCJK"
@@ -23,7 +25,14 @@ padding:0 1em;line-height:1.45;color:#1b1b1b}h1,h2,h3{line-height:1.2}h2{border-
 padding-bottom:.2em;margin-top:2em}table{border-collapse:collapse;font-size:.85em;margin:.6em 0;display:block;
 overflow-x:auto}th,td{border:1px solid #ccc;padding:.2em .45em;vertical-align:top}th{background:#f3f3f3}
 code{background:#f4f4f4;padding:0 .2em;font-size:.92em}pre{background:#f4f4f4;padding:.6em;overflow-x:auto}
-img{max-width:100%;height:auto}p>em:only-child{font-size:.9em;color:#555}"""
+img{max-width:100%;height:auto;cursor:zoom-in}p>em:only-child{font-size:.9em;color:#555}
+img:focus{position:fixed;inset:0;margin:auto;max-width:98vw;max-height:98vh;width:auto;height:auto;z-index:9;
+background:#fff;box-shadow:0 0 0 100vmax rgba(0,0,0,.7);outline:none;cursor:zoom-out}
+.pass{color:#1a7f37;font-weight:600}.fail{color:#cf222e;font-weight:600}.skipped{color:#666}"""
+# the Markdown's status marks, as words in the HTML: no font the page embeds has them, and Chromium without
+# an emoji font draws empty boxes; "❌ missing" keeps its own word
+MARKS = {"✅": "pass", "❌": "fail", "⏭": "skipped"}
+MARK = re.compile(r"([✅❌⏭])(?: ([a-z][a-z ]*[a-z]))?")
 
 
 def anchor(title: str) -> str:
@@ -62,13 +71,19 @@ def markdown_to_html(md: str, resolve, title: str = "attnrepro: reproduction rep
         data = resolve(tokens[idx].attrGet("src"))
         if data:
             tokens[idx].attrSet("src", "data:image/png;base64," + base64.b64encode(data).decode("ascii"))
+        tokens[idx].attrSet("tabindex", "0")  # a click focuses it: full size over the page (img:focus), no script
         return self.image(tokens, idx, options, env)
+
+    def text(self, tokens, idx, options, env):
+        return MARK.sub(lambda m: f'<span class="{MARKS[m[1]]}">{m[2] or MARKS[m[1]]}</span>',
+                        escapeHtml(tokens[idx].content))
 
     def heading(self, tokens, idx, options, env):
         tokens[idx].attrSet("id", anchor(tokens[idx + 1].content))
         return self.renderToken(tokens, idx, options, env)
 
     parser.add_render_rule("image", image)
+    parser.add_render_rule("text", text)
     parser.add_render_rule("heading_open", heading)
     body = parser.render(md)
     return ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
