@@ -31,7 +31,9 @@ def test_one_row_per_experiment_with_the_headline_numbers_in_80_columns():
     assert f"{run['comparison']['gap_d256_loss_final']:.3f}" in lines[1]
     assert f"{run['d256_unscaled']['entropy_step222']:.2e}" in lines[1]
     c = HEADLINE["claims"]["conclusion"]
-    assert lines[1].endswith(f"{c['passed']}/{c['n'] - c['skipped']}")
+    assert lines[1].endswith(f"{c['passed']}/{c['n']}")  # n: the conclusions tested (the skipped excluded)
+    u = run["d256_unscaled"]
+    assert f"{u['jacobian_fro_step0'] / u['jacobian_fro_step1480']:.0f}x" in lines[1]
     assert " 0.500 " in lines[3] and "—" not in lines[3]
 
 
