@@ -21,10 +21,12 @@ from attnrepro.judge.claims import (CONCLUSIONS, ClaimResult, Expectations, Tol,
                                     tally_lines)
 from attnrepro.judge.decide import conclusion_shares, decide
 from attnrepro.judge.endpoints import Judgement
-from attnrepro.judge.revision import Reference, Revision, claims_changes, params_changes, reference
+from attnrepro.judge.revision import Reference, Revision, claims_changes, params_changes, reference, unreadable
 from attnrepro.measure.head_matching import heads_renamed, seeds_renamed
 from attnrepro.provenance.lock import METRICS, dist_producers, listed, lock_findings, made_with_other_params, same
-from attnrepro.provenance.records import made_by, run_record_findings, store_findings, sweep_findings
+from attnrepro.provenance.derived import derived_findings
+from attnrepro.provenance.records import (made_by, run_folder_findings, run_record_findings, store_findings,
+                                          sweep_findings)
 from attnrepro.run.engine_settings import EngineConfig
 from attnrepro.stats import ALPHA, LOOKS, Band
 
@@ -304,7 +306,8 @@ def run_check(rev: str = "HEAD", root: str | Path = ".", claims_path: str | Path
     out.provenance, numerics = made_by(envs)
     sweep_probs, sweep_notes = sweep_findings(root, params, envs, live, lambda line: print(line, file=sys.stderr))
     out.notes += lock_notes + sweep_notes
-    out.problems = (lock_probs + run_record_findings(root)
+    out.problems = (unreadable(ref) + lock_probs + derived_findings(root, params)
+                    + run_folder_findings(root, params, ref_lock) + run_record_findings(root, params)
                     + store_findings(root, params, cur, cur_dists, envs, producers) + sweep_probs + m.problems + numerics
                     + metric_problems(rows, ref.name) + endpoint_problems(judged, rows))
     for res in results:
