@@ -78,7 +78,18 @@ def tamper(root: Path, variant: str, key: str, fn) -> None:
     p = root / "metrics" / "train.json"
     data = json.loads(p.read_text(encoding="utf-8"))
     data[variant][key] = fn(data)
+    data["comparison"] = _comparison(root, data)  # as a run would write it: the gaps of its own losses
     p.write_text(json.dumps(data, indent=2), encoding="utf-8")
+
+
+def _comparison(root: Path, metrics: dict) -> dict:
+    from attnrepro.config import from_dict
+    from attnrepro.experiments.comparison import comparison, pairs_by_dhead
+    from attnrepro.experiments.protocol import TrainConfig
+    from attnrepro.files import json_ready, read_params
+
+    cfg = from_dict(TrainConfig, read_params(root / "params.yaml")["train"], prefix="train")
+    return json_ready(comparison(metrics, pairs_by_dhead(cfg)))
 
 
 def check(root: Path, capsys) -> tuple[int, str]:
