@@ -105,3 +105,23 @@ def test_a_reference_with_an_unreadable_primary_endpoint_fails(reference, capsys
     rc, out = check(reference, capsys)
     assert rc == 1 and "- primary endpoint train.d256_scaled.loss_finale: named by HEAD's claims.yaml, but HEAD's " \
                        "metrics have no such value" in out, out
+
+
+def test_forged_summaries_over_seeds_claims_and_headline_fail_naming_them(reference, capsys):
+    """seeds.json, claims_summary.json's counts and headline.json are made again from their inputs by their
+    producers' functions (each forged with dvc.lock rewritten to match)."""
+    for file, change, named in (
+            ("seeds", lambda d: d["gap_ratio_of_means_loss_final"].__setitem__("value", 9.9),
+             "metrics/seeds.json seeds.gap_ratio_of_means_loss_final.value = 9.9, but recomputed"),
+            ("claims_summary", lambda d: d["conclusion"].__setitem__("failed", 0),
+             "metrics/claims_summary.json claims_summary.conclusion.failed = 0, but recomputed"),
+            ("headline", lambda d: d["claims"]["conclusion"].__setitem__("passed", 33),
+             "metrics/headline.json headline.claims.conclusion.passed = 33, but recomputed"),
+            ("dist/train", lambda d: d["runs"]["1"]["comparison"].__setitem__("gap_d32_loss_final", 0.5),
+             "metrics/dist/train.json dist/train.runs.1.comparison.gap_d32_loss_final = 0.5, but recomputed")):
+        path = reference / f"metrics/{file}.json"
+        before = path.read_bytes()
+        _edit(path, change)
+        rc, out = check(reference, capsys)
+        assert rc == 1 and named in out, (file, out)
+        path.write_bytes(before)
