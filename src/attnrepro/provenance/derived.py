@@ -52,6 +52,8 @@ def _seed_runs(dist: dict, params: Mapping) -> dict[int, dict]:
 
 
 def _dist_train(dist: dict, params: Mapping, root: Path) -> dict:
+    if not any("comparison" in r for r in (dist.get("runs") or {}).values()):
+        return {}
     return {"runs": {str(s): {"comparison": r["comparison"]} for s, r in _seed_runs(dist, params).items()}}
 
 
