@@ -148,8 +148,8 @@ def store_findings(root: Path, params: Mapping, metrics: Mapping[str, float], di
             for variant in cfg.variants:
                 key = run_key(cfg.spec(variant, seed, device), inputs)
                 summary = store.path(key) / "summary.json"
-                if not summary.is_file():
-                    continue
+                if store.link_on_way(summary) is not None or not summary.is_file():
+                    continue  # (a link is never followed: `store verify` names it)
                 ran_on_file = summary.with_name("env.json")  # an entry without one: its machine unknown, not read
                 recorded, ran_on = read_json(summary), read_json(ran_on_file) if ran_on_file.is_file() else {}
                 mine = [(f"metrics/dist/{file}.json seed {seed} {variant}", producers.get(file, file),
