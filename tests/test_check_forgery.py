@@ -97,9 +97,10 @@ def test_a_reference_with_an_unreadable_primary_endpoint_fails(reference, capsys
     assert metric in text
     claims.write_bytes(text.replace(metric, b"train.d256_sc\xffaled.loss_final", 1))
     _git(reference, "commit", "-qam", "a damaged reference")
-    assert main(["check", "--root", str(reference), "--mode", "statistical"]) == 2
-    err = capsys.readouterr().err
-    assert "HEAD:claims.yaml cannot be read: not UTF-8 text at line" in err and "train.d256_sc" in err, err
+    assert main(["check", "--root", str(reference), "--mode", "statistical"]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("check: FAIL") and "- the reference HEAD:claims.yaml cannot be read: not UTF-8 text at " \
+                                              "line" in out and "train.d256_sc" in out, out
     claims.write_bytes(text.replace(metric, b"train.d256_scaled.loss_finale", 1))  # a key the metrics lack
     _git(reference, "commit", "-qam", "a reference naming a missing metric")
     rc, out = check(reference, capsys)

@@ -22,7 +22,8 @@ from attnrepro.judge.claims import (CONCLUSIONS, ClaimResult, Expectations, Tol,
                                     seed_values, tally_lines)
 from attnrepro.judge.decide import conclusion_shares, decide
 from attnrepro.judge.endpoints import Judgement
-from attnrepro.judge.revision import Reference, Revision, claims_changes, params_changes, reference, unreadable
+from attnrepro.judge.revision import (Reference, Revision, Unreadable, claims_changes, params_changes, reference,
+                                      unreadable)
 from attnrepro.measure.head_matching import heads_renamed, seeds_renamed
 from attnrepro.provenance.lock import METRICS, dist_producers, listed, lock_findings, made_with_other_params, same
 from attnrepro.provenance.derived import current, derived_findings
@@ -270,7 +271,10 @@ def run_check(rev: str = "HEAD", root: str | Path = ".", claims_path: str | Path
     root, claims_path = checkout_root(Path(root)), Path(claims_path).as_posix()
     revision = Revision(rev, root, base)
     envs = load_json_dir(root / METRICS / "env")
-    ref = reference(revision, claims_path, envs)
+    try:
+        ref = reference(revision, claims_path, envs)
+    except Unreadable as e:  # nothing can be judged against it: the one problem
+        return Outcome([], [], {}, {}, label=revision.label, problems=[f"the reference {e}"])
     exp = ref.expectations
     cur = load_metrics_dir(root / METRICS)
     cur_dists = load_json_dir(root / METRICS / "dist")

@@ -25,6 +25,10 @@ from attnrepro.stats import flatten
 
 # ---------------------------------------------------------------- the revision
 
+class Unreadable(UserError):
+    """A committed file of the reference that cannot be read (bytes that are not UTF-8): the check fails naming it."""
+
+
 class Revision:
     """Files as committed at a git revision: `rev`, or with `base` the merge base of HEAD and `base`."""
 
@@ -66,7 +70,7 @@ class Revision:
         except UnicodeDecodeError as e:
             line = p.stdout[:e.start].count(b"\n")
             text = p.stdout.split(b"\n")[line].decode("utf-8", "replace").strip()
-            raise UserError(f"{self.name}:{path} cannot be read: not UTF-8 text at line {line + 1} "
+            raise Unreadable(f"{self.name}:{path} cannot be read: not UTF-8 text at line {line + 1} "
                             f"({short(text, 60)})") from None
 
     def json(self, path: str):
