@@ -80,21 +80,21 @@ def run_record_findings(root: Path, params: Mapping) -> list[str]:
         if recorded_key(record) != record.get("key"):
             problems.append(f"{where}/spec.json does not hash to its key: the run's record was edited")
             continue
-        kept = store.path(record["key"])
-        if (kept / "summary.json").is_file() and store.link_on_way(kept) is None and \
-                _read_or_none(kept / "env.json") == _read_or_none(folder / "env.json") and \
-                read_json(kept / "summary.json") != read_json(folder / "summary.json"):
-            problems.append(f"{where}/summary.json differs from the run store's entry of its run "
-                            f"({record['key'][:12]}): the run folder was edited")
-            continue
+        summary = read_json(folder / "summary.json")
         metrics_file = root / METRICS / f"{stage}.json"
         mine = read_json(metrics_file).get(name) if metrics_file.is_file() else None
-        if not isinstance(mine, dict):
+        bad = [(key, mine[key], recorded) for key, recorded in sorted(summary.items())
+               if isinstance(mine, dict) and key in mine and not same(mine[key], recorded)]
+        problems += [f"{METRICS}/{stage}.json {name}.{key} = {fmt_number(value)}, but the run that made it ({where}, "
+                     f"run {record['key'][:12]}) recorded {fmt_number(recorded)}" for key, value, recorded in bad]
+        kept = store.path(record["key"])  # the next link, where the first holds: the run store's entry of the run
+        if bad or store.link_on_way(kept) is not None or not (kept / "summary.json").is_file() or \
+                _read_or_none(kept / "env.json") != _read_or_none(folder / "env.json"):
             continue
-        for key, recorded in sorted(read_json(folder / "summary.json").items()):
-            if key in mine and not same(mine[key], recorded):
-                problems.append(f"{METRICS}/{stage}.json {name}.{key} = {fmt_number(mine[key])}, but the run that "
-                                f"made it ({where}, run {record['key'][:12]}) recorded {fmt_number(recorded)}")
+        stored = read_json(kept / "summary.json")
+        problems += [f"{where}/summary.json {key} = {fmt_number(summary.get(key))}, but the run store's entry of its "
+                     f"run ({record['key'][:12]}) recorded {fmt_number(stored.get(key))}: the run folder was edited"
+                     for key in sorted(set(summary) | set(stored)) if not same(summary.get(key), stored.get(key))]
     return problems
 
 
