@@ -61,7 +61,8 @@ def test_a_loss_forged_with_its_run_folder_fails_on_the_run_stores_entry(referen
     for path in (reference / "metrics/train.json", reference / "data/train/d32_scaled/summary.json"):
         _edit(path, lambda d: (d.get("d32_scaled", d)).__setitem__("loss_final", 3.9))
     rc, out = check(reference, capsys)
-    assert rc == 1 and "data/train/d32_scaled/summary.json loss_final = 3.9, but the run store's entry of its run" in out, out
+    assert rc == 1, out
+    assert "data/train/d32_scaled/summary.json loss_final = 3.9, but the run store's entry of its run" in out
 
 
 def test_a_deleted_or_altered_run_folder_is_named(reference, capsys):

@@ -49,8 +49,8 @@ def _parser() -> argparse.ArgumentParser:
     action("migrate", "re-key entries made under an older key format from their recorded spec (trains nothing)",
            "after it, runs of the current numerics version come from the store instead of training again; exit 0.")
     push = action("push", "copy verified entries the store remote lacks to it (docs/remote.md)",
-                  "byte for byte; entries already there are skipped; exit 1 when a damaged entry or a symbolic link was left "
-                  "behind.")
+                  "byte for byte; entries already there are skipped; exit 1 when a damaged entry or a symbolic link "
+                  "was left behind.")
     push.add_argument("--to", default=None, metavar="PATH", help="the store remote (default: "
                       "$ATTNREPRO_STORE_REMOTE, else runs/ in the DVC default remote's folder)")
     pull = action("pull", "copy verified entries this store lacks from the store remote",

@@ -311,7 +311,8 @@ def run_check(rev: str = "HEAD", root: str | Path = ".", claims_path: str | Path
     out.provenance, numerics = made_by(envs)
     sweep_probs, sweep_notes = sweep_findings(root, params, envs, live, lambda line: print(line, file=sys.stderr))
     out.notes += lock_notes + sweep_notes
-    out.problems = (unreadable(ref) + lock_probs + derived_findings(root, params, made_again(root, claims_path, headline_of))
+    again = made_again(root, claims_path, headline_of)
+    out.problems = (unreadable(ref) + lock_probs + derived_findings(root, params, again)
                     + run_folder_findings(root, params, ref_lock) + run_record_findings(root, params)
                     + store_findings(root, params, cur, cur_dists, envs, producers) + sweep_probs + m.problems + numerics
                     + metric_problems(rows, ref.name) + endpoint_problems(judged, rows))

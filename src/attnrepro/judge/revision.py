@@ -60,8 +60,8 @@ class Revision:
                       if n.endswith(".json"))
 
     def show(self, path: str) -> str:
-        """A committed file's text; bytes that are not UTF-8 are one line naming the file and the line they
-        are on (never replaced: an endpoint's name with a bad byte would read as another, missing metric)."""
+        """A committed file's text; bytes that are not UTF-8 are Unreadable, naming the file and the line they are
+        on (never replaced: an endpoint's name with a bad byte would read as another, missing metric)."""
         p = subprocess.run(["git", "-C", str(self.root), "show", f"{self.commit}:{path}"], capture_output=True)
         if p.returncode != 0:
             raise UserError(f"{self.name} has no {path}")
@@ -71,7 +71,7 @@ class Revision:
             line = p.stdout[:e.start].count(b"\n")
             text = p.stdout.split(b"\n")[line].decode("utf-8", "replace").strip()
             raise Unreadable(f"{self.name}:{path} cannot be read: not UTF-8 text at line {line + 1} "
-                            f"({short(text, 60)})") from None
+                             f"({short(text, 60)})") from None
 
     def json(self, path: str):
         return parse_json(self.show(path), f"{self.name}:{path}")
