@@ -13,9 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from attnrepro.report import headline_metrics as headline
-from attnrepro.config import UserError
-from attnrepro.files import read_json, write_json
-from attnrepro.judge.claims import load
+from attnrepro.files import write_json
 from attnrepro.staging import atomic_dir
 from attnrepro.run.stage import Stage, stage
 
@@ -26,16 +24,8 @@ def options(ap) -> None:
 
 
 def main(st: Stage) -> None:
-    exp = load(st.args.claims, conclusions="")
-    names, timings = exp.headline, exp.timings
     mdir = Path(st.args.metrics_dir)
-    files = {}
-    for stem in sorted({n.split(".", 1)[0] for n in names}):
-        if not (mdir / f"{stem}.json").is_file():
-            raise UserError(f"{mdir / stem}.json: missing (claims.yaml headline names {stem}.*)")
-        files[stem] = read_json(mdir / f"{stem}.json")
-    out = headline.headline(names, timings, files, read_json(mdir / "seeds.json"),
-                            read_json(mdir / "claims_summary.json"))
+    out = headline.headline_of(Path(st.args.claims), mdir)
     tables = headline.views()
     with atomic_dir(headline.VIEWS_DIR) as tmp:  # the whole folder: a view dropped leaves no stale file
         headline.write_tables(tmp, tables)

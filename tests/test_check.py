@@ -615,7 +615,13 @@ def test_a_conclusion_the_reference_does_not_reproduce_is_kept_both_ways(repo, l
     seeds = {s: {**SEEDS[s], "unscaled": {**SEEDS[s]["unscaled"], "entropy": 0.02 + 0.001 * s}} for s in SEEDS}
     dump(repo / "metrics/train.json", seeds[0])
     dump(repo / "metrics/dist/train.json", distribution(seeds))
-    dump(repo / "metrics/claims.json", {"train.collapse": {"pass": 0, "skipped": 0}})
+    from attnrepro.judge.claims import claims_json, evaluate_all, load, load_json_dir, load_metrics_dir
+
+    m = repo / "metrics"  # the report's claims.json, as it makes it (the check makes it again)
+    results = evaluate_all(load(repo / "claims.yaml"), load_metrics_dir(m), load_json_dir(m / "dist"),
+                           load_json_dir(m / "env"))
+    dump(m / "claims.json", claims_json(results))
+    assert json.loads((m / "claims.json").read_text(encoding="utf-8"))["train.collapse"]["pass"] == 0
     d = yaml.safe_load((repo / "dvc.yaml").read_text(encoding="utf-8"))
     d["stages"]["report"] = {"cmd": "x", "outs": ["metrics/claims.json"]}
     (repo / "dvc.yaml").write_text(yaml.safe_dump(d), encoding="utf-8")

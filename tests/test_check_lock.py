@@ -207,15 +207,15 @@ def test_a_metric_forged_together_with_its_lock_is_caught_by_the_runs_own_record
     key = _run_folder(tmp_path, "train", "d256_unscaled", {"loss_final": 5.14, "entropy_final": 0.0006})
     (tmp_path / "metrics").mkdir()
     (tmp_path / "metrics/train.json").write_text(json.dumps({"d256_unscaled": {"loss_final": 5.14}}))
-    assert run_record_findings(tmp_path) == []
+    assert run_record_findings(tmp_path, {}) == []
     (tmp_path / "metrics/train.json").write_text(json.dumps({"d256_unscaled": {"loss_final": 5.29}}))
-    assert run_record_findings(tmp_path) == [
+    assert run_record_findings(tmp_path, {}) == [
         f"metrics/train.json d256_unscaled.loss_final = 5.29, but the run that made it (data/train/d256_unscaled, "
         f"run {key[:12]}) recorded 5.14"]
     spec = json.loads((tmp_path / "data/train/d256_unscaled/spec.json").read_text())
     spec["spec"]["name"] = "another"
     (tmp_path / "data/train/d256_unscaled/spec.json").write_text(json.dumps(spec))
-    assert run_record_findings(tmp_path) == [
+    assert run_record_findings(tmp_path, {}) == [
         "data/train/d256_unscaled/spec.json does not hash to its key: the run's record was edited"]
 
 

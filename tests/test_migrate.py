@@ -39,7 +39,8 @@ def test_migrate_rekeys_old_entries_and_the_sweep_then_trains_nothing(tmp_path):
     result = migrate(store)
     assert (result.moved, result.current, result.other_version, result.damaged) == (1, 0, 1, [])
     assert store.get(run_key(spec, inputs), full=True) is not None and store.get("0" * 64) is None
-    assert store.get("1" * 64) is not None  # left where it was: no key of this code names it
+    assert store.path("1" * 64).is_dir()  # left where it was: no key of this code names it, so never served
+    assert [k for k, _ in store.verify().legacy] == ["1" * 64]
     again = migrate(store)
     assert (again.moved, again.current, again.other_version) == (0, 1, 1)
 

@@ -78,7 +78,34 @@ def tamper(root: Path, variant: str, key: str, fn) -> None:
     p = root / "metrics" / "train.json"
     data = json.loads(p.read_text(encoding="utf-8"))
     data[variant][key] = fn(data)
+    data["comparison"] = _comparison(root, data)  # as a run would write it: the gaps of its own losses
     p.write_text(json.dumps(data, indent=2), encoding="utf-8")
+    rejudge(root)
+
+
+def rejudge(root: Path) -> None:
+    """metrics/claims.json, claims_summary.json and headline.json made again, as `dvc repro` remakes them after a
+    stage's metrics moved (the report and headline stages' functions)."""
+    from attnrepro.files import write_json
+    from attnrepro.judge.claims import claims_json, counts, evaluate_all, load, load_json_dir, load_metrics_dir
+    from attnrepro.report.headline_metrics import headline_of
+
+    m = root / "metrics"
+    results = evaluate_all(load(root / "claims.yaml"), load_metrics_dir(m), load_json_dir(m / "dist"),
+                           load_json_dir(m / "env"))
+    write_json(m / "claims.json", claims_json(results))
+    write_json(m / "claims_summary.json", counts(results))
+    write_json(m / "headline.json", headline_of(root / "claims.yaml", m))
+
+
+def _comparison(root: Path, metrics: dict) -> dict:
+    from attnrepro.config import from_dict
+    from attnrepro.experiments.comparison import comparison, pairs_by_dhead
+    from attnrepro.experiments.protocol import TrainConfig
+    from attnrepro.files import json_ready, read_params
+
+    cfg = from_dict(TrainConfig, read_params(root / "params.yaml")["train"], prefix="train")
+    return json_ready(comparison(metrics, pairs_by_dhead(cfg)))
 
 
 def check(root: Path, capsys) -> tuple[int, str]:
@@ -170,6 +197,7 @@ def test_a_conclusion_the_reference_does_not_reproduce_holding_on_one_run_is_nam
         if "stats" in data:  # and the seed mean the conclusion is evaluated on
             data["stats"]["d256_unscaled.jacobian_fro_step1480"]["mean"] = 3e-6
         p.write_text(json.dumps(data), encoding="utf-8")
+    rejudge(reference)
     rc, out = check(reference, capsys)
     assert rc == 1 and "holds on this run, but not on the reference" not in out, out
     assert "- primary endpoint train.d256_unscaled.jacobian_fro_step1480 / train.d256_unscaled.jacobian_fro_step0: " \

@@ -161,9 +161,9 @@ def test_entries_from_before_manifests_are_legacy_and_kept_unless_asked(pristine
     (store.path(first.key) / MANIFEST).unlink()  # what an older checkout wrote
     assert store.keys() == [] and store.path(first.key).exists()  # listing moves nothing
     report = store.verify()
-    assert report.legacy == [first.key] and report.damaged == []
-    assert cli_main(["store", "verify", "--store", str(tmp_path / "store")]) == 0
-    assert "1 legacy (no manifest)" in capsys.readouterr().out
+    assert [k for k, _ in report.legacy] == [first.key] and report.damaged == []
+    assert cli_main(["store", "verify", "--store", str(tmp_path / "store")]) == 1  # its files cannot be verified
+    assert "1 legacy (not served)" in capsys.readouterr().out
     assert cli_main(["store", "gc", "--store", str(tmp_path / "store")]) == 0 and store.path(first.key).exists()
     assert cli_main(["store", "gc", "--legacy", "--store", str(tmp_path / "store")]) == 0
     assert "1 legacy" in capsys.readouterr().out.splitlines()[-1] and not store.path(first.key).exists()
@@ -361,9 +361,111 @@ def test_store_verify_and_push_agree_on_a_legacy_entry(pristine, tmp_path, capsy
     shutil.copytree(src, tmp_path / "store")
     store = RunStore(tmp_path / "store")
     (store.path(first.key) / MANIFEST).unlink()
-    assert cli_main(["store", "verify", "--store", str(tmp_path / "store")]) == 0
-    assert "1 legacy (no manifest)" in capsys.readouterr().out
+    assert cli_main(["store", "verify", "--store", str(tmp_path / "store")]) == 1
+    assert "1 legacy (not served)" in capsys.readouterr().out
     assert cli_main(["store", "push", "--store", str(tmp_path / "store"), "--to", str(tmp_path / "remote")]) == 0
     out = capsys.readouterr().out
-    assert "damaged" not in out and "1 legacy (no manifest) not pushed" in out
+    assert "damaged" not in out and "1 legacy not pushed" in out
     assert store.path(first.key).exists()
+
+
+# ---------------------------------------------------------------- issue 65: one key rule, a store that stays inside itself
+
+@pytest.mark.parametrize("damage", ["edited summary", "truncated checkpoint"])
+def test_a_legacy_entry_with_damaged_files_fails_verify_and_is_never_served(pristine, tmp_path, capsys, damage):
+    """Without a manifest, an edited summary or a truncated checkpoint verified with exit 0 ("1 legacy")."""
+    src, first = pristine
+    shutil.copytree(src, tmp_path / "store")
+    store = RunStore(tmp_path / "store", say=lambda s: None)
+    entry = store.path(first.key)
+    (entry / MANIFEST).unlink()
+    DAMAGE["edited summary, valid JSON" if damage == "edited summary" else "truncated checkpoint"][0](entry)
+    assert cli_main(["store", "verify", "--store", str(tmp_path / "store")]) == 1
+    assert f"legacy: {first.key}: no MANIFEST.json: its files cannot be verified" in capsys.readouterr().out
+    assert store.get(first.key) is None
+
+
+def _old_format(entry: Path) -> None:
+    """spec.json rewritten in the old key format (a code digest, no numerics), the manifest updated to match."""
+    import hashlib
+
+    record = json.loads((entry / "spec.json").read_text())
+    record.pop("numerics")
+    data = json.dumps({**record, "code": "c" * 64}).encode()
+    (entry / "spec.json").write_bytes(data)
+    manifest = json.loads((entry / MANIFEST).read_text())
+    manifest["spec.json"] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    (entry / MANIFEST).write_text(json.dumps(manifest))
+
+
+def test_an_old_format_entry_under_another_runs_key_is_never_served(pristine, tmp_path, capsys):
+    """Seed 0's run copied into seed 1's folder, its spec.json in the old format and its manifest updated: verify
+    said intact, a sweep served it (0 to train) and died with KeyError: 'numerics', push would spread it."""
+    src, first = pristine
+    shutil.copytree(src, tmp_path / "store")
+    store = RunStore(tmp_path / "store")
+    other = run_sweep("t", [tiny_spec(seed=1)], tiny_inputs(), engine(tmp_path, workers=1))[0]
+    planted = store.path(other.key)
+    shutil.rmtree(planted)
+    shutil.copytree(store.path(first.key), planted)
+    _old_format(planted)
+    capsys.readouterr()
+    assert cli_main(["store", "verify", "--store", str(tmp_path / "store")]) == 1
+    out = capsys.readouterr().out
+    assert f"legacy: {other.key}: filed under key {other.key[:12]}, but its spec.json is in the old key format" in out
+    assert cli_main(["store", "push", "--store", str(tmp_path / "store"), "--to", str(tmp_path / "remote")]) == 0
+    assert "1 legacy not pushed" in capsys.readouterr().out
+    assert not RunStore(tmp_path / "remote").path(other.key).exists()
+
+    (again,) = run_sweep("t", [tiny_spec(seed=1)], tiny_inputs(), engine(tmp_path, workers=1))
+    err = capsys.readouterr().err
+    assert not again.cached and again.status == "ok" and "Traceback" not in err  # quarantined and trained again
+    assert "old key format" in err and result_bytes([again]) == result_bytes([other])
+
+
+def test_links_under_the_store_are_reported_and_gc_never_follows_them(pristine, tmp_path, capsys):
+    """A shard that is a link to a folder elsewhere: verify called its subfolders misplaced and gc deleted them;
+    a .quarantine that is a link: gc emptied its target."""
+    src, first = pristine
+    shutil.copytree(src, tmp_path / "store")
+    store = tmp_path / "store"
+    outside, elsewhere = tmp_path / "outside", tmp_path / "elsewhere"
+    (outside / "precious").mkdir(parents=True)
+    (outside / "precious" / "file").write_text("keep me")
+    (elsewhere / "old-run").mkdir(parents=True)
+    (elsewhere / "notes.txt").write_text("keep me too")
+    (store / "zz").symlink_to(outside)
+    (store / ".quarantine").symlink_to(elsewhere)
+    (RunStore(store).path(first.key) / "extra").symlink_to(outside / "precious" / "file")  # a link in an entry
+    capsys.readouterr()
+
+    assert cli_main(["store", "verify", "--store", str(store)]) == 1
+    out = capsys.readouterr().out
+    for link in ("zz", ".quarantine"):
+        assert f"symbolic link, left alone: {store / link}" in out
+    assert f"damaged: {first.key}: extra is a symbolic link" in out and "3 symbolic links (left alone)" in out
+    assert "misplaced" not in out
+    assert cli_main(["store", "gc", "--store", str(store)]) == 0
+    assert (outside / "precious" / "file").read_text() == "keep me"
+    assert (elsewhere / "old-run").is_dir() and (elsewhere / "notes.txt").read_text() == "keep me too"
+    assert (store / "zz").is_symlink() and (store / ".quarantine").is_symlink()
+    assert (RunStore(store).path(first.key) / "extra").is_symlink()  # the entry holding a link is left alone too
+    assert RunStore(store, say=lambda s: None).quarantine(first.key, "x") is None  # never moved into a link
+
+    assert cli_main(["store", "push", "--store", str(store), "--to", str(tmp_path / "remote")]) == 1
+    assert "symbolic link, not followed: zz" in capsys.readouterr().out
+    assert not list((tmp_path / "remote").glob("zz*"))
+
+
+def test_a_shard_that_is_a_link_is_never_read_nor_written_through(pristine, tmp_path, capsys):
+    src, first = pristine
+    shutil.copytree(src, tmp_path / "store")
+    store = RunStore(tmp_path / "store", say=print)
+    shard = store.path(first.key).parent
+    shutil.move(shard, tmp_path / "moved")
+    shard.symlink_to(tmp_path / "moved")
+    capsys.readouterr()
+    assert store.get(first.key) is None and "is a symbolic link, left alone" in capsys.readouterr().out
+    with pytest.raises(UserError, match="is a symbolic link; the store does not write through links"):
+        store.put(first.key, {"status.json": b'{"status": "ok"}'})
+    assert (tmp_path / "moved" / first.key).is_dir() and shard.is_symlink()

@@ -154,6 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _run_check(args) -> int:
     from attnrepro.judge.check import as_json, render, render_md, run_check
     from attnrepro.files import read_params
+    from attnrepro.report.headline_metrics import headline_of
     from attnrepro.run.engine_settings import engine_config
 
     if args.decide is not None and args.decide < 1:
@@ -161,7 +162,8 @@ def _run_check(args) -> int:
     engine = engine_config(read_params(Path(args.root) / "params.yaml")) if args.decide else None
     with _progress_to_stderr():
         outcome = run_check(rev=args.rev, root=args.root, claims_path=args.claims, mode=args.mode,
-                            made_on=args.made_on, base=args.base, decide_with=engine, max_seeds=args.decide)
+                            made_on=args.made_on, base=args.base, decide_with=engine, max_seeds=args.decide,
+                            headline_of=headline_of)
     if args.json:
         sys.stdout.write(json.dumps(as_json(outcome), indent=1, ensure_ascii=False) + "\n")
     else:

@@ -41,15 +41,19 @@ def _parser() -> argparse.ArgumentParser:
         return p
 
     action("verify", "check every entry against its manifest (sizes, SHA-256) and the key it is filed under",
-           "exit 0 when no entry is damaged, 1 when any is (each is listed; the next sweep that needs one "
-           "quarantines it and trains it again). Entries written before manifests are counted as legacy.")
-    gc = action("gc", "remove quarantined, damaged and half-written entries", "exit 0.")
+           "exit 0 when every entry is intact, 1 when any is damaged or legacy (no manifest, or a spec.json of the "
+           "old key format: never served; store migrate re-keys the latter) or a symbolic link lies anywhere under "
+           "the store (each is listed and left alone; the next sweep that needs a damaged entry quarantines it and "
+           "trains it again).")
+    gc = action("gc", "remove quarantined, damaged and half-written entries", "only regular files and folders "
+                "inside the store's real path; a symbolic link is left alone. exit 0.")
     gc.add_argument("--legacy", action="store_true",
-                    help="also remove entries written before store manifests (only older checkouts can use them)")
+                    help="also remove legacy entries (no manifest, or the old key format: this code serves neither)")
     action("migrate", "re-key entries made under an older key format from their recorded spec (trains nothing)",
            "after it, runs of the current numerics version come from the store instead of training again; exit 0.")
     push = action("push", "copy verified entries the store remote lacks to it (docs/remote.md)",
-                  "byte for byte; entries already there are skipped; exit 1 when a damaged entry was left behind.")
+                  "byte for byte; entries already there are skipped; exit 1 when a damaged entry or a symbolic link "
+                  "was left behind.")
     push.add_argument("--to", default=None, metavar="PATH", help="the store remote (default: "
                       "$ATTNREPRO_STORE_REMOTE, else runs/ in the DVC default remote's folder)")
     pull = action("pull", "copy verified entries this store lacks from the store remote",
@@ -86,8 +90,12 @@ def store_main(argv: list[str]) -> int:
     bar.close()
     for key, reason in report.damaged:
         print(f"damaged: {key}: {reason}")
+    for key, reason in report.legacy:
+        print(f"legacy: {key}: {reason}")
+    for link in report.links:
+        print(f"symbolic link, left alone: {root / link}")
     print(report.line())
-    return 1 if report.damaged else 0
+    return 0 if report.ok else 1
 
 
 def _push_pull(args, root: Path) -> int:
@@ -102,5 +110,7 @@ def _push_pull(args, root: Path) -> int:
     bar.close()
     for key, reason in result.damaged:
         print(f"damaged, not {'pushed' if args.action == 'push' else 'pulled'}: {key}: {reason}")
+    for link in result.links:
+        print(f"symbolic link, not followed: {link}")
     print(result.line("pushed" if args.action == "push" else "pulled", other))
-    return 1 if result.damaged else 0
+    return 1 if result.damaged or result.links else 0

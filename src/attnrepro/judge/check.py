@@ -5,6 +5,7 @@ as the reference judges them (judge.claims), the problems provenance/ finds, and
 
 from __future__ import annotations
 
+import functools
 import math
 import subprocess
 import sys
@@ -17,16 +18,19 @@ from attnrepro.envinfo import environment
 from attnrepro.files import read_params
 from attnrepro.formatting import fmt_number, md_table
 from attnrepro.judge import endpoints
-from attnrepro.judge.claims import (CONCLUSIONS, ClaimResult, Expectations, Tol, band, counts, evaluate_all,
-                                    evaluate_claim, kind, load, load_json_dir, load_metrics_dir, ran_on, seed_values,
-                                    tally_lines)
+from attnrepro.judge.claims import (CONCLUSIONS, ClaimResult, Expectations, Tol, band, claims_json, counts,
+                                    evaluate_all, evaluate_claim, kind, load, load_json_dir, load_metrics_dir, ran_on,
+                                    seed_values, tally_lines)
 from attnrepro.judge.decide import conclusion_shares, decide
 from attnrepro.judge.endpoints import Judgement
-from attnrepro.judge.revision import Reference, Revision, claims_changes, params_changes, reference
+from attnrepro.judge.revision import (Reference, Revision, Unreadable, claims_changes, params_changes, reference,
+                                      unreadable)
 from attnrepro.measure.head_matching import heads_renamed, seeds_renamed
 from attnrepro.provenance.computation import same_computation
 from attnrepro.provenance.lock import METRICS, dist_producers, listed, lock_findings, made_with_other_params, same
-from attnrepro.provenance.records import made_by, run_record_findings, store_findings, sweep_findings
+from attnrepro.provenance.derived import current, derived_findings
+from attnrepro.provenance.records import (made_by, run_folder_findings, run_record_findings, store_findings,
+                                          sweep_findings)
 from attnrepro.run.engine_settings import EngineConfig
 from attnrepro.stats import ALPHA, LOOKS, Band
 
@@ -266,14 +270,17 @@ def checkout_root(root: Path) -> Path:
 
 def run_check(rev: str = "HEAD", root: str | Path = ".", claims_path: str | Path = "claims.yaml", mode: str = "auto",
               made_on: Optional[str] = None, base: Optional[str] = None, decide_with: Optional[EngineConfig] = None,
-              max_seeds: Optional[int] = None) -> Outcome:
+              max_seeds: Optional[int] = None, headline_of: Optional[Callable] = None) -> Outcome:
     """The verdict on the run in `root` against the reference at `rev` (docs/VERDICT.md); `decide_with`
     (the run engine's settings): --decide, the primary endpoints judged by reruns at the reference's seeds, up to
-    `max_seeds` (default: as many as its looks ask for)."""
+    `max_seeds` (default: as many as its looks ask for); `headline_of`: see made_again."""
     root, claims_path = checkout_root(Path(root)), Path(claims_path).as_posix()
     revision = Revision(rev, root, base)
     envs = load_json_dir(root / METRICS / "env")
-    ref = reference(revision, claims_path, envs)
+    try:
+        ref = reference(revision, claims_path, envs)
+    except Unreadable as e:  # nothing can be judged against it: the one problem
+        return Outcome([], [], {}, {}, label=revision.label, problems=[f"the reference {e}"])
     exp = ref.expectations
     cur = load_metrics_dir(root / METRICS)
     cur_dists = load_json_dir(root / METRICS / "dist")
@@ -314,7 +321,10 @@ def run_check(rev: str = "HEAD", root: str | Path = ".", claims_path: str | Path
     out.provenance, numerics = made_by(envs)
     sweep_probs, sweep_notes = sweep_findings(root, params, envs, live, lambda line: print(line, file=sys.stderr))
     out.notes += lock_notes + sweep_notes
-    out.problems = (computation.problems(revision.name) + lock_probs + run_record_findings(root)
+    again = made_again(root, claims_path, headline_of)
+    out.problems = (unreadable(ref) + computation.problems(revision.name) + lock_probs
+                    + derived_findings(root, params, again) + run_folder_findings(root, params, ref_lock)
+                    + run_record_findings(root, params)
                     + store_findings(root, params, cur, cur_dists, envs, producers) + sweep_probs + m.problems + numerics
                     + metric_problems(rows, ref.name) + endpoint_problems(judged, rows))
     for res in results:
@@ -337,6 +347,21 @@ def run_check(rev: str = "HEAD", root: str | Path = ".", claims_path: str | Path
             detail = res.detail or (f"{fmt_number(res.value)} vs published {fmt_number(c.published)} ({c.tol.text()})"
                                     if c.is_cell else "is false")
             out.problems.append(f"{c.cls} {c.id} fails: {c.text} — {detail}" + _what_it_read(res, cur))
+    return out
+
+
+def made_again(root: Path, claims_path: str, headline_of: Optional[Callable] = None) -> dict:
+    """For provenance.derived, what makes again the files of the stages that judge the metrics, each where dvc.lock
+    says its stage ran with the working tree's inputs: claims.json and claims_summary.json as the report stage makes
+    them (judge.claims), and headline.json by `headline_of` (the headline stage's function, a layer above)."""
+    out = {}
+    if current(root, "report"):
+        results = functools.cache(lambda: evaluate_all(load(root / claims_path), load_metrics_dir(root / METRICS),
+                                                       load_json_dir(root / METRICS / "dist"),
+                                                       load_json_dir(root / METRICS / "env")))
+        out.update(claims=lambda *_: claims_json(results()), claims_summary=lambda *_: counts(results()))
+    if headline_of is not None and current(root, "headline"):
+        out["headline"] = lambda *_: headline_of(root / claims_path, root / METRICS)
     return out
 
 

@@ -25,6 +25,10 @@ from attnrepro.stats import flatten
 
 # ---------------------------------------------------------------- the revision
 
+class Unreadable(UserError):
+    """A committed file of the reference that cannot be read (bytes that are not UTF-8): the check fails naming it."""
+
+
 class Revision:
     """Files as committed at a git revision: `rev`, or with `base` the merge base of HEAD and `base`."""
 
@@ -56,10 +60,18 @@ class Revision:
                       if n.endswith(".json"))
 
     def show(self, path: str) -> str:
+        """A committed file's text; bytes that are not UTF-8 are Unreadable, naming the file and the line they are
+        on (never replaced: an endpoint's name with a bad byte would read as another, missing metric)."""
+        p = subprocess.run(["git", "-C", str(self.root), "show", f"{self.commit}:{path}"], capture_output=True)
+        if p.returncode != 0:
+            raise UserError(f"{self.name} has no {path}")
         try:
-            return self._git("show", f"{self.commit}:{path}")
-        except UserError:
-            raise UserError(f"{self.name} has no {path}") from None
+            return p.stdout.decode("utf-8")
+        except UnicodeDecodeError as e:
+            line = p.stdout[:e.start].count(b"\n")
+            text = p.stdout.split(b"\n")[line].decode("utf-8", "replace").strip()
+            raise Unreadable(f"{self.name}:{path} cannot be read: not UTF-8 text at line {line + 1} "
+                             f"({short(text, 60)})") from None
 
     def text_or_none(self, path: str) -> Optional[str]:
         """A committed file's text, None where the revision has no such file."""
@@ -150,6 +162,15 @@ def reference(r: Revision, claims_path: str, run_envs: Optional[dict] = None) ->
             envs[stem] = r.json(f"{folder}/env_{stem}.json")
     verdicts = r.json(f"{METRICS}/claims.json") if f"{METRICS}/claims.json" in held else {}
     return Reference(r.label, r.name, metrics, dists, envs, r.yaml("params.yaml"), verdicts, r.expectations(claims_path))
+
+
+def unreadable(ref: Reference) -> list[str]:
+    """A primary endpoint or checksum the reference names but whose metric its own metrics lack (a missing key,
+    a name damaged in its claims.yaml): a problem, never an endpoint quietly not judged."""
+    named = [("primary endpoint", e.metric) for e in ref.expectations.primary]
+    named += [("checksum", c.metric) for c in ref.expectations.claims if c.cls == "checksum" and c.metric]
+    return [f"{what} {metric}: named by {ref.name}'s claims.yaml, but {ref.name}'s metrics have no such value: the "
+            "reference cannot be read" for what, metric in named if metric not in ref.metrics]
 
 
 # ---------------------------------------------------------------- what the working tree changes

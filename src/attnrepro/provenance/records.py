@@ -1,4 +1,5 @@
-"""The runs behind the metrics: the run folders a stage keeps (`run_record_findings`), the run store's
+"""The runs behind the metrics: the run folders a stage keeps against dvc.lock (`run_folder_findings`) and
+against the metrics and the run store (`run_record_findings`), the run store's
 summaries of the train and failures runs (`store_findings`), the sweeps made again from the store, training
 nothing (`sweep_findings`), and the numerics each stage's runs were keyed under (`made_by`)."""
 
@@ -15,9 +16,9 @@ from typing import Callable, Mapping
 from attnrepro.config import from_dict
 from attnrepro.experiments.failures import FailuresConfig
 from attnrepro.experiments.protocol import CORPUS_FILES, TrainConfig, corpus_inputs
-from attnrepro.files import dvc_entry, dvc_stages, read_json
+from attnrepro.files import dvc_entry, dvc_stages, read_json, read_yaml_or_none
 from attnrepro.formatting import fmt_number
-from attnrepro.provenance.lock import METRICS, same
+from attnrepro.provenance.lock import METRICS, out_md5, same
 from attnrepro.run.execute import NUMERICS, run_key
 from attnrepro.run.stage import is_sweep
 from attnrepro.store.run_store import RunStore, recorded_key
@@ -33,13 +34,43 @@ def run_config(params: Mapping, file: str):
     return from_dict(TrainConfig if file == "train" else FailuresConfig, params[file], prefix=file)
 
 
-def run_record_findings(root: Path) -> list[str]:
+def run_folder_findings(root: Path, params: Mapping, reference_lock: Mapping) -> list[str]:
+    """The run folders a stage keeps (dvc.lock's outputs data/<stage>, the corpus aside: git ignores them)
+    against dvc.lock: a folder present must have the md5 dvc.lock records, and (train) each variant's run a
+    folder of its own. A folder absent is a problem where its stage's lock entry is not the reference's (the
+    stage ran, or its record was rewritten, since): an untouched checkout, where nothing ran, has none."""
+    lock = read_yaml_or_none(root / "dvc.lock")
+    stages = (lock.get("stages") or {}) if isinstance(lock, dict) else {}
+    theirs = (reference_lock or {}).get("stages") or {}
+    problems = []
+    for name in sorted(set(stages) | set(theirs)):
+        st = stages.get(name) or {}
+        recorded = {str(o.get("path", "")) for e in (st, theirs.get(name) or {}) for o in e.get("outs") or []}
+        for path in [f"data/{name}"] if f"data/{name}" in recorded and name != "corpus" else []:
+            folder = root / path
+            if not folder.is_dir():
+                if st != theirs.get(name):
+                    problems.append(f"{path} is missing, but dvc.lock records {name} as run since the reference: "
+                                    "its runs' folders cannot be matched with its metrics")
+                continue
+            runs = list(run_config(params, name).variants) if name == "train" and name in params else []
+            gone = [r for r in runs if not (folder / r).is_dir()]
+            if gone:
+                problems.append(f"{path}/{gone[0]} is missing: the run behind {METRICS}/{name}.json {gone[0]} is gone")
+            elif out_md5(folder) != next((o.get("md5") for o in st.get("outs") or [] if o.get("path") == path), None):
+                problems.append(f"{path} differs from dvc.lock (its md5): its runs' folders were changed after the run")
+    return problems
+
+
+def run_record_findings(root: Path, params: Mapping) -> list[str]:
     """The metrics of a stage that keeps its runs' folders (data/<stage>/<name>/: spec.json and
     summary.json, as the run store wrote them) against those records: each folder's spec.json must
     hash to its key, and every number its summary shares with metrics/<stage>.json[<name>] must be
-    the same. A metric edited together with dvc.lock is caught here; without data/ (not pulled, not
-    rerun) there is nothing to read."""
+    the same; and the folder's summary must be the one the run store (params engine.store) keeps under
+    that key, where it holds it, made on the same machine. A metric edited together with dvc.lock (and the
+    folder) is caught here; without data/ (not pulled, not rerun) there is nothing to read."""
     problems = []
+    store = RunStore(root / str((params.get("engine") or {}).get("store", "runs")), say=lambda line: None)
     for folder in sorted((root / "data").glob("*/*/")):
         stage, name = folder.parent.name, folder.name
         if not ((folder / "summary.json").is_file() and (folder / "spec.json").is_file()):
@@ -49,15 +80,26 @@ def run_record_findings(root: Path) -> list[str]:
         if recorded_key(record) != record.get("key"):
             problems.append(f"{where}/spec.json does not hash to its key: the run's record was edited")
             continue
+        summary = read_json(folder / "summary.json")
         metrics_file = root / METRICS / f"{stage}.json"
         mine = read_json(metrics_file).get(name) if metrics_file.is_file() else None
-        if not isinstance(mine, dict):
+        bad = [(key, mine[key], recorded) for key, recorded in sorted(summary.items())
+               if isinstance(mine, dict) and key in mine and not same(mine[key], recorded)]
+        problems += [f"{METRICS}/{stage}.json {name}.{key} = {fmt_number(value)}, but the run that made it ({where}, "
+                     f"run {record['key'][:12]}) recorded {fmt_number(recorded)}" for key, value, recorded in bad]
+        kept = store.path(record["key"])  # the next link, where the first holds: the run store's entry of the run
+        if bad or store.link_on_way(kept) is not None or not (kept / "summary.json").is_file() or \
+                _read_or_none(kept / "env.json") != _read_or_none(folder / "env.json"):
             continue
-        for key, recorded in sorted(read_json(folder / "summary.json").items()):
-            if key in mine and not same(mine[key], recorded):
-                problems.append(f"{METRICS}/{stage}.json {name}.{key} = {fmt_number(mine[key])}, but the run that "
-                                f"made it ({where}, run {record['key'][:12]}) recorded {fmt_number(recorded)}")
+        stored = read_json(kept / "summary.json")
+        problems += [f"{where}/summary.json {key} = {fmt_number(summary.get(key))}, but the run store's entry of its "
+                     f"run ({record['key'][:12]}) recorded {fmt_number(stored.get(key))}: the run folder was edited"
+                     for key in sorted(set(summary) | set(stored)) if not same(summary.get(key), stored.get(key))]
     return problems
+
+
+def _read_or_none(path: Path):
+    return read_json(path) if path.is_file() else None
 
 
 def made_by(envs: dict[str, dict]) -> tuple[list[str], list[str]]:
@@ -106,8 +148,8 @@ def store_findings(root: Path, params: Mapping, metrics: Mapping[str, float], di
             for variant in cfg.variants:
                 key = run_key(cfg.spec(variant, seed, device), inputs)
                 summary = store.path(key) / "summary.json"
-                if not summary.is_file():
-                    continue
+                if store.link_on_way(summary) is not None or not summary.is_file():
+                    continue  # (a link is never followed: `store verify` names it)
                 ran_on_file = summary.with_name("env.json")  # an entry without one: its machine unknown, not read
                 recorded, ran_on = read_json(summary), read_json(ran_on_file) if ran_on_file.is_file() else {}
                 mine = [(f"metrics/dist/{file}.json seed {seed} {variant}", producers.get(file, file),

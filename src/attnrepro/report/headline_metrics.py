@@ -29,6 +29,8 @@ from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
 from attnrepro.config import UserError
+from attnrepro.files import read_json
+from attnrepro.judge.claims import load
 from attnrepro.stats import flatten
 
 HEADLINE = "metrics/headline.json"
@@ -97,6 +99,19 @@ def headline(names: Sequence[str], timings: Sequence[str], metrics: Mapping[str,
     if n >= MAX_LEAVES:
         raise UserError(f"{HEADLINE}: {n} numbers; a headline has fewer than {MAX_LEAVES} (claims.yaml primary)")
     return out
+
+
+def headline_of(claims: Path, mdir: Path) -> dict:
+    """metrics/headline.json's content from claims.yaml (its `headline:` names and timings) and the metrics
+    folder `mdir`: what the headline stage writes, and what `attnrepro check` makes again."""
+    exp = load(claims, conclusions="")
+    files = {}
+    for stem in sorted({n.split(".", 1)[0] for n in exp.headline}):
+        if not (mdir / f"{stem}.json").is_file():
+            raise UserError(f"{mdir / stem}.json: missing (claims.yaml headline names {stem}.*)")
+        files[stem] = read_json(mdir / f"{stem}.json")
+    return headline(exp.headline, exp.timings, files, read_json(mdir / "seeds.json"),
+                    read_json(mdir / "claims_summary.json"))
 
 
 def metrics_value(obj, path: Sequence[str]):

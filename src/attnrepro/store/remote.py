@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from attnrepro.config import UserError
-from attnrepro.store.run_store import MANIFEST, Damaged, Legacy, RunStore, verify_entry
+from attnrepro.store.run_store import MANIFEST, Damaged, Legacy, RunStore, links_under, verify_entry
 
 ENV = "ATTNREPRO_STORE_REMOTE"
 
@@ -73,12 +73,14 @@ class Transfer:
     copied: list[str] = field(default_factory=list)
     present: int = 0
     damaged: list[tuple[str, str]] = field(default_factory=list)  # (key, reason): not copied
-    legacy: list[str] = field(default_factory=list)  # entries without a manifest: kept, not copied
+    legacy: list[str] = field(default_factory=list)  # entries no key of this code names: kept, not copied
+    links: list[str] = field(default_factory=list)  # symbolic links under the source store: not followed
     megabytes: float = 0.0
 
     def line(self, verb: str, where: Path) -> str:
         bad = f", {len(self.damaged)} damaged not {verb}" if self.damaged else ""
-        bad += f", {len(self.legacy)} legacy (no manifest) not {verb}" if self.legacy else ""
+        bad += f", {len(self.legacy)} legacy not {verb}" if self.legacy else ""
+        bad += f", {len(self.links)} symbolic links not followed" if self.links else ""
         return (f"store {verb}: {len(self.copied)} entries copied ({self.megabytes:.0f} MB), {self.present} "
                 f"already there{bad}; {where}")
 
@@ -89,6 +91,9 @@ def _place(src: Path, dest_store: RunStore) -> bool:
     key = src.name
     final = dest_store.path(key)
     tmp_root = dest_store.root / ".tmp"
+    link = dest_store.link_on_way(final) or dest_store.link_on_way(tmp_root)
+    if link is not None:
+        raise Damaged(f"not copied: {link} is a symbolic link in the destination (left alone)")
     tmp_root.mkdir(parents=True, exist_ok=True)
     tmp = tmp_root / f"{key}--{socket.gethostname()}--{os.getpid()}--{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
@@ -114,7 +119,7 @@ def _place(src: Path, dest_store: RunStore) -> bool:
 def transfer(src: RunStore, dest: RunStore, progress: Callable[[int, int], None] = lambda i, n: None) -> Transfer:
     """Copy every intact entry of `src` that `dest` lacks intact. A damaged `src` entry is reported
     and left in place; a damaged `dest` entry is quarantined by `dest` and replaced."""
-    out = Transfer()
+    out = Transfer(links=links_under(src.root))
     entries = src.entries()
     for i, p in enumerate(entries):
         key = p.name

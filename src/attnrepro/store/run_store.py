@@ -18,6 +18,10 @@ always; the content hashes too with full=True, which sweeps use before a result 
 copied out) and treats a missing or resized file, a hash mismatch, unreadable JSON or
 an entry without a manifest as absent: the entry moves to <root>/.quarantine/ with a
 REASON file, one line says which run and why, and the run is trained again.
+
+The store stays inside itself: it never follows a symbolic link when it reads, verifies,
+quarantines, collects or copies. A link anywhere under the store is reported (`store verify`)
+and left alone, and `gc` removes only regular files and folders inside the store's real path.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import socket
 import sys
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, Optional
 
@@ -47,7 +51,22 @@ class Damaged(Exception):
 
 
 class Legacy(Damaged):
-    """An entry written before stores kept manifests: no key of this code can name it."""
+    """An entry no key of this code names: written before stores kept manifests (its files unverifiable), or
+    keyed in the old format (OldFormat). Never served; `store verify` exits 1 for it."""
+
+
+class OldFormat(Legacy):
+    """An entry whose files match its manifest but whose spec.json is in the old key format (no numerics):
+    `attnrepro store migrate` re-keys it from that spec."""
+
+
+def links_under(root: Path) -> list[str]:
+    """Every symbolic link under `root` (paths relative to it), found without following any."""
+    out = []
+    for top, folders, files in os.walk(root):  # a linked folder is listed, never entered
+        out += [os.path.relpath(os.path.join(top, n), root) for n in folders + files
+                if os.path.islink(os.path.join(top, n))]
+    return sorted(out)
 
 
 def key_of(document: dict) -> str:
@@ -73,13 +92,17 @@ def manifest_of(files: Mapping[str, bytes]) -> dict:
 
 def check_key(path: Path, key: str) -> None:
     """Raise Damaged unless the entry's spec.json is the run `key` names: its content hashes to `key`
-    (an entry copied under another run's key is served as that run otherwise)."""
+    (an entry copied under another run's key is served as that run otherwise). One rule for every
+    format: a spec.json of the old key format (no numerics) hashes to no key of this code (OldFormat)."""
     try:
         record = json.loads((path / "spec.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         raise Damaged("spec.json is missing or not valid JSON") from None
-    if not isinstance(record, dict) or "numerics" not in record:
-        return  # a spec.json of an older key format: no key of this code names it (attnrepro store migrate)
+    if not isinstance(record, dict):
+        raise Damaged("spec.json is not a record")
+    if "numerics" not in record:
+        raise OldFormat(f"filed under key {key[:12]}, but its spec.json is in the old key format (no numerics), "
+                        "which no key of this code names (attnrepro store migrate re-keys it)")
     actual = recorded_key(record)
     if actual != key or record.get("key") != key:
         raise Damaged(f"filed under key {key[:12]}, but its spec.json is the run {actual[:12]} "
@@ -91,18 +114,23 @@ def verify_entry(path: Path, full: bool, key: Optional[str] = None) -> None:
     matches its manifest: every listed file present with its size (and, when `full`, its SHA-256),
     no file unlisted, JSON files readable, a status the store keeps, and a spec.json that is the run
     its key names. An entry without a manifest (written before manifests) is Legacy when what can
-    still be checked holds (its key, its JSON, its status), else Damaged."""
-    if not path.is_dir():
-        raise Damaged("not a folder")
+    still be checked holds (its key, its JSON, its status), else Damaged. A symbolic link, the entry
+    or a file in it, is Damaged (never followed)."""
+    if path.is_symlink() or not path.is_dir():
+        raise Damaged("a symbolic link" if path.is_symlink() else "not a folder")
     key = path.name if key is None else key
+    linked = sorted(p.name for p in path.iterdir() if p.is_symlink())
+    if linked:
+        raise Damaged(f"{linked[0]} is a symbolic link")
     try:
         manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
     except FileNotFoundError:
         if (path / "status.json").is_file() and (path / "spec.json").is_file():
-            check_key(path, key)
+            with contextlib.suppress(OldFormat):  # Legacy all the same: its files cannot be verified
+                check_key(path, key)
             _check_json_and_status(path, [p.name for p in path.iterdir()])
-            raise Legacy(f"no {MANIFEST}: written before store manifests (attnrepro store gc --legacy removes it)") \
-                from None
+            raise Legacy(f"no {MANIFEST}: its files cannot be verified (written before store manifests; "
+                         "attnrepro store gc --legacy removes it)") from None
         raise Damaged(f"no {MANIFEST} (an unfinished or foreign entry)") from None
     except (OSError, ValueError) as e:
         raise Damaged(f"{MANIFEST} unreadable ({type(e).__name__})") from None
@@ -147,14 +175,20 @@ def _check_json_and_status(path: Path, names: list[str]) -> None:
 class VerifyReport:
     intact: int
     damaged: list[tuple[str, str]]  # (key, reason)
-    legacy: list[str]  # keys of entries written before manifests
+    legacy: list[tuple[str, str]]  # (key, reason): entries no key of this code names (Legacy)
     seconds: float
     megabytes: float
+    links: list[str] = field(default_factory=list)  # symbolic links under the store, left alone
+
+    @property
+    def ok(self) -> bool:
+        return not (self.damaged or self.legacy or self.links)
 
     def line(self) -> str:
         n = self.intact + len(self.damaged) + len(self.legacy)
-        legacy = f", {len(self.legacy)} legacy (no manifest)" if self.legacy else ""
-        return (f"store verify: {n} entries, {self.intact} intact, {len(self.damaged)} damaged{legacy} "
+        legacy = f", {len(self.legacy)} legacy (not served)" if self.legacy else ""
+        links = f", {len(self.links)} symbolic links (left alone)" if self.links else ""
+        return (f"store verify: {n} entries, {self.intact} intact, {len(self.damaged)} damaged{legacy}{links} "
                 f"({self.megabytes:.0f} MB hashed in {self.seconds:.1f} s)")
 
 
@@ -179,11 +213,30 @@ class RunStore:
     def quarantine_dir(self) -> Path:
         return self.root / ".quarantine"
 
+    def link_on_way(self, p: Path) -> Optional[Path]:
+        """The first symbolic link on the way from the store's root down to `p` (`p` included), or None."""
+        q = self.root
+        for part in p.relative_to(self.root).parts:
+            q = q / part
+            if q.is_symlink():
+                return q
+        return None
+
+    def _refuse_links(self, *places: Path) -> None:
+        link = next(filter(None, map(self.link_on_way, places)), None)
+        if link is not None:
+            raise UserError(f"run store: {link} is a symbolic link; the store does not write through links out of "
+                            "itself (remove it; attnrepro store verify lists every link)")
+
     def get(self, key: str, full: bool = False, label: str = "") -> Optional[Path]:
         """The result folder of `key`, or None when the store does not hold it intact. A damaged
         entry is quarantined (one line names the run and the reason) and reads as absent."""
         p = self.path(key)
-        if not p.exists() and not p.is_symlink():
+        if self.link_on_way(p) is not None:
+            self.say(f"store: run {label or key[:12]}: {self.link_on_way(p)} is a symbolic link, left alone and not "
+                     "followed; the run reads as absent")
+            return None
+        if not p.exists():
             return None
         try:
             verify_entry(p, full)
@@ -203,7 +256,10 @@ class RunStore:
 
     def quarantine(self, key: str, reason: str) -> Optional[Path]:
         """Move the entry of `key` (a folder, or whatever lies at its place) aside, with a REASON file;
-        None when it is gone already (another process of a shared store moved it first)."""
+        None when it is gone already (another process of a shared store moved it first), or when a
+        symbolic link lies on either way (left alone)."""
+        if self.link_on_way(self.path(key)) or self.link_on_way(self.quarantine_dir):
+            return None
         self.quarantine_dir.mkdir(parents=True, exist_ok=True)
         dest = self.quarantine_dir / f"{key}--{time.strftime('%Y%m%dT%H%M%S')}--{uuid.uuid4().hex[:6]}"
         try:
@@ -223,6 +279,7 @@ class RunStore:
         if self.get(key) is not None:
             return final
         tmp_root = self.root / ".tmp"
+        self._refuse_links(final, tmp_root)
         tmp_root.mkdir(parents=True, exist_ok=True)
         tmp = tmp_root / f"{key}--{socket.gethostname()}--{os.getpid()}--{uuid.uuid4().hex[:8]}"
         tmp.mkdir()
@@ -242,10 +299,13 @@ class RunStore:
         return final
 
     def entries(self) -> list[Path]:
-        """Every entry place of the layout (<root>/<2 chars>/<name>), intact or not."""
+        """Every entry place of the layout (<root>/<2 chars>/<name>), intact or not; never one reached
+        through a symbolic link, nor a link itself (links_under lists those)."""
         if not self.root.is_dir():
             return []
-        return sorted(p for p in self.root.glob("??/*") if not p.parent.name.startswith("."))
+        shards = [s for s in self.root.iterdir() if len(s.name) == 2 and not s.name.startswith(".")
+                  and s.is_dir() and not s.is_symlink()]
+        return sorted(p for s in shards for p in s.iterdir() if not p.is_symlink())
 
     def keys(self) -> list[str]:
         """The keys of the intact entries (sizes checked; nothing is moved)."""
@@ -259,38 +319,51 @@ class RunStore:
         return out
 
     def verify(self, progress: Callable[[int, int], None] = lambda i, n: None) -> VerifyReport:
-        """Check every entry fully (hashes included); damaged entries are reported, not moved."""
+        """Check every entry fully (hashes included); damaged entries and every symbolic link under the
+        store are reported, nothing is moved."""
         t0 = time.perf_counter()
         entries = self.entries()
         intact, damaged, legacy = 0, [], []
+        links = links_under(self.root) if self.root.is_dir() else []
         for i, p in enumerate(entries):
             try:
                 if p.parent.name != p.name[:2]:
                     raise Damaged(f"misplaced (belongs under {p.name[:2]}/)")
                 verify_entry(p, full=True)
                 intact += 1
-            except Legacy:
-                legacy.append(p.name)
+            except Legacy as e:
+                legacy.append((p.name, str(e)))
             except (Damaged, OSError) as e:
                 damaged.append((p.name, str(e) if isinstance(e, Damaged) else f"unreadable ({e})"))
             progress(i + 1, len(entries))
-        size = sum(f.stat().st_size for p in entries if p.is_dir() for f in p.iterdir() if f.is_file())
-        return VerifyReport(intact, damaged, legacy, time.perf_counter() - t0, size / 1e6)
+        size = sum(f.stat().st_size for p in entries if p.is_dir() for f in p.iterdir()
+                   if f.is_file() and not f.is_symlink())
+        return VerifyReport(intact, damaged, legacy, time.perf_counter() - t0, size / 1e6, links)
+
+    def removable(self, p: Path) -> bool:
+        """Can gc remove `p`: a regular file or folder, inside the store's real path, with no symbolic link on
+        its way from the root nor (a folder) anywhere in it."""
+        real = self.root.resolve()
+        return (self.link_on_way(p) is None and p.resolve().is_relative_to(real) and p.resolve() != real
+                and (p.is_file() or (p.is_dir() and not links_under(p))))
 
     def gc(self, legacy: bool = False) -> dict[str, int]:
         """Remove what is quarantined, half-written results of dead writers, and damaged or misplaced
-        entries (and, with `legacy`, entries written before manifests); intact entries stay."""
+        entries (and, with `legacy`, Legacy entries); intact entries stay, and nothing that `removable`
+        cannot prove is a regular file or folder inside the store (a link is left alone)."""
         counts = {"damaged": 0, "legacy": 0, "quarantined": 0, "tmp": self.clean_tmp()}
-        if self.quarantine_dir.is_dir():  # what was quarantined before this gc
+        if self.quarantine_dir.is_dir() and self.link_on_way(self.quarantine_dir) is None:  # quarantined before
             for p in self.quarantine_dir.iterdir():
-                counts["quarantined"] += not p.name.endswith(".REASON")
-                remove_path(p)
+                if self.removable(p):
+                    counts["quarantined"] += not p.name.endswith(".REASON")
+                    remove_path(p)
         report = self.verify()
-        doomed = [(key, "damaged") for key, _ in report.damaged] + [(key, "legacy") for key in report.legacy if legacy]
-        for key, kind in doomed:
-            for p in self.root.glob(f"??/{key}"):
+        doomed = {key: "damaged" for key, _ in report.damaged}
+        doomed.update({key: "legacy" for key, _ in report.legacy if legacy})
+        for p in self.entries():
+            if p.name in doomed and self.removable(p):
                 remove_path(p)
-                counts[kind] += 1
+                counts[doomed[p.name]] += 1
         with contextlib.suppress(OSError):
             self.quarantine_dir.rmdir()  # only when empty
         return counts
@@ -299,12 +372,12 @@ class RunStore:
         """Remove half-written results left by writers of this host that no longer run."""
         removed = 0
         tmp_root = self.root / ".tmp"
-        if not tmp_root.is_dir():
+        if not tmp_root.is_dir() or self.link_on_way(tmp_root) is not None:
             return 0
         host = socket.gethostname()
         for p in tmp_root.iterdir():
             parts = p.name.split("--")
-            if len(parts) != 4 or parts[1] != host or not parts[2].isdigit():
+            if len(parts) != 4 or parts[1] != host or not parts[2].isdigit() or not self.removable(p):
                 continue
             if not pid_alive(int(parts[2])):
                 shutil.rmtree(p, ignore_errors=True)
