@@ -19,6 +19,7 @@ import yaml
 from attnrepro.config import UserError
 from attnrepro.files import parse_json
 from attnrepro.judge.claims import CONCLUSIONS, METRIC_FILES_EXCLUDED, ClaimError, Expectations, Tol, load
+from attnrepro.judge.endpoints import parts
 from attnrepro.provenance.lock import METRICS, key_leaves, short
 from attnrepro.stats import flatten
 
@@ -167,7 +168,7 @@ def reference(r: Revision, claims_path: str, run_envs: Optional[dict] = None) ->
 def unreadable(ref: Reference) -> list[str]:
     """A primary endpoint or checksum the reference names but whose metric its own metrics lack (a missing key,
     a name damaged in its claims.yaml): a problem, never an endpoint quietly not judged."""
-    named = [("primary endpoint", e.metric) for e in ref.expectations.primary]
+    named = [("primary endpoint", k) for e in ref.expectations.primary for k in parts(e.metric)]
     named += [("checksum", c.metric) for c in ref.expectations.claims if c.cls == "checksum" and c.metric]
     return [f"{what} {metric}: named by {ref.name}'s claims.yaml, but {ref.name}'s metrics have no such value: the "
             "reference cannot be read" for what, metric in named if metric not in ref.metrics]
