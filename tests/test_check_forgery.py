@@ -94,19 +94,19 @@ def test_a_reference_with_an_unreadable_primary_endpoint_fails(reference, capsys
 
     claims = reference / "claims.yaml"
     text = claims.read_bytes()
-    metric = b"train.d256_scaled.loss_final"
+    metric = b"train.comparison.gap_d256_loss_final"  # the first primary endpoint
     assert metric in text
-    claims.write_bytes(text.replace(metric, b"train.d256_sc\xffaled.loss_final", 1))
+    claims.write_bytes(text.replace(metric, b"train.comparison.gap_d2\xff56_loss_final", 1))
     _git(reference, "commit", "-qam", "a damaged reference")
     assert main(["check", "--root", str(reference), "--mode", "statistical"]) == 1
     out = capsys.readouterr().out
     assert out.startswith("check: FAIL") and "- the reference HEAD:claims.yaml cannot be read: not UTF-8 text at " \
-                                              "line" in out and "train.d256_sc" in out, out
-    claims.write_bytes(text.replace(metric, b"train.d256_scaled.loss_finale", 1))  # a key the metrics lack
+                                              "line" in out and "train.comparison.gap_d2" in out, out
+    claims.write_bytes(text.replace(metric, b"train.comparison.gap_d256_loss_finale", 1))  # a key the metrics lack
     _git(reference, "commit", "-qam", "a reference naming a missing metric")
     rc, out = check(reference, capsys)
-    assert rc == 1 and "- primary endpoint train.d256_scaled.loss_finale: named by HEAD's claims.yaml, but HEAD's " \
-                       "metrics have no such value" in out, out
+    assert rc == 1 and "- primary endpoint train.comparison.gap_d256_loss_finale: named by HEAD's claims.yaml, but " \
+                       "HEAD's metrics have no such value" in out, out
 
 
 def test_forged_summaries_over_seeds_claims_and_headline_fail_naming_them(reference, capsys):

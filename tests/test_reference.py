@@ -204,3 +204,28 @@ def test_a_conclusion_the_reference_does_not_reproduce_holding_on_one_run_is_nam
            "DIFFERENT" in out, out
     assert ("this run's own outcome differs on train.d256_jacobian_vanishes (holds on this run; the reference's "
             "seeds: 0 of 10 seeds") in out, out
+
+
+def test_after_a_run_that_remade_seeds_the_check_counts_what_the_report_counts(reference, capsys):
+    """Issue 66: a default run on another CPU rewrites metrics/dist/failures.json (the failures stage's seeds); the
+    report counts the published values on the working tree's seeds, and the check, judging that run, on the same
+    seeds (its conclusions keep the reference's seeds: one run's seed files never move one; test_check_tamper)."""
+    from attnrepro.report.assemble import build
+    from attnrepro.stats import distribution
+
+    p = reference / "metrics/dist/failures.json"
+    dist = json.loads(p.read_text(encoding="utf-8"))
+    published = {c.metric: c.published for c in load(reference / "claims.yaml").claims
+                 if c.id.startswith("failures.symptoms.") and isinstance(c.published, float)}
+    for i, run in enumerate(dist["runs"].values()):  # seeds that now sit on the chapter's table
+        for key, value in published.items():
+            variant, metric = key.split(".")[1:]
+            run[variant][metric] = value * (1 + 0.01 * i)
+    p.write_text(json.dumps(distribution({int(s): r for s, r in dist["runs"].items()})), encoding="utf-8")
+    relock(reference)
+    rc = main(["check", "--root", str(reference), "--mode", "statistical", "--json"])
+    checked = json.loads(capsys.readouterr().out)["claims"]
+    reported = counts(build(reference / "claims.yaml", reference / "metrics", reference / "plots", pairs=[]).results)
+    assert checked == reported, (checked, reported)
+    assert reported != json.loads((reference / "metrics/claims_summary.json").read_text(encoding="utf-8"))
+    assert rc in (0, 1)

@@ -305,6 +305,10 @@ def run_check(rev: str = "HEAD", root: str | Path = ".", claims_path: str | Path
     cur, judged_dists = heads_as_judged(cur, cur_dists, ref.metrics, modes.get("heads", "exact"), "heads" in remade)
     rows = compare(cur, ref, exp, modes, envs, cur_dists, producers)
     results = evaluate_all(exp, cur, ref.dists, envs)  # conclusions: on this run and the reference's seeds
+    if remade:  # published values (never gated) on the seeds the report reads: the run's own, where it remade them
+        own = {r.claim.id: r for r in evaluate_all(exp, cur, {**ref.dists, **{f: judged_dists[f] for f in remade}},
+                                                   envs)}
+        results = [own[r.claim.id] if r.claim.cls == "value" else r for r in results]
     judged = endpoints.judge(exp.primary, *endpoint_values(exp, ref, cur, judged_dists, remade, modes))
     looks = decide(exp.primary, ref.dists, params, decide_with, max_seeds or max(LOOKS)) if decide_with else []
     if looks:  # the endpoints --decide reran replace their one-run answers
