@@ -1,7 +1,7 @@
 """Write the golden outputs (tests/golden/), or measure the tolerance they are compared with.
 
   python scripts/golden.py              run every case (one thread) and write tests/golden/<case>.json,
-                                        and the fingerprint (attnrepro.run.fingerprint) to fingerprint.json
+                                        and the fingerprint (attnrepro.provenance.fingerprint) to fingerprint.json
   python scripts/golden.py CASE ...     only these cases (fingerprint: the fingerprint)
   python scripts/golden.py --measure    run every case with one and with two threads and print the
                                         largest relative difference (the float-order noise
@@ -16,7 +16,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from attnrepro.run import fingerprint, golden
+from attnrepro.provenance import fingerprint
+from attnrepro.run import golden
 
 
 def main() -> int:

@@ -12,7 +12,8 @@ import pytest
 
 from attnrepro.provenance import computation
 from attnrepro.provenance.lock import out_md5
-from attnrepro.run import fingerprint, golden
+from attnrepro.provenance import fingerprint
+from attnrepro.run import golden
 from conftest import REPO, copy_repo
 
 spec = importlib.util.spec_from_file_location("gate_power", REPO / "benchmarks" / "gate_power.py")

@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from attnrepro.run import fingerprint, golden
+from attnrepro.provenance import fingerprint
+from attnrepro.run import golden
 from attnrepro.run.execute import NUMERICS
 
 CASES = golden.cases()

@@ -1,7 +1,7 @@
 """The check's first question, "is it the same computation?", answered on every machine in seconds.
 
 The code's golden runs (run/golden.py: float32, at their float-order tolerance) and its fingerprint
-(run/fingerprint.py: integer paths exactly, float64 paths at 1e-9) are computed here and compared with the
+(provenance/fingerprint.py: integer paths exactly, float64 paths at 1e-9) are computed here and compared with the
 values committed at the reference revision, never with the working tree's: a change that regenerates
 tests/golden/ (as a golden test's message invites after bumping NUMERICS) is a declared change of the
 computation, which the check names and leaves to the second question, the chapter's endpoints, to judge.
@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Optional
 
 from attnrepro.config import UserError
+from attnrepro.provenance import fingerprint
 from attnrepro.provenance.lock import out_md5
-from attnrepro.run import fingerprint, golden
+from attnrepro.run import golden
 
 GOLDEN_DIR = "tests/golden"
 # outputs no float order can change (the corpus text, vocabulary, token ids and split), by their stage

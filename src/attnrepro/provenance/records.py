@@ -53,7 +53,7 @@ def run_folder_findings(root: Path, params: Mapping, reference_lock: Mapping) ->
                     problems.append(f"{path} is missing, but dvc.lock records {name} as run since the reference: "
                                     "its runs' folders cannot be matched with its metrics")
                 continue
-            runs = list(run_config(params, name).variants) if name == "train" and name in params else []
+            runs = list((params.get(name) or {}).get("variants") or {}) if name == "train" else []  # one folder each
             gone = [r for r in runs if not (folder / r).is_dir()]
             if gone:
                 problems.append(f"{path}/{gone[0]} is missing: the run behind {METRICS}/{name}.json {gone[0]} is gone")
