@@ -256,9 +256,3 @@ def store_entry(name: str, files: dict[str, bytes]) -> tuple[str, dict[str, byte
     document = {"spec": {"name": name}, "inputs": {}, "numerics": 1, "torch": "test"}
     key = key_of(document)
     return key, {**files, "spec.json": spec_record(document, key, name)}
-
-
-def pytest_collection_modifyitems(items):
-    """The slow end-to-end runs first (a stable sort keeps every file's order): on several workers
-    (scripts/test.sh) they start at once instead of leaving one worker busy after the others finish."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
