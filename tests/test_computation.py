@@ -130,7 +130,7 @@ def test_the_golden_tests_fail_on_a_change_of_the_computation(name, tmp_path):
     """The mutant of the gate matrix applied to a copy of the repository: its golden tests fail."""
     copy = copy_repo(tmp_path / "repo")
     gp.apply(gp.CASES[name], copy)
-    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_golden.py"],
+    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "tests/test_golden.py"],
                        cwd=copy, env={**__import__("os").environ, "PYTHONPATH": str(copy / "src")},
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 1, p.stdout[-2000:]
