@@ -502,7 +502,7 @@ def test_test_sh_fails_when_pytest_collects_nothing(tmp_path, pytest_rc, expecte
     p = subprocess.run(["bash", "scripts/test.sh", "-k", "x"], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert p.returncode == expected, (p.stdout, p.stderr)
     calls = (tmp_path / "calls.txt").read_text(encoding="utf-8").splitlines()
-    assert calls[0] == "setup" and calls[1].startswith("python -m pytest -n auto --dist worksteal -k x |")
+    assert calls[0] == "setup" and calls[1].startswith("python -m pytest -n auto --dist loadfile -k x |")
     if pytest_rc == 5:
         assert "no tests" in p.stderr
 
@@ -514,7 +514,7 @@ def test_ci_run_installs_from_scratch_and_leaves_global_config_alone(tmp_path):
     p = subprocess.run([str(tmp_path / ".ci" / "run")], cwd=home, env=env, capture_output=True, text=True)
     assert p.returncode == 0, (p.stdout, p.stderr)
     calls = (tmp_path / "calls.txt").read_text(encoding="utf-8").splitlines()
-    assert calls == ["setup", f"python -m pytest -n auto --dist worksteal -q | safe.directory={tmp_path} | DVC_NO_ANALYTICS=1"]
+    assert calls == ["setup", f"python -m pytest -n auto --dist loadfile -q | safe.directory={tmp_path} | DVC_NO_ANALYTICS=1"]
     assert list(home.iterdir()) == [], "the CI entry point wrote into $HOME"
 
 
