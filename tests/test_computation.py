@@ -69,7 +69,7 @@ def test_a_moved_value_is_an_undeclared_change_named_by_its_probe(tmp_path, valu
     moved["fingerprint"]["training"]["history"][2]["loss"] *= 1 + 1e-7  # far below golden's 1e-4, above 1e-9
     c = computation.same_computation(reader(reference_files()), tree(tmp_path), {}, values=moved)
     assert c.answer == "changed" and c.moved == [c.own[0]]
-    assert c.moved[0].startswith("fingerprint training: history[2].loss ")
+    assert c.moved[0].startswith("fingerprint training: history[2].loss: ")
     (line,) = c.problems("abc123")
     assert "an undeclared change" in line and "bump NUMERICS and regenerate" in line
 

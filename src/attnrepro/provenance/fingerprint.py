@@ -29,7 +29,7 @@ from attnrepro.data import corpus
 from attnrepro.model.attention import attention
 from attnrepro.model.kv import generate_cached
 from attnrepro.model.transformer import ModelConfig, TinyGPT, generate, load_checkpoint, mean_loss
-from attnrepro.run.golden import leaves
+from attnrepro.run.golden import largest_difference
 from attnrepro.run.loop import BatchSampler, OptimConfig, evaluate, fixed_batches, lr_at, train_loop
 
 RTOL = 1e-9  # float64 values; the float-order noise is about 1e-15
@@ -210,26 +210,14 @@ def compute() -> dict:
 
 
 def differences(expected: dict, got: dict) -> list[str]:
-    """One line per probe whose values differ from `expected` beyond its tolerance (the first leaf that does)."""
+    """One line per probe whose values differ from `expected` beyond its tolerance (the largest difference)."""
     out = []
     for name in sorted(set(expected) | set(got)):
         if name not in got or name not in expected:
             out.append(f"{name}: {'missing from the code' if name not in got else 'not in the reference'}")
             continue
         rtol, atol = (INIT_RTOL, INIT_ATOL) if name == "init" else (RTOL, 0.0)
-        a, b = dict(leaves(expected[name])), dict(leaves(got[name]))
-        if a.keys() != b.keys():
-            where = sorted(a.keys() ^ b.keys())[0]
-            out.append(f"{name}: {where} is {'missing' if where in a else 'new'}")
-            continue
-        for k, x in a.items():
-            y = b[k]
-            if isinstance(x, float) or isinstance(y, float):
-                ok = isinstance(y, (int, float)) and isinstance(x, (int, float)) and (
-                    x == y or abs(x - y) <= rtol * max(abs(x), abs(y)) + atol)
-            else:
-                ok = x == y
-            if not ok:
-                out.append(f"{name}: {k} {x!r} -> {y!r}")
-                break
+        worst, where = largest_difference(expected[name], got[name], atol)
+        if worst > rtol:
+            out.append(f"{name}: {where}")
     return out

@@ -119,20 +119,20 @@ def run_case(spec: RunSpec, threads: int = 1) -> dict:
     return out
 
 
-def leaves(obj, path: str = "") -> Iterator[tuple[str, object]]:
+def _leaves(obj, path: str = "") -> Iterator[tuple[str, object]]:
     if isinstance(obj, dict):
         for k in sorted(obj):
-            yield from leaves(obj[k], f"{path}.{k}" if path else k)
+            yield from _leaves(obj[k], f"{path}.{k}" if path else k)
     elif isinstance(obj, list):
         for i, v in enumerate(obj):
-            yield from leaves(v, f"{path}[{i}]")
+            yield from _leaves(v, f"{path}[{i}]")
     else:
         yield path, obj
 
 
-def largest_difference(expected: dict, got: dict) -> tuple[float, str]:
-    """The largest relative difference of any number (inf where the structure differs), and where."""
-    a, b = dict(leaves(expected)), dict(leaves(got))
+def largest_difference(expected: dict, got: dict, atol: float = ATOL) -> tuple[float, str]:
+    """The largest relative difference of any number (0 within `atol`; inf where the structure differs), and where."""
+    a, b = dict(_leaves(expected)), dict(_leaves(got))
     if a.keys() != b.keys():
         where = sorted(a.keys() ^ b.keys())[0]
         return math.inf, f"{where} is {'missing' if where in a else 'new'}"
@@ -140,7 +140,7 @@ def largest_difference(expected: dict, got: dict) -> tuple[float, str]:
     for k, x in a.items():
         y = b[k]
         if isinstance(x, (int, float)) and isinstance(y, (int, float)) and not isinstance(x, bool):
-            d = 0.0 if abs(x - y) <= ATOL else abs(x - y) / max(abs(x), abs(y))
+            d = 0.0 if abs(x - y) <= atol else abs(x - y) / max(abs(x), abs(y))
         else:
             d = 0.0 if x == y else math.inf
         if d > worst:
