@@ -132,7 +132,7 @@ TABLE = {"id": "t", "text": "a table", "metric": "train.{row}.{col}", "columns":
     ({"section": "s", "checksums": [{"id": "v", "text": "t", "expr": "a.x > 1"}]},
      "a claim that is not a table is a Python predicate in src/attnrepro/judge/conclusions.py"),
     ({"section": "s", "values": [{**TABLE, "metric": "max(train.{row}.{col})"}]}, "is not a metric key"),
-    ({"section": "s", "values": [{**TABLE, "interval": ["a.{col} - 1", "a.{col}"]}]}, "is not a metric key"),
+    ({"section": "s", "values": [{**TABLE, "fieller": ["a.x - 1", "a.y"]}]}, "is not a metric key"),
     ({"section": "s", "values": [{**TABLE, "rows": {"v1": [1.0]}}]}, "expected 2 numbers"),
     ({"section": "s", "values": [{**TABLE, "colour": "red"}]}, "unknown key"),
     ({"section": "s", "checksums": [{**TABLE}]}, "needs `tol:`"),

@@ -15,6 +15,7 @@ steps are train.diag_steps' first after 0 and its last, the chapter's figure ste
 
 from __future__ import annotations
 
+import csv
 import math
 import re
 from dataclasses import dataclass
@@ -218,27 +219,20 @@ def published_cells(claims) -> dict[str, float]:
     return out
 
 
-def _published_z(published: Optional[float], entry: Mapping, log: bool) -> str:
-    """Where the published figure sits in an arm's seeds, in that arm's seed sd (log scale for log cells)."""
-    if published is None or not entry.get("sd") or (log and published <= 0):
-        return "—"
-    centre = math.log(entry["mean"]) if log else entry["mean"]
-    return f"{((math.log(published) if log else published) - centre) / entry['sd']:+.1f}"
-
-
 def _ci(e: Mapping, lo: str = "ci_lo", hi: str = "ci_hi", sign: str = "") -> str:
     return f"[{e[lo]:{sign}.3g}, {e[hi]:{sign}.3g}]"
 
 
-def report_markdown(arms: Mapping[str, Mapping], claims=()) -> str:
-    """Per arm (`load_arms`): each headline cell's baseline and arm means with 95% intervals, the paired
-    difference with its interval and Holm's p, and where the chapter's figure sits in each, in seed sd."""
+def report_markdown(arms: Mapping[str, Mapping], claims=(), seeds: Optional[Mapping[str, Mapping]] = None) -> str:
+    """Per arm (`load_arms`): each headline cell's baseline and arm means with the 95% interval of the mean,
+    the paired difference with its interval and Holm's p; and whether the chapter's figure (one run) lies
+    inside the 95% prediction interval of one run of the baseline and of the arm (`seeds`: read_seeds)."""
     if not arms:
         return ""
-    pub = published_cells(claims)
-    out = ["Each arm against the protocol at its paired seeds; differences on the log scale (a factor) for attention "
-           "statistics and scales; p after Holm over the arm's cells. z: the chapter's figure from the mean, in that "
-           "arm's seed sd.\n"]
+    pub, seeds = published_cells(claims), seeds or {}
+    out = ["Each arm against the protocol at its paired seeds: means with their 95% interval of the mean; "
+           "differences on the log scale (a factor) for attention statistics and scales, p after Holm over the arm's "
+           "cells. The chapter's figure, one run, against the 95% prediction interval of one run (PI) of each side.\n"]
     for name, m in arms.items():
         base, d = m[BASELINE], m.get("design", {})
         a = {c: m[ARM][c] for c in sorted(m[ARM], key=cell_order) if c != "gap_ratio"}
@@ -247,21 +241,62 @@ def report_markdown(arms: Mapping[str, Mapping], claims=()) -> str:
                  if d.get("seeds", 0) > 1 and d.get("tests") else "")
         out.append(f"**{name}** ({d.get('seeds', '?')} paired seeds, {d.get('runs', '?')} runs{power})\n")
         header = ["cell", "chapter", "baseline [95% CI]", "arm [95% CI]", "difference [95% CI]", "p (Holm)",
-                  "z baseline", "z arm"]
+                  "chapter inside the PI: baseline / arm"]
         rows = []
+        sides = seeds.get(name, {})
         for cell, e in a.items():
             log = log_cell(cell)
             diff = (f"×{math.exp(e['diff']):.3g} [×{math.exp(e['diff_lo']):.3g}, ×{math.exp(e['diff_hi']):.3g}]"
                     if log else f"{e['diff']:+.3g} {_ci(e, 'diff_lo', 'diff_hi', '+')}")
             p = pub.get(cell)
+            inside = ("—" if p is None or not sides else
+                      " / ".join(_yes(prediction_interval(sides.get(k, []), cell), p) for k in (BASELINE, ARM)))
             rows.append([cell, "—" if p is None else f"{p:.4g}", f"{base[cell]['mean']:.4g} {_ci(base[cell])}",
-                         f"{e['mean']:.4g} {_ci(e)}", diff, f"{e['p_holm']:.2g}", _published_z(p, base[cell], log),
-                         _published_z(p, e, log)])
+                         f"{e['mean']:.4g} {_ci(e)}", diff, f"{e['p_holm']:.2g}", inside])
         out += md_table(header, rows)
         out.append(f"\nThe ratio of the mean gaps (largest d_head over smallest) with Fieller's 95% interval: baseline "
                    f"{_ratio_text(base['gap_ratio'])}; {name} {_ratio_text(m[ARM]['gap_ratio'])}"
-                   + (f" (the chapter: {pub['gap_ratio']:.2f})" if "gap_ratio" in pub else "") + ".\n")
+                   + (f" (the chapter: {pub['gap_ratio']:.2g})" if "gap_ratio" in pub else "") + ".")
+        out.append(inside_sentence(name, sides, {c: pub[c] for c in a if c in pub}) + "\n")
     return "\n".join(out) + "\n"
+
+
+def prediction_interval(seeds: Sequence[Mapping[str, float]], cell: str) -> Optional[tuple[float, float]]:
+    """The 95% prediction interval of one run of `cell` over these seeds (log scale for a log cell); None
+    with fewer than two seeds."""
+    values = [s[cell] for s in seeds if cell in s and math.isfinite(s[cell])]
+    if len(values) < 2 or (log_cell(cell) and min(values) <= 0):
+        return None
+    return Band.of(values, log=log_cell(cell)).prediction_interval()
+
+
+def _yes(pi: Optional[tuple[float, float]], x: float) -> str:
+    return "—" if pi is None else ("yes" if pi[0] <= x <= pi[1] else "no")
+
+
+def inside_sentence(name: str, sides: Mapping[str, Sequence], pub: Mapping[str, float]) -> str:
+    """How many of the chapter's headline figures each side's PI holds, and the arm's misses with its PI."""
+    if not sides or not pub:
+        return ""
+    held = {k: {c: pi for c in pub if (pi := prediction_interval(sides.get(k, []), c))} for k in (BASELINE, ARM)}
+    inside = {k: [c for c, pi in v.items() if pi[0] <= pub[c] <= pi[1]] for k, v in held.items()}
+    misses = [f"{c} {pub[c]:.4g} against [{held[ARM][c][0]:.3g}, {held[ARM][c][1]:.3g}]"
+              for c in held[ARM] if c not in inside[ARM]]
+    return (f"The chapter's headline figures inside the 95% prediction interval of one run: {len(inside[ARM])} of "
+            f"{len(held[ARM])} with {name}, {len(inside[BASELINE])} of {len(held[BASELINE])} with the protocol"
+            + (f"; outside with {name}: {'; '.join(misses)}." if misses else "."))
+
+
+def read_seeds(plots_dir: str | Path = "plots") -> dict[str, dict[str, list[dict]]]:
+    """{arm: {'baseline' | 'arm': [one seed's cells]}} from plots/choices/<arm>.csv (whose `arm` column is
+    'baseline' or the arm's name)."""
+    out: dict[str, dict[str, list[dict]]] = {}
+    for f in sorted((Path(plots_dir) / "choices").glob("*.csv")):
+        with open(f, newline="", encoding="utf-8") as fh:
+            for r in csv.DictReader(fh):
+                cells = {k: float(v) for k, v in r.items() if k not in ("arm", "seed") and v not in ("", None)}
+                out.setdefault(f.stem, {}).setdefault(BASELINE if r["arm"] == BASELINE else ARM, []).append(cells)
+    return out
 
 
 def _ratio_text(r: Mapping) -> str:

@@ -25,7 +25,7 @@ from attnrepro.formatting import fmt_number
 from attnrepro.judge.endpoints import Endpoint, EndpointError, parse_primary, parts, seed_values
 from attnrepro.measure.head_matching import least_cost_pairs
 from attnrepro.provenance.lock import same
-from attnrepro.stats import Band, flatten, from_summary, percentile_of, share_interval
+from attnrepro.stats import Band, fieller_ratio, flatten, from_summary, percentile_of, share_interval
 
 CLASSES = ("conclusion", "checksum", "value")
 # `requires`: the kind of device a claim means something on (its files made elsewhere: skipped, named)
@@ -149,7 +149,7 @@ class Claim:
     evidence: tuple[str, ...] = ()
     evidence_note: str = ""
     moved_by: tuple[str, ...] = ()  # sensitivity rows that must account for its deviation (accounts_for)
-    interval: Optional[tuple[str, str]] = None  # metric keys of our interval for this number (lo, hi)
+    fieller: Optional[tuple[str, str]] = None  # a ratio of means: the metrics over seeds of its numerator, denominator
     match: Optional["Match"] = None  # a matched table's cell: its row is matched with one of ours
     row: str = ""  # table cells: the published row and column
     col: str = ""
@@ -422,7 +422,7 @@ def _published(x, where: str) -> tuple[Optional[float], float]:
     return _number(x, where), half
 
 
-_TABLE_KEYS = {"id", "text", "metric", "columns", "rows", "published", "tol", "interval", "requires", "note",
+_TABLE_KEYS = {"id", "text", "metric", "columns", "rows", "published", "tol", "fieller", "requires", "note",
                "explain", "match"}
 
 
@@ -475,10 +475,10 @@ def _entry(raw, cls: str, exp: str, where: str) -> list[Claim]:
         if "match" in raw:
             match = _match(raw["match"], template, cols, rows, f"{where}.match")
     tol = Tol.parse(raw["tol"], f"{where}.tol") if "tol" in raw else None
-    interval = raw.get("interval")
-    if interval is not None and not (isinstance(interval, list) and len(interval) == 2
-                                      and all(isinstance(x, str) and "{col}" in x for x in interval)):
-        raise ClaimError(f"{where}.interval: expected [lo, hi], two metric templates with {{col}}")
+    fieller = raw.get("fieller")
+    if fieller is not None and not (isinstance(fieller, list) and len(fieller) == 2
+                                    and all(isinstance(x, str) for x in fieller)):
+        raise ClaimError(f"{where}.fieller: expected [numerator, denominator], two metric keys with seeds")
     if cls == "checksum" and tol is None:
         raise ClaimError(f"{where}: a checksum table needs `tol:` (usually exact)")
     explain = raw.get("explain") or {}
@@ -494,11 +494,11 @@ def _entry(raw, cls: str, exp: str, where: str) -> list[Claim]:
                 isinstance(ex.get(k, []), list) and all(isinstance(x, str) for x in ex.get(k, []))
                 for k in ("by", "moved_by")):
             raise ClaimError(f"{where}.explain.{cell}: {shape}")
-        bounds = tuple(_key(t.replace("{col}", col), f"{where}.interval") for t in interval) if interval else None
+        ratio = tuple(_key(k, f"{where}.fieller") for k in fieller) if fieller else None
         out.append(Claim(f"{exp}.{cid}.{cell}", exp, cls, text, key, published=pub, published_half=half,
                          tol=tol, requires=requires, note=" ".join(str(raw.get("note", "")).split()),
                          evidence=tuple(ex.get("by", [])), evidence_note=" ".join(str(ex.get("note", "")).split()),
-                         moved_by=tuple(ex.get("moved_by", [])), interval=bounds, match=match, row=row, col=col))
+                         moved_by=tuple(ex.get("moved_by", [])), fieller=ratio, match=match, row=row, col=col))
     if not out:
         raise ClaimError(f"{where}: the table has no published number")
     return out
@@ -562,6 +562,16 @@ def ran_on(stage: str, envs: Mapping[str, dict]) -> Optional[str]:
     return "cuda" if str(device).startswith("cuda") else "cpu"
 
 
+def paired_seed_values(dists: Mapping[str, dict], a: str, b: str) -> tuple[list[float], list[float]]:
+    """Metrics `a` and `b` (one stage's) on each seed that has both: paired, seed by seed."""
+    file = a.partition(".")[0]
+    runs = [flatten(r, f"{file}.") for r in dists.get(file, {}).get("runs", {}).values()]
+    pairs = [(r[a], r[b]) for r in runs if a in r and b in r]
+    if len(pairs) < 2:
+        raise MissingMetric(f"{a} and {b} over seeds (metrics/dist/{file}.json)")
+    return [x for x, _ in pairs], [y for _, y in pairs]
+
+
 def band(dists: Mapping[str, dict], key: str) -> Optional[Band]:
     """The seed distribution of metric `<file>.<key>`, if its stage has one."""
     file, _, rest = key.partition(".")
@@ -583,6 +593,7 @@ class ClaimResult:
     band: Optional[Band] = None  # cells: our seed distribution of the metric
     z: Optional[float] = None  # cells: (published - our mean) / our seed sd (with modes: from the chapter's
     # mode where chapter_modes decides it, else the nearest, in within-mode sd)
+    interval: Optional[tuple[float, float]] = None  # a ratio of means: Fieller's 95% interval over the seeds
     percentile: Optional[float] = None  # cells with seeds: where the published figure sits among them (%)
     percentile_range: Optional[tuple[float, float]] = None  # ... where the ends of its rounding interval sit
     mode: Optional[int] = None  # cells whose seeds fall into modes: the mode the chapter's run was in (chapter_modes)
@@ -731,10 +742,10 @@ def _judge(claim: Claim, key: str, metrics, dists) -> ClaimResult:
     value = m[key]
     lo_p, hi_p = claim.published_range
     rounds_to = lo_p <= value <= hi_p  # ours rounds to the published figure: a match whatever the band
-    if claim.interval:  # our interval for this number, e.g. a bootstrap interval over seeds
-        lo, hi = (m[k] for k in claim.interval)
+    if claim.fieller:  # a ratio of our mean values: Fieller's interval, the one band a ratio gets here
+        lo, hi = fieller_ratio(*paired_seed_values(dists, *claim.fieller))
         return ClaimResult(claim, "pass" if rounds_to or (lo <= hi_p and lo_p <= hi) else "fail", value=value,
-                           detail=f"our 95% interval {fmt_number(lo)} – {fmt_number(hi)}")
+                           interval=(lo, hi))
     b = band(dists, key) if claim.cls == "value" else None
     if b is not None:
         seeds = seed_values(dists, key)
@@ -848,8 +859,8 @@ def claims_json(results: list[ClaimResult]) -> dict:
                      ("seeds_held", r.seeds_held), ("seeds_n", r.seeds_n), ("matched", r.matched)):
             if v is not None and (not isinstance(v, float) or math.isfinite(v)):
                 e[k] = v
-        if r.band is not None:
-            e["band_lo"], e["band_hi"] = r.band.prediction_interval()
+        if r.band is not None or r.interval is not None:
+            e["band_lo"], e["band_hi"] = r.interval or r.band.prediction_interval()
         if r.explanation:
             e["unexplained"] = int(r.explanation.startswith("unexplained"))
         out[c.id] = e

@@ -193,7 +193,7 @@ def _tol(t: Optional[Tol]) -> str:
 
 def _shape(c) -> tuple:
     """What a claim asserts, besides its class and tolerance (its text and notes aside)."""
-    return (c.metric, c.code, c.published, c.requires, c.interval, c.match.rows if c.match else None, c.own)
+    return (c.metric, c.code, c.published, c.requires, c.fieller, c.match.rows if c.match else None, c.own)
 
 
 def claims_changes(ref: Expectations, tree: Expectations) -> dict[str, dict[str, list[str]]]:

@@ -44,6 +44,8 @@ def _value_verdict(r: ClaimResult) -> str:
 
 
 def _band(r: ClaimResult) -> str:
+    if r.interval is not None:
+        return f"Fieller's 95% interval {fmt_number(r.interval[0])} – {fmt_number(r.interval[1])}"
     if r.band is None:
         return r.claim.tol.text() if r.claim.tol else "exact"
     if r.band.modes:  # each mode's interval: their hull would show a value between the modes as inside

@@ -25,8 +25,9 @@ from attnrepro.experiments import choices, comparison, critical, sensitivity
 from attnrepro.experiments.protocol import TrainConfig
 from attnrepro.files import dvc_entry, dvc_stages, read_json, read_params, read_yaml_mapping
 from attnrepro.formatting import fmt, md_table
-from attnrepro.judge.claims import load, printed, tally_lines
+from attnrepro.judge.claims import evaluate_all, load, load_json_dir, load_metrics_dir, printed, tally_lines
 from attnrepro.judge.endpoints import power_rows
+from attnrepro.report import first_screen
 from attnrepro.run.stage import SWEEPS
 from attnrepro.stats import LOOKS
 
@@ -71,42 +72,19 @@ def band(stats: dict, key: str) -> str:
 
 
 def headline(src: Sources) -> str:
-    s = src.metrics("seeds")
-    n = s["n_seeds"]
-    d32, d256, r = s["gap_d32_loss_final"], s["gap_d256_loss_final"], s["gap_ratio_of_means_loss_final"]
-    dist = src.metrics("dist/train")
-    stats = dist["stats"]
-    e222 = stats["d256_unscaled.entropy_step222"]
+    """The chapter's headline figures against ours: the report's first-screen table (report.first_screen)."""
+    exp = src.expectations
+    dists = {name: src.metrics(f"dist/{name}") for name in ("train", "failures", "heads")}
+    results = evaluate_all(exp, load_metrics_dir(src.root / "metrics"), dists, load_json_dir(src.root / "metrics/env"))
     train = from_dict(TrainConfig, src.params()["train"], prefix="train")
-    falls = [choices.cells(run, comparison.pairs_by_dhead(train), train.diag_steps)["jacobian_fall_orders"]
-             for run in dist["runs"].values()]  # the chapter's measure, as the choices arms read it
-    held = (src.metrics("claims").get("train.d256_jacobian_vanishes") or {}).get("pass")
-    lo, hi = comparison.ratio_interval(dist)
-    ratio_iv = f"[{lo:.1f}, {hi:.1f}], is wide" if math.isfinite(lo) else "is unbounded"
-    pub = src.pub
-
-    def outside(cid: str, s: dict) -> str:  # the chapter's figure against our interval, where it lies outside
-        c = src.by_id.get(cid)
-        return "" if c is None or s["ci95_lo"] <= c.published <= s["ci95_hi"] else ", outside our interval"
-
+    rows = first_screen.rows(dists, comparison.pairs_by_dhead(train), train.diag_steps, exp.claims, results,
+                             choices.read_seeds(src.root / "plots"))
+    inside = sum(r.inside for r in rows)
     return "\n".join([
-        f"Measured here over {n} paired seeds, as mean [95% confidence interval] (the chapter's figure):",
-        "remove the scaling and at `d_head = 32` the final loss rises by "
-        f"**{fmt(d32['mean'], 4)}** [{fmt(d32['ci95_lo'], 4)}, {fmt(d32['ci95_hi'], 4)}] "
-        f"({pub('train.gaps.gap_d32_loss_final')}{outside('train.gaps.gap_d32_loss_final', d32)}), "
-        f"at `d_head = 256` by **{fmt(d256['mean'], 4)}** [{fmt(d256['ci95_lo'], 4)}, {fmt(d256['ci95_hi'], 4)}] "
-        f"({pub('train.gaps.gap_d256_loss_final')}{outside('train.gaps.gap_d256_loss_final', d256)}). Their ratio, "
-        f"**{r['value']:.1f}×** "
-        f"({pub('train.gap_ratio.gap_ratio_of_means_loss_final')}×), is ill-conditioned: the small gap's 95% "
-        f"interval spans a factor of {d32['ci95_hi'] / d32['ci95_lo']:.1f}, so Fieller's 95% interval of the ratio, {ratio_iv}. "
-        f"The unscaled `d_head = 256` attention collapses: layer-0 entropy {fmt(e222['mean'], 4)} at step 222 "
-        f"(range {fmt(e222['min'], 4)}–{fmt(e222['max'], 4)}; "
-        f"{pub('train.d256_diagnostics.d256_unscaled.entropy_step222')}), "
-        f"and its softmax Jacobian falls {sum(falls) / len(falls):.1f} orders of magnitude over training (range over seeds "
-        f"{min(falls):.1f}–{max(falls):.1f}; the chapter: four"
-        + ("; not reproduced, the report says why)." if held == 0 else ")."),
-        "",
-        one_seed_power(src, dist),
+        f"{inside} of the chapter's {len(rows)} headline figures lie inside our band; where one misses, the last "
+        "column says what we measured about it ([the report](report/REPORT.md) opens with the same table).\n",
+        *first_screen.markdown(rows, len(dists["train"].get("runs", {}))),
+        one_seed_power(src, dists["train"]),
     ])
 
 
