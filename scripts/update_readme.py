@@ -1,6 +1,7 @@
 """Regenerate the README's generated parts from the metrics, params.yaml, dvc.yaml and claims.yaml:
 the headline (measured numbers with their seed intervals, next to the chapter's), the results
-section and the counts in the prose (runs per stage, `dvc exp show` columns). The logic lives in
+section and the counts in the prose (runs per stage, `dvc exp show` columns); and docs/'s generated
+blocks (docs/CRITICAL.md: the critical curve's onset and fitted model). The logic lives in
 attnrepro.report.readme, which `attnrepro keep` calls too.
 
     python scripts/update_readme.py               # rewrite the generated parts from the working tree
@@ -54,7 +55,7 @@ def main() -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.check and not current:
-        print(f"README.md at {args.rev} does not match its metrics: run python scripts/update_readme.py "
+        print(f"README.md or docs/ at {args.rev} does not match its metrics: run python scripts/update_readme.py "
               "(or attnrepro keep) and commit both", file=sys.stderr)
         return 1
     return 0

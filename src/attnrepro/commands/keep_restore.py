@@ -25,7 +25,7 @@ from attnrepro.config import ArgumentParser, UserError
 from attnrepro.files import dvc_entry, dvc_stages, parse_yaml
 from attnrepro.staging import STAGING
 
-EXTRA = ("dvc.lock", "README.md")
+EXTRA = ("dvc.lock", "README.md", "docs/CRITICAL.md")  # and what report.readme.update writes (its DOCS)
 
 
 def _run(cmd: list[str], root: Path, check: bool = True) -> subprocess.CompletedProcess:

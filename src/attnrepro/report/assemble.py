@@ -37,7 +37,7 @@ from attnrepro.judge import endpoints
 from attnrepro.judge.claims import (ClaimResult, claims_json, counts, evaluate_all, kind, load, load_json_dir,
                                     load_metrics_dir, tally_lines)
 from attnrepro.model.attention_impl import BUILTIN
-from attnrepro.report import first_screen
+from attnrepro.report import critical_curve, first_screen
 from attnrepro.report.claims_tables import experiment_markdown, this_run_text
 from attnrepro.report.html import anchor, markdown_to_html, resolver
 from attnrepro.report.machine import env_markdown, machine_line
@@ -194,7 +194,8 @@ def _claims_sentence(rs: list[ClaimResult]) -> str:
 
 ANSWERS = {"corpus": corpus.answer, "train": comparison.answer, "init_sweep": init_sweep.answer,
            "heads": heads.answer, "kv_cache": kv_cache.answer, "failures": failures.answer,
-           "latency": latency.answer, "precision": precision.answer, "critical": critical.answer,
+           "latency": latency.answer, "precision": precision.answer,
+           "critical": lambda m, all_m, d: critical_curve.answer(m, all_m.get("critical_fit") or {}),
            "exercise3": critical.answer_exercise3, "qknorm": qknorm.answer, "sensitivity": sensitivity.answer,
            "choices": choices.answer,
            "reversal": reversal.answer, "charlm": charlm.answer}  # each section's answer, beside its experiment
@@ -347,6 +348,7 @@ def build(claims_path: Path, metrics_dir: Path, plots_dir: Path, pairs, steps: t
     # each section's own metrics file, nested as its stage writes it (and the seed summaries)
     metrics = {k: read_json_or_empty(metrics_dir / f"{k}.json") for k in sorted({s.key for s in SECTIONS} | {"seeds"})}
     metrics["choices"] = choices.load_arms(metrics_dir)  # {arm: its metrics}, one file per arm's stage
+    metrics["critical_fit"] = critical_curve.fits(plots_dir)  # the critical curve's model, from its per-seed tables
     seeds = metrics.get("seeds") or {}
     train_dist = dists.get("train", {})
 
@@ -367,7 +369,8 @@ def build(claims_path: Path, metrics_dir: Path, plots_dir: Path, pairs, steps: t
     shown: set[tuple[str, str]] = set()
     own = {"train": [("figures/train_loss.png", "train_loss.png"), ("figures/train_diagnostics.png",
                                                                      "train_diagnostics.png")]}
-    extras = {"critical": lambda: critical.report_markdown(metrics.get("critical") or {}),
+    extras = {"critical": lambda: critical_curve.report_markdown(metrics.get("critical") or {},
+                                                                 metrics["critical_fit"]),
               "exercise3": lambda: heads.centroid_markdown(metrics.get("heads") or {}),
               "choices": lambda: choices.report_markdown(metrics["choices"], exp.claims, arm_seeds),
               "train": lambda: modes_markdown(seeds)}

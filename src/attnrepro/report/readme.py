@@ -1,14 +1,17 @@
-"""The README's generated parts, from the committed metrics, params.yaml, dvc.yaml and claims.yaml.
+"""The README's generated parts, and docs/'s (DOCS), from the committed metrics, params.yaml, dvc.yaml, claims.yaml
+and the critical stage's per-seed tables.
 
 Two kinds of generated text:
 
 - blocks between `<!-- NAME:begin ... -->` and `<!-- NAME:end -->` lines: the headline (measured
-  numbers with their seed intervals, next to the chapter's) and the results section;
+  numbers with their seed intervals, next to the chapter's) and the results section in the README; the critical
+  curve's answer in docs/CRITICAL.md;
 - counts inside prose, `<!--count:NAME-->1,234<!--/count-->`: the number of training runs each
   stage schedules, the columns of `dvc exp show`, ... (`COUNTS` lists them). A count typed by hand
   goes stale; these are rewritten with the blocks.
 
-`update(root)` rewrites README.md; `update(root, check=True)` only says whether it is up to date.
+`update(root)` rewrites README.md and docs/'s blocks; `update(root, check=True)` only says whether they are up to
+date.
 `scripts/update_readme.py` and `attnrepro keep` call it.
 """
 
@@ -22,6 +25,7 @@ from typing import Callable
 
 from attnrepro.config import from_dict
 from attnrepro.experiments import choices, comparison, critical, sensitivity
+from attnrepro.report import critical_curve
 from attnrepro.experiments.protocol import TrainConfig
 from attnrepro.files import dvc_entry, dvc_stages, read_json, read_params, read_yaml_mapping
 from attnrepro.formatting import fmt, md_table
@@ -184,29 +188,23 @@ def results(src: Sources) -> str:
 
 
 def sweeps(src: Sources) -> list[str]:
-    """The critical-d_head curve and QK-norm, one line each (from the sweep stages' metrics)."""
+    """The critical curve (one onset rule, the fitted model: report.critical_curve) and QK-norm, one line each."""
     crit, qk = src.metrics("critical"), src.metrics("qknorm")
-    rows = sorted((int(k[1:]), v) for k, v in crit.items() if k.startswith("d") and k[1:].isdigit())
-    o = crit["onset"]
-    out = []
-    q = crit.get("d_qk")
-    if q and "reading" in q:  # as critical.answer: the reading is what the line prints
-        pts = sorted((int(k[3:]), v) for k, v in q.items() if k.startswith("dqk") and k[3:].isdigit())
-        out += [f"The critical width with one variable (exercise 2, {q['seeds']} seeds; the {q['model']} model with only "
-                f"its query/key width d_qk moving, docs/CRITICAL.md): loss gap "
-                + ", ".join(f"{d}: {fmt(v['gap_loss_final']['mean'], 4)}" for d, v in pts)
-                + f". Read as it is, the gap shows {critical.reading_summary(q['reading'])}.", ""]
-    out += [f"The critical d_head, mixed width (exercise 2, {crit['seeds']} seeds; d_model = the smallest multiple of "
-            "d_head ≥ 128): loss gap " + ", ".join(f"{d}: {fmt(v['gap_loss_final']['mean'], 4)}" for d, v in rows)
-            + "; unscaled final entropy "
-            + ", ".join(f"{d}: {fmt(v['unscaled_entropy_final']['mean'], 4)}" for d, v in rows)
-            + (f". The gap rises beyond its d_head-{rows[0][0]} value's seed noise in d_head "
-               f"**({o['after_d_head']:.0f}, {o['by_d_head']:.0f}]** (the grid's resolution; d_model moves with d_head)."
-               if o.get("reached") else ".")]
-    out += ["", "QK-norm at d_head 256 (mean over seeds: final loss, final layer-0 entropy): "
-            + "; ".join(f"{n} {fmt(m['loss_final']['mean'], 4)}, {fmt(m['entropy_final']['mean'], 4)}" for n, m in qk.items())
-            + "."]
-    return out
+    fits = critical_curve.fits(src.root / "plots")
+    q = crit["d_qk"]
+    gaps = lambda m, prefix: ", ".join(f"{d}: {fmt(v['gap_loss_final']['mean'], 4)}"  # noqa: E731
+                                       for d, v in critical_curve.points(m, prefix))
+    mixed = critical_curve.points(crit, "d")
+    return [f"The critical width (exercise 2; docs/CRITICAL.md). {critical_curve.summary(crit, fits)}. Loss gap by "
+            f"d_qk: {gaps(q, 'dqk')}.", "",
+            f"The critical d_head, mixed width ({crit['seeds']} seeds; d_model = the smallest multiple of d_head ≥ 128, "
+            f"so d_model moves with d_head): loss gap {gaps(crit, 'd')}; unscaled final entropy "
+            + ", ".join(f"{d}: {fmt(v['unscaled_entropy_final']['mean'], 4)}" for d, v in mixed)
+            + f". Its onset by the same paired rule: {critical_curve.onset_text(crit['reading'], 'd_head')}; "
+            f"{critical_curve.model_text(fits['mixed'])}.",
+            "", "QK-norm at d_head 256 (mean over seeds: final loss, final layer-0 entropy): "
+            + "; ".join(f"{n} {fmt(m['loss_final']['mean'], 4)}, {fmt(m['entropy_final']['mean'], 4)}"
+                        for n, m in qk.items()) + "."]
 
 
 # ---- counts -------------------------------------------------------------------------------------
@@ -351,25 +349,49 @@ def timing(src: Sources) -> str:
 RENDER: dict[str, Callable[[Sources], str]] = {"headline": headline, "results": results, "timing": timing}
 
 
+def critical_doc(src: Sources) -> str:
+    return critical_curve.doc_markdown(src.metrics("critical"), critical_curve.fits(src.root / "plots"))
+
+
+# the generated blocks of docs/: {file: {block: (begin, end, what fills it)}}
+DOCS = {"docs/CRITICAL.md": {"critical": (
+    "<!-- critical:begin (generated by scripts/update_readme.py from metrics/critical.json and plots/critical/; "
+    "do not edit) -->", "<!-- critical:end -->", critical_doc)}}
+
+
+def fill(text: str, begin: str, end: str, body: str, where: str) -> str:
+    """`text` with what lies between the lines `begin` and `end` replaced by `body`."""
+    if begin not in text or end not in text:
+        raise ReadmeError(f"{where} lacks the markers {begin!r} ... {end!r}")
+    head, rest = text.split(begin, 1)
+    return f"{head}{begin}\n{body}\n{end}{rest.split(end, 1)[1]}"
+
+
 def render(root: Path, text: str) -> str:
     """`text` (the README) with every generated block and count rewritten."""
     src = Sources(root)
-    new = text
     for name, make in RENDER.items():
-        begin, end = BLOCKS[name]
-        if begin not in new or end not in new:
-            raise ReadmeError(f"README.md lacks the markers {begin!r} ... {end!r}")
-        head, rest = new.split(begin, 1)
-        _, tail = rest.split(end, 1)
-        new = f"{head}{begin}\n{make(src)}\n{end}{tail}"
-    return render_counts(new, counts(src))
+        text = fill(text, *BLOCKS[name], make(src), "README.md")
+    return render_counts(text, counts(src))
+
+
+def render_doc(root: Path, path: str, text: str) -> str:
+    """`text` (the file `path` of DOCS) with its generated blocks rewritten."""
+    src = Sources(root)
+    for begin, end, make in DOCS[path].values():
+        text = fill(text, begin, end, make(src), path)
+    return text
 
 
 def update(root: str | Path, check: bool = False) -> bool:
-    """Rewrite README.md's generated parts (check: only compare). True when it was already up to date."""
-    readme = Path(root) / "README.md"
-    text = readme.read_text(encoding="utf-8")
-    new = render(Path(root), text)
-    if new != text and not check:
-        readme.write_text(new, encoding="utf-8")
-    return new == text
+    """Rewrite README.md's and docs/'s generated parts (check: only compare). True when all were up to date."""
+    root = Path(root)
+    current = True
+    for path, make in [("README.md", lambda t: render(root, t))] + [(p, lambda t, p=p: render_doc(root, p, t))
+                                                                    for p in DOCS]:
+        text = (root / path).read_text(encoding="utf-8")
+        new = make(text)
+        if new != text and not check:
+            (root / path).write_text(new, encoding="utf-8")
+        current &= new == text
+    return current
