@@ -154,11 +154,10 @@ def test_critical_one_variable_curve(repo):
     assert "unscaled_entropy_final_l1" in q["dqk4"]  # layer 1 is measured too
     m = load(repo, "critical")
     assert "paired_onset" in m["reading"]
-    from attnrepro.experiments.critical import SHAPES, answer, report_markdown
-    text = report_markdown(m)
-    assert "By the paired rule" in text
-    assert "The mixed-width curve by the same rule" in text and SHAPES[r["shape"]["shape"]] in answer(m, {}, {})
-    print(text, answer(m, {}, {}), sep="\n")
+    from attnrepro.report import critical_curve
+    fits = critical_curve.fits(repo / "plots")
+    text = critical_curve.report_markdown(m, fits)
+    assert "the paired one" in text and "**Mixed width**" in text and "Both arms" in critical_curve.answer(m, fits)
 
 
 def test_qknorm_forms(repo):
