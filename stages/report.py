@@ -2,7 +2,9 @@
 
 Reads metrics/*.json (every stage's metrics), metrics/dist/*.json (the seed
 distributions), metrics/env/*.json (machine records), plots/train/<variant>.csv
-(training curves) and every PNG under plots/<stage>/; writes metrics/claims.json
+(training curves), plots/critical/per_seed.csv and qk_per_seed.csv (runs on the choices arms'
+machine: report/crossing.py), benchmarks/results/gate_power.json (report/collapse.py) and every
+PNG under plots/<stage>/; writes metrics/claims.json
 (per claim: class, verdict, value, published, band, z; a plain output),
 metrics/claims_summary.json (counts per class: the DVC metric) and report/
 (REPORT.md, laid out like a paper in the chapter's order, with the figures drawn here

@@ -37,7 +37,7 @@ from attnrepro.judge import endpoints
 from attnrepro.judge.claims import (ClaimResult, claims_json, counts, evaluate_all, kind, load, load_json_dir,
                                     load_metrics_dir, tally_lines)
 from attnrepro.model.attention_impl import BUILTIN
-from attnrepro.report import critical_curve, first_screen
+from attnrepro.report import collapse, critical_curve, crossing, first_screen
 from attnrepro.report.claims_tables import experiment_markdown, this_run_text
 from attnrepro.report.html import anchor, markdown_to_html, resolver
 from attnrepro.report.machine import env_markdown, machine_line
@@ -85,6 +85,9 @@ def read_series(path: Path) -> dict[str, list[float]]:
             except ValueError:
                 cols.setdefault(k, []).append(math.nan)
     return cols
+
+
+GATE_POWER = Path("benchmarks/results/gate_power.json")  # the gate matrix's reruns (the collapse table's missing rows)
 
 
 def read_json_or_empty(path: Path) -> dict:
@@ -372,8 +375,11 @@ def build(claims_path: Path, metrics_dir: Path, plots_dir: Path, pairs, steps: t
     extras = {"critical": lambda: critical_curve.report_markdown(metrics.get("critical") or {},
                                                                  metrics["critical_fit"]),
               "exercise3": lambda: heads.centroid_markdown(metrics.get("heads") or {}),
-              "choices": lambda: choices.report_markdown(metrics["choices"], exp.claims, arm_seeds),
-              "train": lambda: modes_markdown(seeds)}
+              "choices": lambda: choices.report_markdown(metrics["choices"], exp.claims, arm_seeds)
+              + "\n" + crossing.markdown(envs, train_dist, metrics.get("train") or {}, plots_dir, dict(pairs)),
+              "train": lambda: modes_markdown(seeds) + "\n" + collapse.section(
+                  envs, train_dist, metrics.get("train") or {}, metrics.get("sensitivity") or {},
+                  read_json_or_empty(claims_path.parent / GATE_POWER), plots_dir, dict(pairs), exp.claims)}
     details = {"qknorm": lambda: qknorm.report_markdown(metrics.get("qknorm") or {}),
                "sensitivity": lambda: sensitivity.report_markdown(metrics.get("sensitivity") or {}, exp),
                "train": lambda: per_seed_markdown(train_dist, metrics.get("train") or {}, exp.headline, "train"),
