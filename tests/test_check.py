@@ -753,8 +753,8 @@ def test_the_projects_own_findings_are_counted_apart_from_the_chapters_conclusio
         "  conclusions 2 of 3 hold (the chapter's; each on this run and, where a stage has seeds, on most of the "
         "reference's seeds), 1 skipped (need a GPU)",
         "              1 not reproduced, as on the reference: heads.c",
-        "  findings    1 of 2 hold (this project's own, not the chapter's: the sensitivity sweep's pre-registered one, "
-        "QK-norm's)",
+        "  findings    1 of 2 hold (this project's own, not the chapter's: d_head 32's small gap, QK-norm's, the "
+        "sensitivity sweep's pre-registered one)",
         "              1 not reproduced, as on the reference: sensitivity.f"]
     o = Outcome([], results[:4], {}, {})
     assert not any(line.startswith("  findings") for line in render(o).splitlines())  # none: no line

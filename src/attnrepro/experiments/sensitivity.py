@@ -552,7 +552,7 @@ def report_markdown(metrics: dict, exp, prereg_path: Path = PREREGISTRATION) -> 
                 f"significance by Holm over all {d.get('cells', '?')} cells, {n['held']} held, {n['failed']} failed, "
                 f"{n['not testable']} not testable. Over their own family ({len(family)} tests, the exploratory "
                 f"cells apart; a correction chosen after these results were seen), {k['held']} held, {k['failed']} "
-                f"failed. claims.yaml's `moved_by` notes keep the rule as pre-registered.{power}\n"]
+                f"failed. claims.yaml cites as `moved_by` only the held ones (tests/test_claims.py keeps it so).{power}\n"]
         rows = []
         for x, y in zip(verdicts, own):
             verdict, mine = (z["verdict"] + (f" ({z['why']})" if z["why"] else "") for z in (x, y))

@@ -11,7 +11,7 @@ import fnmatch
 import math
 import re
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Callable, Mapping, Optional
@@ -154,6 +154,8 @@ class Claim:
     row: str = ""  # table cells: the published row and column
     col: str = ""
     own: bool = False  # a conclusion that is this project's finding, not the chapter's (@claim(..., own=True))
+    was: Optional[Callable] = None  # predicates: the predicate this one replaced (@claim(..., was=, why=))
+    why: str = ""  # ... and why it was replaced
 
     @property
     def gate(self) -> bool:
@@ -380,6 +382,8 @@ def predicates(text: str, where: str, sections: Mapping[str, str]) -> list[Claim
             raise ClaimError(f"{here}: requires={e.get('requires')!r}, expected cuda, cpu or nothing")
         if e.get("own", False) not in (True, False) or (e.get("own") and cls != "conclusion"):
             raise ClaimError(f"{here}: own={e.get('own')!r}, expected True (a conclusion only) or False")
+        if e.get("was") is not None and not (callable(e["was"]) and isinstance(e.get("why"), str) and e["why"].strip()):
+            raise ClaimError(f"{here}: was= needs the replaced predicate (a function) and why= (a sentence)")
         body = node.body[1:] if ast.get_docstring(node) is not None else node.body
         sides = None
         if len(body) == 1 and isinstance(body[0], ast.Return) and isinstance(body[0].value, ast.Compare) \
@@ -393,7 +397,7 @@ def predicates(text: str, where: str, sections: Mapping[str, str]) -> list[Claim
                          predicate=e["fn"], source=" ".join(source.split()), sides=sides,
                          code="\n".join([ast.dump(node.args), *(ast.dump(b) for b in body), *shared]),
                          requires=e.get("requires"), note=" ".join(str(e.get("note") or "").split()),
-                         own=bool(e.get("own"))))
+                         own=bool(e.get("own")), was=e.get("was"), why=" ".join(str(e.get("why") or "").split())))
     return out
 
 
@@ -784,6 +788,26 @@ def chapter_modes(results: list[ClaimResult], dists: Mapping[str, dict]) -> None
             r.z = r.band.z_score(r.claim.published, mode=r.mode)
 
 
+def on_published(exp: Expectations) -> list[tuple[Claim, Optional[bool], str]]:
+    """Each of the chapter's conclusions on the chapter's own figures (claims.yaml's published table cells, as
+    metrics): (claim, holds, ""), or (claim, None, the first metric it reads that the chapter does not print)."""
+    figures = {c.metric: float(c.published) for c in exp.claims if c.is_cell}
+    out = []
+    for c in exp.claims:
+        if c.cls == "conclusion" and not c.own:
+            try:
+                out.append((c, _call(c, View(figures))[0], ""))
+            except MissingMetric as e:
+                out.append((c, None, e.key))
+    return out
+
+
+def revised(results: list[ClaimResult], metrics, dists, envs) -> list[tuple[ClaimResult, ClaimResult]]:
+    """Each conclusion rewritten (`was`): its result under the predicate it replaced, and under its own."""
+    return [(evaluate_claim(replace(r.claim, predicate=r.claim.was, sides=None), metrics, dists, envs), r)
+            for r in results if r.claim.was is not None]
+
+
 def evaluate_all(exp: Expectations, metrics, dists, envs) -> list[ClaimResult]:
     results = [evaluate_claim(c, metrics, dists, envs) for c in exp.claims]
     chapter_modes(results, dists)
@@ -841,7 +865,8 @@ def tally_lines(c: dict) -> dict[str, str]:
                            f"each on this run and, where a stage has seeds, on most of the reference's seeds)"
                            f"{skipped('conclusion')}",
              "finding": f"findings    {c['finding']['passed']} of {c['finding']['n']} hold (this project's own, not "
-                        f"the chapter's: the sensitivity sweep's pre-registered one, QK-norm's){skipped('finding')}",
+                        f"the chapter's: d_head 32's small gap, QK-norm's, the sensitivity sweep's pre-registered one)"
+                        f"{skipped('finding')}",
              "checksum": f"checksums   {c['checksum']['passed']} of {c['checksum']['n']} hold (true by construction)",
              "value": f"published   {c['value']['passed']} of {c['value']['n']} published values inside our band or "
                       f"tolerance; of the others {c['value']['unexplained']} unexplained (informational)"}

@@ -1,7 +1,7 @@
 """The chapter's conclusions and this repository's checksums, as plain Python predicates.
 
 Each function below is one claim of claims.yaml's experiment <experiment>, registered by
-`@claim(experiment, cls, id, text, requires=None, note="", own=False)`:
+`@claim(experiment, cls, id, text, requires=None, note="", own=False, was=None, why="")`:
 
     conclusion   a finding of the chapter; gated: it must hold on the run and on more than half
                  of the seeds of the reference distribution of the files it reads. With own=True,
@@ -15,7 +15,10 @@ the floats of every matching key, sorted by key (none: missing). The view record
 reads: that decides which files' seeds the conclusion is evaluated on, and which metrics
 the report shows. `requires="cuda"` (or "cpu"): skipped, named, where a file it reads was made on
 another kind of device (the stage's own machine record says). The published figures
-are not here: they are data, in claims.yaml's tables.
+are not here: they are data, in claims.yaml's tables. Each of the chapter's conclusions must hold on the
+chapter's own published figures wherever they are enough to evaluate it (judge.claims.on_published). A
+conclusion rewritten to meet that keeps the predicate it replaced as `was` (a plain function), with `why`:
+the report shows both verdicts.
 
 `attnrepro check` reads this file from the reference git revision (git show), executes it in
 a fresh namespace and judges with those predicates; an edit in the working tree is listed,
@@ -28,12 +31,12 @@ import math
 CLAIMS = []  # one dict per claim, in the order of this file (the order within an experiment)
 
 
-def claim(experiment, cls, id, text, requires=None, note="", own=False):
+def claim(experiment, cls, id, text, requires=None, note="", own=False, was=None, why=""):
     """Register the function below as claim <experiment>.<id> of class `cls` (`own`: a conclusion that is this
-    project's finding, not the chapter's)."""
+    project's finding, not the chapter's; `was`: the predicate it replaced, and `why`)."""
     def register(fn):
         CLAIMS.append({"experiment": experiment, "cls": cls, "id": id, "text": text, "requires": requires,
-                       "note": note, "own": own, "fn": fn})
+                       "note": note, "own": own, "was": was, "why": why, "fn": fn})
         return fn
     return register
 
@@ -56,19 +59,31 @@ def d256_unscaled_behind(m):
     return m["train.d256_unscaled.loss_final"] > m["train.d256_scaled.loss_final"]
 
 
-NO_EFFECT_NATS = 0.1  # "no effect" on a loss, declared before the test: as the primary endpoints' loss margin
+# "No effect" at d_head 32 read against the effect at d_head 256, as the chapter reads it (the primary endpoint
+# train.comparison.gap_d32_loss_final's margin, a quarter of the chapter's 0.95, issue 62): declared before our
+# seeds were judged by it. The chapter's own gaps, 0.17 against 0.95 (and 0.1-0.2 on its three seeds), pass it.
+NO_EFFECT_SHARE = 0.25
+
+
+def _d32_no_effect_before_issue_63(m):  # the 95% interval of our mean gap within ±0.1 nat: the chapter's 0.17 fails
+    return -0.1 <= m["seeds.gap_d32_loss_final.ci95_lo"] <= m["seeds.gap_d32_loss_final.ci95_hi"] <= 0.1
+
+
+def _d32_no_effect_val_before_issue_63(m):
+    return -0.1 <= m["seeds.gap_d32_val_loss_final.ci95_lo"] <= m["seeds.gap_d32_val_loss_final.ci95_hi"] <= 0.1
 
 
 @claim("train", "conclusion", "d32_no_effect",
        "At d_head 32 removing the scaling does not affect training: 我们换了三个种子重跑，小模型上的差距都在 0.1–0.2 "
-       "之间浮动，量级与训练本身的随机性相当。在这个配置下，去掉缩放因子不影响训练 (three seeds, gaps 0.1-0.2, of the order of training's own "
-       "randomness: no effect; §1.2). Tested as it is worded, no effect, on the final training loss, as an equivalence: "
-       "the 95% interval of the mean gap over our seeds lies within ±0.1 nats (the primary endpoints' loss margin; "
-       "two one-sided tests at 2.5% each). Fewer seeds make it harder to show, never easier; the chapter's own "
-       "three gaps of 0.1-0.2 would not pass it (the next conclusion tests its evidence)")
+       "之间浮动，量级与训练本身的随机性相当。在这个配置下，去掉缩放因子不影响训练 (three seeds, gaps 0.1-0.2: no "
+       "effect; §1.2), said of a gap the chapter puts beside d_head 256's: 差距从 0.17 变成 0.95 (§1.4). Tested as its "
+       "text and figures say together: the d_head-32 gap of the final training loss is below a quarter of the "
+       "d_head-256 gap (the primary endpoints' rule; the chapter's 0.17 is 0.18 of its 0.95)",
+       was=_d32_no_effect_before_issue_63,
+       why="±0.1 nat around 0, which the chapter's own 0.17 (and its three gaps of 0.1-0.2) would fail")
 def d32_no_effect(m):
-    return -NO_EFFECT_NATS <= m["seeds.gap_d32_loss_final.ci95_lo"] <= m["seeds.gap_d32_loss_final.ci95_hi"] \
-        <= NO_EFFECT_NATS
+    return (m["train.comparison.gap_d32_loss_final"]
+            < NO_EFFECT_SHARE * m["train.comparison.gap_d256_loss_final"])
 
 
 @claim("train", "conclusion", "d32_gap_of_the_order_of_noise",
@@ -80,11 +95,20 @@ def d32_gap_of_the_order_of_noise(m):
 
 
 @claim("train", "conclusion", "d32_no_effect_val",
-       "... and on the final validation loss (the chapter's gaps are of the training loss): the 95% interval of "
-       "the mean gap over our seeds lies within ±0.1 nats")
+       "... and on the final validation loss (the chapter's gaps are of the training loss): the d_head-32 gap "
+       "below a quarter of the d_head-256 gap",
+       was=_d32_no_effect_val_before_issue_63, why="±0.1 nat around 0, as the training loss's")
 def d32_no_effect_val(m):
-    return -NO_EFFECT_NATS <= m["seeds.gap_d32_val_loss_final.ci95_lo"] <= m["seeds.gap_d32_val_loss_final.ci95_hi"] \
-        <= NO_EFFECT_NATS
+    return (m["train.comparison.gap_d32_val_loss_final"]
+            < NO_EFFECT_SHARE * m["train.comparison.gap_d256_val_loss_final"])
+
+
+@claim("train", "conclusion", "d32_gap_small_but_real",
+       "Finding: at d_head 32 removing the scaling still costs a little: the 95% interval of the mean gap over our "
+       "seeds excludes 0, on the final training and validation loss (the chapter read its three gaps of 0.1-0.2 "
+       "as noise)", own=True)
+def d32_gap_small_but_real(m):
+    return min(m["seeds.gap_d32_loss_final.ci95_lo"], m["seeds.gap_d32_val_loss_final.ci95_lo"]) > 0
 
 
 @claim("train", "conclusion", "start_uniform",
@@ -110,24 +134,45 @@ def d256_unscaled_stays_collapsed(m):
     return max(later + [final]) < 0.01 and final <= m["train.d256_unscaled.entropy_step222"]
 
 
-@claim("train", "conclusion", "d256_scaled_steady",
-       "With the scaling both diagnostics stay steady: 这两个量在 1500 步里始终平稳：熵在 0.57–0.68 之间，雅可比范数在 "
-       "0.29–0.31 之间 (§1.4). Steady at the chapter's strength: over steps 222-1480 each varies by no "
-       "more than the chapter's own range (max/min 0.68/0.57 for the entropy, 0.31/0.29 for the Jacobian "
-       "norm); the levels are values below")
-def d256_scaled_steady(m):
+# "Steady" over steps 222-1480: each diagnostic varies by less than the smallest change the chapter itself calls a
+# movement, its scaled Jacobian's rise over the first 222 steps, 0.2017 -> 0.3029 (x1.50): 从 0.2017 升到 0.30 左右，
+# 然后一直稳定 (§1.12.2). Its own figures over steps 222-1480 vary by x1.18 (entropy) and x1.05 (Jacobian norm).
+STEADY = 1.5
+
+
+def _d256_scaled_steady_before_issue_63(m):  # the chapter's one observed range as the bound (x1.19 and x1.07)
     entropy = [m[f"train.d256_scaled.entropy_step{s}"] for s in (222, 444, 666, 888, 1480)]
     jacobian = [m[f"train.d256_scaled.jacobian_fro_step{s}"] for s in (222, 444, 666, 888, 1480)]
     return max(entropy) <= 0.68 / 0.57 * min(entropy) and max(jacobian) <= 0.31 / 0.29 * min(jacobian)
 
 
-@claim("train", "conclusion", "d256_jacobian_vanishes",
-       "The unscaled d256 softmax Jacobian falls by four orders of magnitude: 雅可比范数从 0.2975 掉到 "
-       "0.00008，掉了一万倍以上 ... 它掉了四个数量级 (§1.4). Tested as written: log10(||J||_F at step 0 / at step 1480) "
-       ">= 4 (the chapter's own two figures, 0.2975 and 0.00008, are 3.57 orders apart)")
-def d256_jacobian_vanishes(m):
+@claim("train", "conclusion", "d256_scaled_steady",
+       "With the scaling both diagnostics stay steady: 这两个量在 1500 步里始终平稳：熵在 0.57–0.68 之间，雅可比范数在 "
+       "0.29–0.31 之间 (§1.4). Steady: over steps 222-1480 each varies by less than x1.5, the smallest change the "
+       "chapter calls a movement (its Jacobian's 0.20 -> 0.30 before step 222: 从 0.2017 升到 0.30 左右，然后一直稳定, "
+       "§1.12.2); the levels are values below",
+       was=_d256_scaled_steady_before_issue_63,
+       why="the chapter's one observed range as the bound (max/min 1.19 and 1.07), not a tolerance for a rerun")
+def d256_scaled_steady(m):
+    return all(max(xs) < STEADY * min(xs) for xs in (
+        [m[f"train.d256_scaled.{k}_step{s}"] for s in (222, 444, 666, 888, 1480)] for k in ("entropy", "jacobian_fro")))
+
+
+def _d256_jacobian_vanishes_before_issue_63(m):  # four orders or more: the chapter's own 3.57 fails
     return (math.log(m["train.d256_unscaled.jacobian_fro_step0"] / m["train.d256_unscaled.jacobian_fro_step1480"])
             / math.log(10) >= 4)
+
+
+@claim("train", "conclusion", "d256_jacobian_vanishes",
+       "The unscaled d256 softmax Jacobian falls by four orders of magnitude: 雅可比范数从 0.2975 掉到 "
+       "0.00008，掉了一万倍以上 ... 它掉了四个数量级 (§1.4). Its two figures are 3.57 orders apart: the four is that "
+       "fall rounded, so tested as its text and figures say together: log10(||J||_F at step 0 / at step 1480) "
+       "rounds to 4 or more (>= 3.5)",
+       was=_d256_jacobian_vanishes_before_issue_63, why="four orders or more, which the chapter's own two figures "
+       "(3.57 orders) fail")
+def d256_jacobian_vanishes(m):
+    return (math.log(m["train.d256_unscaled.jacobian_fro_step0"] / m["train.d256_unscaled.jacobian_fro_step1480"])
+            / math.log(10) >= 3.5)
 
 
 @claim("train", "conclusion", "d256_logits_explode",

@@ -35,10 +35,10 @@ from attnrepro.files import read_json
 from attnrepro.formatting import dig, fmt, fmt_number, md_table
 from attnrepro.judge import endpoints
 from attnrepro.judge.claims import (ClaimResult, claims_json, counts, evaluate_all, kind, load, load_json_dir,
-                                    load_metrics_dir, tally_lines)
+                                    load_metrics_dir, on_published, revised, tally_lines)
 from attnrepro.model.attention_impl import BUILTIN
 from attnrepro.report import collapse, critical_curve, crossing, first_screen
-from attnrepro.report.claims_tables import experiment_markdown, this_run_text
+from attnrepro.report.claims_tables import experiment_markdown, self_consistency_markdown, this_run_text
 from attnrepro.report.html import anchor, markdown_to_html, resolver
 from attnrepro.report.machine import env_markdown, machine_line
 from attnrepro.report.power import power_markdown
@@ -363,6 +363,8 @@ def build(claims_path: Path, metrics_dir: Path, plots_dir: Path, pairs, steps: t
     arm_seeds = choices.read_seeds(plots_dir)
     table = first_screen.rows(dists, dict(pairs), steps, exp.claims, results, arm_seeds)
     md += verdict_markdown(exp, results, flat, dists, envs, table)
+    consistent, on_figures = self_consistency_markdown(on_published(exp), revised(results, flat, dists, envs))
+    md += consistent
     appendix = ["# attnrepro: reproduction report, appendix\n",
                 "The detail behind [REPORT.md](REPORT.md): per experiment, its checksums, every published value "
                 "against our seeds, and its per-seed tables; then the sensitivity sweep, the verdict's power and the "
@@ -425,6 +427,9 @@ def build(claims_path: Path, metrics_dir: Path, plots_dir: Path, pairs, steps: t
         md.append("## Other figures\n")
         md += [f"![{st}/{name}]({plots_href}/{st}/{name})\n" for st, name in rest]
     appendix += causes_markdown(exp, results, flat)
+    appendix += ["## The chapter's conclusions on its own figures\n",
+                 "Each conclusion's predicate evaluated on the chapter's published values (claims.yaml) in place of "
+                 "our metrics; where they lack a figure it reads, the first one.\n", *on_figures]
     appendix += ["## Verdict power\n", power_markdown(dists, exp)]
     appendix += ["## Machine records\n", env_markdown(envs)]
     summary = {k: dict(v) for k, v in c.items()}
@@ -517,7 +522,7 @@ def verdict_markdown(exp, results: list[ClaimResult], flat: dict, dists: dict, e
     own = [r for r in results if kind(r.claim) == "finding" and r.status == "fail"]
     if own:
         md.append("This project's own finding" + ("s" if len(own) > 1 else "") + " not holding: "
-                  + ", ".join(f"`{r.claim.id}`" for r in own) + " (the sensitivity section).\n")
+                  + ", ".join(f"`{r.claim.id}`" for r in own) + " (each in its experiment's section).\n")
     spent = run_hours(envs, sorted(envs))
     md.append(f"**Compute spent:** {spent[1]:.1f} h of run wall time over {spent[0]} training runs (a run shared by two "
               "stages through the run store counts in both). " if spent else "**Compute spent:** not recorded. ")

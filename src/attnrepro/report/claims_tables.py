@@ -1,12 +1,15 @@
 """The claims' verdict tables of the report (one experiment's conclusions, checksums and published
-values: `experiment_markdown`) and of `attnrepro claims` (`claims_table`)."""
+values: `experiment_markdown`; the conclusions on the chapter's own figures and those rewritten to hold
+there: `self_consistency_markdown`) and of `attnrepro claims` (`claims_table`)."""
 
 from __future__ import annotations
 
 import math
 
 from attnrepro.formatting import fmt_number, md_table, table_cell
-from attnrepro.judge.claims import ClaimResult, printed
+from typing import Optional
+
+from attnrepro.judge.claims import Claim, ClaimResult, printed
 
 MARK = {"pass": "✅", "fail": "❌", "missing": "❌ missing", "skipped": "⏭ skipped"}
 CLASS_WORDS = {"conclusion": "conclusions (the chapter's findings; gated)",
@@ -106,6 +109,32 @@ def experiment_markdown(title: str | None, results: list[ClaimResult],
         out += md_table(header, rows)
         out.append("")
     return "\n".join(out) + "\n"
+
+
+def _verdict(r: ClaimResult) -> str:
+    return ("holds" if r.passed else "does not hold") + f" ({this_run_text(r)})"
+
+
+def self_consistency_markdown(checked: list[tuple[Claim, Optional[bool], str]],
+                              rewritten: list[tuple[ClaimResult, ClaimResult]]) -> tuple[list[str], list[str]]:
+    """The report's lines and the appendix's table: the chapter's conclusions on its own published figures
+    (judge.claims.on_published: each holds, fails, or names the figure it lacks) and each conclusion rewritten
+    to hold there (judge.claims.revised), with why and its verdict before and after, on these metrics."""
+    judged = [(c, ok) for c, ok, _ in checked if ok is not None]
+    failing = [c.id for c, ok in judged if not ok]
+    report = [f"**On the chapter's own figures** (its published values as the metrics): {len(judged) - len(failing)} "
+              f"of the {len(judged)} conclusions they are enough to evaluate hold"
+              + (f"; not: {', '.join(f'`{c}`' for c in failing)}" if failing else "")
+              + f". {len(checked) - len(judged)} need a figure the chapter does not print (the appendix names it).\n"]
+    if rewritten:
+        report.append("**Conclusions rewritten to what the chapter's text and figures say together** (what each "
+                      "asked before, and its verdict on these metrics then → now):\n")
+        report += [f"- `{new.claim.id}`: was {new.claim.why}; {_verdict(old)} → {_verdict(new)}."
+                   for old, new in rewritten]
+        report.append("")
+    rows = [[c.id, "—" if ok is None else ("holds" if ok else "❌ does not hold"),
+             f"the chapter prints no `{missing}`" if ok is None else ""] for c, ok, missing in checked]
+    return report, md_table(["conclusion", "on the chapter's figures", "not evaluable"], rows) + [""]
 
 
 def claims_table(results: list[ClaimResult], show_all: bool) -> str:
