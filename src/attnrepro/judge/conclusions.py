@@ -3,7 +3,7 @@
 Each function below is one claim of claims.yaml's experiment <experiment>, registered by
 `@claim(experiment, cls, id, text, requires=None, note="", own=False, was=None, why="")`:
 
-    conclusion   a finding of the chapter; gated: it must hold on the run and on more than half
+    conclusion   a finding of the chapter; gated: it must hold on more than half
                  of the seeds of the reference distribution of the files it reads. With own=True,
                  this project's finding instead (judged alike, counted apart from the chapter's)
     checksum     true by construction (a count, an identity, an IEEE fact, an injected bug's
