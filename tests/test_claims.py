@@ -394,7 +394,8 @@ def test_a_conclusion_its_own_figures_fail_is_found_and_a_rewritten_one_shows_bo
     assert (new.claim.id, old.status, new.status) == ("a.rounded", "fail", "pass")
     report, appendix = self_consistency_markdown(C.on_published(exp), C.revised(results, {"a.x": 3.6, "a.y": 1.0}, {}, {}))
     assert "1 of the 2 conclusions they are enough to evaluate hold; not: `a.four`. 1 need" in report[0]
-    assert "- `a.rounded`: was four or more; does not hold (a.x = 3.6) → holds (3.6 vs 3.5)." in report
+    assert "`a.rounded` (does not hold → holds)" in report[1]
+    assert "- `a.rounded`: was four or more; does not hold (a.x = 3.6) → holds (3.6 vs 3.5)." in appendix
     assert any("a.unprinted" in row and "the chapter prints no `a.y`" in row for row in appendix)
 
 

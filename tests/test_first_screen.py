@@ -85,7 +85,7 @@ def test_too_few_seeds_or_no_pairs_give_no_table():
 
 
 MEAN_BAND = re.compile(r"95% CI|interval of the mean|confidence interval|ci95|our intervals?\b|95% interval over", re.I)
-PLACES = re.compile(r"\b(inside|outside|within|holds? the|against|percentile)\b|\(the chapter", re.I)
+PLACES = re.compile(r"\b(inside|outside|within|holds? the|against|percentile)\b|\(the chapter's figure", re.I)
 ONE_RUN_BAND = re.compile(r"prediction interval|\bPI\b|Fieller", re.I)
 
 

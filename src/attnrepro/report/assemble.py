@@ -374,15 +374,16 @@ def build(claims_path: Path, metrics_dir: Path, plots_dir: Path, pairs, steps: t
     shown: set[tuple[str, str]] = set()
     own = {"train": [("figures/train_loss.png", "train_loss.png"), ("figures/train_diagnostics.png",
                                                                      "train_diagnostics.png")]}
+    crossed = crossing.markdown(envs, train_dist, metrics.get("train") or {}, plots_dir, dict(pairs))
     extras = {"critical": lambda: critical_curve.report_markdown(metrics.get("critical") or {},
                                                                  metrics["critical_fit"]),
               "exercise3": lambda: heads.centroid_markdown(metrics.get("heads") or {}),
-              "choices": lambda: choices.report_markdown(metrics["choices"], exp.claims, arm_seeds)
-              + "\n" + crossing.markdown(envs, train_dist, metrics.get("train") or {}, plots_dir, dict(pairs)),
+              "choices": lambda: choices.report_markdown(metrics["choices"], exp.claims, arm_seeds) + "\n" + crossed[0],
               "train": lambda: modes_markdown(seeds) + "\n" + collapse.section(
                   envs, train_dist, metrics.get("train") or {}, metrics.get("sensitivity") or {},
                   read_json_or_empty(claims_path.parent / GATE_POWER), plots_dir, dict(pairs), exp.claims)}
-    details = {"qknorm": lambda: qknorm.report_markdown(metrics.get("qknorm") or {}),
+    details = {"choices": lambda: crossed[1],
+               "qknorm": lambda: qknorm.report_markdown(metrics.get("qknorm") or {}),
                "sensitivity": lambda: sensitivity.report_markdown(metrics.get("sensitivity") or {}, exp),
                "train": lambda: per_seed_markdown(train_dist, metrics.get("train") or {}, exp.headline, "train"),
                "failures": lambda: per_seed_markdown(dists.get("failures", {}), metrics.get("failures") or {},
@@ -431,7 +432,8 @@ def build(claims_path: Path, metrics_dir: Path, plots_dir: Path, pairs, steps: t
                  "Each conclusion's predicate evaluated on the chapter's published values (claims.yaml) in place of "
                  "our metrics; where they lack a figure it reads, the first one.\n", *on_figures]
     appendix += ["## Verdict power\n", power_markdown(dists, exp)]
-    appendix += ["## Machine records\n", env_markdown(envs)]
+    appendix += ["## Machine records\n", "\n".join(crossing.machines_markdown(crossing.sweep_machines(envs))),
+                 env_markdown(envs)]
     summary = {k: dict(v) for k, v in c.items()}
     markdown = tidy(md)
     page = markdown_to_html(markdown, resolver(figures, plots_dir, plots_href))
@@ -518,11 +520,11 @@ def verdict_markdown(exp, results: list[ClaimResult], flat: dict, dists: dict, e
             cause = exp.causes.get(r.claim.id)
             why = f"Measured cause: {cause.says}." if cause else f"Ours: {_not_holding(r)}. No measured cause."
             md.append(f"- `{r.claim.id}` ({r.claim.text.split(':', 1)[0]}). {why}")
-        md.append("")
     own = [r for r in results if kind(r.claim) == "finding" and r.status == "fail"]
     if own:
-        md.append("This project's own finding" + ("s" if len(own) > 1 else "") + " not holding: "
-                  + ", ".join(f"`{r.claim.id}`" for r in own) + " (each in its experiment's section).\n")
+        md.append("- This project's own finding" + ("s" if len(own) > 1 else "") + " not holding: "
+                  + ", ".join(f"`{r.claim.id}`" for r in own) + " (each in its experiment's section).")
+    md.append("")
     spent = run_hours(envs, sorted(envs))
     md.append(f"**Compute spent:** {spent[1]:.1f} h of run wall time over {spent[0]} training runs (a run shared by two "
               "stages through the run store counts in both). " if spent else "**Compute spent:** not recorded. ")

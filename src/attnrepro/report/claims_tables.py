@@ -126,15 +126,18 @@ def self_consistency_markdown(checked: list[tuple[Claim, Optional[bool], str]],
               f"of the {len(judged)} conclusions they are enough to evaluate hold"
               + (f"; not: {', '.join(f'`{c}`' for c in failing)}" if failing else "")
               + f". {len(checked) - len(judged)} need a figure the chapter does not print (the appendix names it).\n"]
+    appendix = []
     if rewritten:
-        report.append("**Conclusions rewritten to what the chapter's text and figures say together** (what each "
-                      "asked before, and its verdict on these metrics then → now):\n")
-        report += [f"- `{new.claim.id}`: was {new.claim.why}; {_verdict(old)} → {_verdict(new)}."
-                   for old, new in rewritten]
-        report.append("")
+        report.append("**Rewritten to what the chapter's text and figures say together** (verdict on these metrics "
+                      "before → after; what each asked before: the appendix): "
+                      + "; ".join(f"`{new.claim.id}` ({'holds' if old.passed else 'does not hold'} → "
+                                  f"{'holds' if new.passed else 'does not hold'})" for old, new in rewritten) + ".\n")
+        appendix = ["**Conclusions rewritten** (what each asked before, and its verdict on these metrics then → now):\n",
+                    *[f"- `{new.claim.id}`: was {new.claim.why}; {_verdict(old)} → {_verdict(new)}."
+                      for old, new in rewritten], ""]
     rows = [[c.id, "—" if ok is None else ("holds" if ok else "❌ does not hold"),
              f"the chapter prints no `{missing}`" if ok is None else ""] for c, ok, missing in checked]
-    return report, md_table(["conclusion", "on the chapter's figures", "not evaluable"], rows) + [""]
+    return report, appendix + md_table(["conclusion", "on the chapter's figures", "not evaluable"], rows) + [""]
 
 
 def claims_table(results: list[ClaimResult], show_all: bool) -> str:

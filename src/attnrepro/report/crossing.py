@@ -188,8 +188,9 @@ def machines_markdown(sweeps: Sequence[Mapping]) -> list[str]:
     return md + [""]
 
 
-def crossing_markdown(diffs: Mapping[str, Mapping], used: Sequence[str], machine: str) -> list[str]:
-    """The crossing's table and what it shows: a shift where a cell's interval excludes 0, else its spread."""
+def crossing_markdown(diffs: Mapping[str, Mapping], used: Sequence[str], machine: str) -> tuple[list[str], str]:
+    """The crossing's table (for the appendix) and what it shows: a shift where a cell's interval excludes 0, else
+    its spread."""
     ns = sorted({r["n"] for r in diffs.values()})
     md = [f"What the crossing alone does: the train variants' runs on {machine} at the baseline's seeds "
           f"({'; '.join(used)}; {ns[0]} to {ns[-1]} seeds a cell), each minus the baseline's run at that seed (a "
@@ -202,28 +203,30 @@ def crossing_markdown(diffs: Mapping[str, Mapping], used: Sequence[str], machine
     shifted = [c for c, r in tested.items() if r["ci_lo"] > 0 or r["ci_hi"] < 0]
     spread = sorted(r["sd"] / r["seed_sd"] for r in tested.values() if r["seed_sd"] > 0)
     single = [c for c in diffs if c not in tested]
-    md += ["", (f"**A shift**: the interval of {', '.join(shifted)} excludes 0, so the arms' differences there carry "
+    return md + [""], ((f"**A shift**: the interval of {', '.join(shifted)} excludes 0, so the arms' differences there carry "
                 "the crossing; redoing the arms against a baseline from their machine (hours of training) would "
                 "separate the two. " if shifted else
                 f"No shift shown: each of the {len(tested)} cells with two or more pairs has an interval that holds 0 "
                 "(no narrower than its few pairs allow). ")
            + (f"The crossing adds spread: the same seed's differences scatter by {spread[0]:.2g} to {spread[-1]:.2g} "
               "of a seed sd. " if spread else "")
-           + (f"{', '.join(single)}: one pair, no interval." if single else ""), ""]
-    return md
+           + (f"{', '.join(single)}: one pair, no interval." if single else ""))
 
 
 def markdown(envs: Mapping[str, Mapping], train_dist: Mapping, train_metrics: Mapping, plots_dir: Path,
-             pairs: Mapping[int, Mapping[bool, str]]) -> str:
-    """The choices section's machine paragraph: every sweep's machine kinds, and where the choices arms' pairs
-    cross machines, the crossing's own same-seed differences per headline cell."""
+             pairs: Mapping[int, Mapping[bool, str]]) -> tuple[str, str]:
+    """The choices section's machine paragraph: which sweeps cross machine kinds, and where the choices arms' pairs
+    cross, what the crossing alone does per headline cell; with the appendix's table of those differences."""
     sweeps = sweep_machines(envs)
     if not sweeps:
-        return ""
-    md = machines_markdown(sweeps)
+        return "", ""
+    one = [s["sweep"] for s in sweeps if s["one_kind"]]
+    md = [f"**Machines.** Baseline and arms on one machine kind: {', '.join(one) or 'none'}; crossing: "
+          + (", ".join(s["sweep"] for s in sweeps if not s["one_kind"]) or "none")
+          + " (each sweep's kinds: the appendix's machine records).\n"]
     cross = next((s for s in sweeps if s["sweep"] == "choices" and not s["one_kind"]), None)
     if cross is None:
-        return "\n".join(md) + "\n"
+        return "\n".join(md) + "\n", ""
     every = "Every pair of the choices arms crosses" if cross["baseline_kind"] not in cross["arm_kinds"] else \
         "Some pairs of the choices arms cross"
     md.append(f"{every} machines: the arms ran on {'; '.join(cross['arm_kinds'])}, "
@@ -241,6 +244,7 @@ def markdown(envs: Mapping[str, Mapping], train_dist: Mapping, train_metrics: Ma
     if not diffs:
         md.append("No runs of the train variants at the baseline's seeds on the arms' machine: the crossing is not "
                   "measured.\n")
-        return "\n".join(md) + "\n"
-    md += crossing_markdown(diffs, used, cross["arm_kinds"][0])
-    return "\n".join(md) + "\n"
+        return "\n".join(md) + "\n", ""
+    table, shown = crossing_markdown(diffs, used, cross["arm_kinds"][0])
+    md.append(f"What the crossing alone does, same seed on the two machines: {shown} (the table: the appendix).\n")
+    return "\n".join(md) + "\n", "\n".join(table) + "\n"

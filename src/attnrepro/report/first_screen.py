@@ -72,8 +72,15 @@ def metric_key(cell: str) -> Optional[str]:
 
 
 def seed_cells(dist: Mapping, pairs, steps: Sequence[int]) -> list[dict[str, float]]:
-    """Each reference seed's headline cells (metrics/dist/train.json)."""
-    return [choices.cells(run, pairs, steps) for _, run in sorted(dist.get("runs", {}).items())]
+    """Each reference seed's headline cells (metrics/dist/train.json); a seed lacking one of the variants or
+    diagnostics they read (a partial workspace) is left out."""
+    out = []
+    for _, run in sorted(dist.get("runs", {}).items()):
+        try:
+            out.append(choices.cells(run, pairs, steps))
+        except (KeyError, TypeError, ZeroDivisionError):
+            continue
+    return out
 
 
 def rows(dists: Mapping[str, dict], pairs, steps: Sequence[int], claims, results: Sequence[ClaimResult] = (),
