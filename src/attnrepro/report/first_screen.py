@@ -29,7 +29,7 @@ CI = "95% interval of the mean"
 FIELLER = "Fieller's 95% interval"
 
 LABELS = {"loss_final": "final loss", "gap_d": "loss gap", "entropy_step": "layer-0 entropy at step",
-          "jacobian_fall_orders": "the Jacobian's fall, step 0 to the last (orders)",
+          "jacobian_fall_orders": "‖J‖'s fall over training, the large unscaled model (orders)",
           "trained_logit_std_l0": "trained logit std", "trained_w_qkv_fro_l0": "trained ‖W_qkv‖",
           "jacobian_fro_step": "‖J‖ at step", "gap_ratio": "ratio of the mean gaps"}
 
