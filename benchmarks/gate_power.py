@@ -106,21 +106,28 @@ class Case:
     isa: str = "AVX2"  # the float order: the vector instructions torch and MKL may use (another CPU)
     workers: int = 2
     first: str = "changed"  # the declared answer to "same computation?" (--first): changed | unchanged
+    # the declared answer to "does it still reproduce the chapter?" (claims.yaml's primary endpoints, the chapter's
+    # contrasts, within 10 rerun seeds): DIFFERENT (it breaks an effect beyond its margin) | not DIFFERENT; why
+    second: tuple[str, str] = ("not DIFFERENT", "the change reaches no contrast the endpoints read, or moves the "
+                               "scaled and unscaled arms alike")
 
 
 MUTANTS = [
     Case("scale_by_d", "attention", "harmful", "1/d instead of 1/sqrt(d): logits 5.7x (d 32) to 16x (d 256) too small",
          "src/attnrepro/model/attention.py", "        scores = scores / math.sqrt(d)\n", "        scores = scores / d\n",
-         ATTENTION),
+         ATTENTION, second=("DIFFERENT", "the scaled arms alone change: their attention near uniform, so the gaps and "
+                                         "the collapse ratios move")),
     Case("scale_by_d_model", "attention", "harmful",
          "sqrt(d_model) for sqrt(d_head): only the 4-head small model changes (1/sqrt(128) for 1/sqrt(32))",
          "src/attnrepro/model/attention.py", "    d = q.shape[-1]\n", "    d = q.shape[-1] * q.shape[1]\n", ATTENTION),
     Case("mask_sees_next", "attention", "harmful", "off-by-one causal mask: each query sees the next key (a leak)",
-         "src/attnrepro/model/attention.py", "    return j <= i + offset\n", "    return j <= i + offset + 1\n", ATTENTION),
+         "src/attnrepro/model/attention.py", "    return j <= i + offset\n", "    return j <= i + offset + 1\n", ATTENTION,
+         second=("DIFFERENT", "a model that sees the next token copies it: the losses and their gaps collapse toward 0")),
     Case("softmax_no_max", "attention", "harmful",
          "softmax without subtracting the row max: unscaled d 256 logits reach the hundreds and overflow",
          "src/attnrepro/model/attention.py", "        e = torch.exp(scores - scores.amax(dim=-1, keepdim=True))\n",
-         "        e = torch.exp(scores)\n", ATTENTION),
+         "        e = torch.exp(scores)\n", ATTENTION,
+         second=("DIFFERENT", "the unscaled d_head-256 logits in the hundreds overflow: its loss and diagnostics NaN")),
     Case("layernorm_eps", "model", "harmless", "LayerNorm eps 1e-6 for 1e-5 in the first norm of each block",
          "src/attnrepro/model/transformer.py", "        self.ln1 = nn.LayerNorm(d)\n", "        self.ln1 = nn.LayerNorm(d, eps=1e-6)\n"),
     Case("gelu_tanh", "model", "harmless", "the tanh approximation of GELU (max difference ~1e-3)",
@@ -145,7 +152,8 @@ MUTANTS = [
          "src/attnrepro/run/loop.py", "    floor = cfg.min_lr_ratio\n", "    floor = 0.0\n"),
     Case("targets_two_ahead", "data", "harmful", "targets shifted by 2 instead of 1 (predict the token after next)",
          "src/attnrepro/run/loop.py", "y = self.tokens[starts[:, None] + offsets + 1]",
-         "y = self.tokens[starts[:, None] + offsets + 2]"),
+         "y = self.tokens[starts[:, None] + offsets + 2]",
+         second=("DIFFERENT", "another task: every loss rises, and the gap attention makes at d_head 256 with it")),
     Case("val_first", "data split", "harmful", "validation = the first tenth of the stream instead of the last",
          "src/attnrepro/data/corpus.py",
          "return tok, {\"train\": ids[: len(ids) - n_val], \"val\": ids[len(ids) - n_val :]}, metrics",
@@ -584,7 +592,7 @@ def seeds_to_show_within_noise(diff_sd: float, margin: float = EQUIVALENCE_SD) -
 
 def _result(case: Case, t0: float, golden_rc: int, verdict: dict, stage_seconds: dict) -> dict:
     return {"case": case.name, "area": case.area, "expect": case.expect, "why": case.why,
-            "golden_test": "FAIL" if golden_rc != 0 else "PASS", "verdict": verdict.get("verdict"),
+            "declared_second": case.second[0], "golden_test": "FAIL" if golden_rc != 0 else "PASS", "verdict": verdict.get("verdict"),
             "caught_by": caught_by(verdict, golden_rc != 0), "failed_metrics": [m["key"] for m in
                                                                              verdict.get("failed_metrics", [])],
             "problems": verdict.get("problems", []), "stage_failed": verdict.get("stage_failed"),

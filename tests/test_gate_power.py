@@ -37,6 +37,17 @@ def test_enough_cases_of_each_kind():
     assert any(c.expect == "harmless" for c in gp.MUTANTS)
 
 
+def test_every_case_declares_both_answers_before_it_runs():
+    """Issue 62: each case's answer to both questions is written in the file before its run: the first question
+    changed / unchanged (a faithful case unchanged), the second DIFFERENT / not DIFFERENT with its reason (a
+    faithful case never DIFFERENT)."""
+    for c in gp.CASES.values():
+        assert c.first in ("changed", "unchanged") and c.second[0] in ("DIFFERENT", "not DIFFERENT") and c.second[1]
+        if c.expect == "faithful":
+            assert (c.first, c.second[0]) == ("unchanged", "not DIFFERENT"), c.name
+    assert sum(c.second[0] == "DIFFERENT" for c in gp.CASES.values()) >= 4
+
+
 def test_params_are_set_line_by_line_lists_included(tmp_path):
     (tmp_path / "params.yaml").write_text((REPO / "params.yaml").read_text(encoding="utf-8"), encoding="utf-8")
     before = (tmp_path / "params.yaml").read_text(encoding="utf-8").splitlines()
