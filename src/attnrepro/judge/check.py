@@ -104,23 +104,17 @@ def machines(files, envs: dict, ref_envs: dict, made_on: Optional[str], live: Ca
 
 def decide_modes(files, m: Machines, ref: Reference, other_params: dict[str, list[str]], mode: str):
     """Per metrics file: exact or statistical, and why statistical."""
-    modes, why = {}, {}
+    why = {}
     for file in sorted(files):
-        reasons = []
-        if mode == "statistical":
-            reasons.append("asked for (--mode statistical)")
-        elif mode == "auto":
+        reasons = ["asked for (--mode statistical)"] if mode == "statistical" else []
+        if mode == "auto":
             mine, theirs = m.of[file], machine(ref.envs.get(file))
-            diff = [k for k in MACHINE_KEYS if mine[k] != theirs[k]]
-            if diff:
-                reasons.append("another machine (" + ", ".join(f"{k}: {theirs[k]} -> {mine[k]}" for k in diff) + ")")
-            changed = other_params.get(file, [])
-            if changed:
-                reasons.append("other params (" + ", ".join(changed) + ")")
-        modes[file] = "statistical" if reasons else "exact"
+            diff = ", ".join(f"{k}: {theirs[k]} -> {mine[k]}" for k in MACHINE_KEYS if mine[k] != theirs[k])
+            changed = ", ".join(other_params.get(file, []))
+            reasons += ([f"another machine ({diff})"] if diff else []) + ([f"other params ({changed})"] if changed else [])
         if reasons:
             why[file] = "; ".join(reasons)
-    return modes, why
+    return {f: "statistical" if f in why else "exact" for f in sorted(files)}, why
 
 
 # ---------------------------------------------------------------- verdicts per metric
@@ -449,10 +443,6 @@ def not_reproduced(claim_id: str, verdicts: dict) -> bool:
     return isinstance(e, dict) and e.get("pass") == 0 and e.get("skipped") == 0
 
 
-def _md_number(x) -> str:
-    return "—" if x is None else fmt_number(x)
-
-
 def as_json(o: Outcome) -> dict:
     """The verdict for scripts (`attnrepro check --json`): verdict, reference, first lines, problems,
     each metrics file's mode, claim counts, conclusions not reproduced, provenance, and every gated
@@ -567,8 +557,8 @@ def _parts(o: Outcome, show_all: bool) -> tuple[str, list[str], list[tuple[str, 
         sections.append(("primary endpoints (this run's mean against the reference seeds' mean: geometric means, and "
                          "the shift as a factor, for those judged on the log scale)",
                          md_table(["endpoint", "margin", "seeds (run, ref)", "this run", "reference", "shift", "answer"],
-                                  [[j.endpoint.metric, j.endpoint.text, f"{j.n}, {j.n_ref}", _md_number(j.run_mean),
-                                    _md_number(j.ref_mean), j.shift_text(),
+                                  [[j.endpoint.metric, j.endpoint.text, f"{j.n}, {j.n_ref}", fmt_number(j.run_mean),
+                                    fmt_number(j.ref_mean), j.shift_text(),
                                     j.answer + (f": {j.need_text()}" if j.need_text() else "")] for j in o.endpoints])
                          + [""] + list(LEGEND)))
     if o.shares:
@@ -581,13 +571,13 @@ def _parts(o: Outcome, show_all: bool) -> tuple[str, list[str], list[tuple[str, 
     if shown:
         sections.append(("all metrics" if show_all else "other metrics that failed",
                          md_table(["metric", "this run", "reference run", "reference band", "how", "verdict"],
-                                  [[r.key, _md_number(r.cur), _md_number(r.ref), r.band_text(), r.how, r.verdict]
+                                  [[r.key, fmt_number(r.cur), fmt_number(r.ref), r.band_text(), r.how, r.verdict]
                                    for r in shown])))
     claims = [r for r in o.results if show_all or (r.gated_failure and r.claim.id not in o.not_reproduced)]
     if claims:
         rows = []
         for r in claims:
-            detail = r.detail or (f"{_md_number(r.value)} vs {_md_number(r.claim.published)}" if r.claim.is_cell else "")
+            detail = r.detail or (f"{fmt_number(r.value)} vs {fmt_number(r.claim.published)}" if r.claim.is_cell else "")
             if r.seeds_n:
                 detail = detail if r.share_text() in detail else (detail + "; " if detail else "") + r.share_text()
             rows.append([r.claim.id, r.claim.cls, r.status, detail])

@@ -20,7 +20,7 @@ import yaml
 
 from attnrepro.config import UserError
 from attnrepro.experiments.sensitivity import BASELINE, ROW_KEYS, accounts_for
-from attnrepro.files import read_json, read_yaml_mapping
+from attnrepro.files import parse_yaml, read_json, read_yaml_mapping
 from attnrepro.formatting import fmt_number
 from attnrepro.judge.endpoints import Endpoint, EndpointError, parse_primary, parts, seed_values
 from attnrepro.measure.head_matching import least_cost_pairs
@@ -165,12 +165,6 @@ class Claim:
     def is_cell(self) -> bool:
         return self.published is not None
 
-    @property
-    def published_range(self) -> tuple[float, float]:
-        """The numbers the published figure stands for: its rounding interval for a value, itself otherwise."""
-        h = self.published_half if self.cls == "value" else 0.0
-        return self.published - h, self.published + h
-
 
 @dataclass(eq=False)
 class Match:
@@ -226,28 +220,16 @@ class Expectations:
         return any(fnmatch.fnmatchcase(key, g) for g in self.timings)
 
 
-class _Float(float):
-    half = 0.0  # set by _PrintedLoader
-
-
-class _Int(int):
-    half = 0.0
-
-
 class _PrintedLoader(yaml.SafeLoader):
     """YAML whose numbers remember half a unit of their last printed digit (`half`)."""
 
 
-def _keep_digits(cls, construct):
-    def constructor(loader, node):
+for _tag, _cls in (("float", type("_Float", (float,), {})), ("int", type("_Int", (int,), {}))):
+    def _constructor(loader, node, cls=_cls, construct=getattr(yaml.SafeLoader, f"construct_yaml_{_tag}")):
         x = cls(construct(loader, node))
         x.half = _half(node.value)
         return x
-    return constructor
-
-
-_PrintedLoader.add_constructor("tag:yaml.org,2002:float", _keep_digits(_Float, yaml.SafeLoader.construct_yaml_float))
-_PrintedLoader.add_constructor("tag:yaml.org,2002:int", _keep_digits(_Int, yaml.SafeLoader.construct_yaml_int))
+    _PrintedLoader.add_constructor(f"tag:yaml.org,2002:{_tag}", _constructor)
 
 
 def _half(text: str) -> float:
@@ -261,13 +243,17 @@ def _half(text: str) -> float:
     return float(Decimal(5).scaleb(d.as_tuple().exponent - 1)) if d.is_finite() else 0.0
 
 
-def load(path: str | Path = "claims.yaml", conclusions: str | Path | None = None, name: str = "") -> Expectations:
-    """Read and validate the expectations: claims.yaml at `path` and the predicates, `conclusions`
-    (their source text, which `name` names in errors, or a path; by default CONCLUSIONS beside
-    claims.yaml, where it exists). Every problem is one line naming the place."""
+def load(path: str | Path = "claims.yaml", conclusions: str | Path | None = None, name: str = "",
+         text: Optional[str] = None) -> Expectations:
+    """Read and validate the expectations: claims.yaml at `path` (or its `text`, which `path` names) and the
+    predicates, `conclusions` (their source text, which `name` names in errors, or a path; by default
+    CONCLUSIONS beside claims.yaml, where it exists). Every problem is one line naming the place."""
     path = Path(path)
-    read_yaml_mapping(path, "claims file not found", ClaimError)  # a missing or malformed file: one line
-    data = yaml.load(path.read_text(encoding="utf-8"), Loader=_PrintedLoader) or {}
+    if text is None:
+        read_yaml_mapping(path, "claims file not found", ClaimError)  # a missing or malformed file: one line
+        text = path.read_text(encoding="utf-8")
+    parse_yaml(text, str(path), ClaimError)
+    data = yaml.load(text, Loader=_PrintedLoader) or {}
     unknown = sorted(set(data) - {"gpu_only", "timings", "primary", "causes", "experiments"})
     if unknown:
         raise ClaimError(f"{path}: unknown top-level key {unknown[0]!r} (known: experiments, gpu_only, timings, "
@@ -749,7 +735,8 @@ def _judge(claim: Claim, key: str, metrics, dists) -> ClaimResult:
     """A table cell: the published figure (a value's rounding interval) against our interval, band or tol."""
     m = View(metrics)
     value = m[key]
-    lo_p, hi_p = claim.published_range
+    h = claim.published_half if claim.cls == "value" else 0.0  # a value stands for its rounding interval
+    lo_p, hi_p = claim.published - h, claim.published + h
     rounds_to = lo_p <= value <= hi_p  # ours rounds to the published figure: a match whatever the band
     if claim.fieller:  # a ratio of our mean values: Fieller's interval, the one band a ratio gets here
         lo, hi = fieller_ratio(*paired_seed_values(dists, *claim.fieller))
@@ -817,26 +804,18 @@ def evaluate_all(exp: Expectations, metrics, dists, envs) -> list[ClaimResult]:
     results = [evaluate_claim(c, metrics, dists, envs) for c in exp.claims]
     chapter_modes(results, dists)
     for r in results:
-        cited = list(r.claim.evidence) + [k for row in r.claim.moved_by for k in moved_by_keys(row)]
+        c = r.claim
+        # a cited sensitivity row <file>.<variant>.<metric>.<choice>: the choice's band and Holm-adjusted p, and
+        # its baseline's band (experiments.sensitivity.ROW_KEYS), judged by experiments.sensitivity.accounts_for
+        rows = [(row.rsplit(".", 1)[0] + "." + BASELINE, row) for row in c.moved_by]
+        cited = list(c.evidence) + [f"{x}.{k}" for base, row in rows for i, x in enumerate((row, base))
+                                    for k in ROW_KEYS if i == 0 or k != "p_holm"]
         r.missing_evidence = tuple(k for k in cited if k not in metrics)
-        if r.claim.moved_by and not r.missing_evidence and r.claim.published is not None:
-            r.not_moved = tuple(row for row in r.claim.moved_by
-                                if accounts(metrics, row, r.claim.published, r.claim.published_half) != "accounts")
+        if rows and not r.missing_evidence and c.published is not None:
+            r.not_moved = tuple(row for base, row in rows if accounts_for(
+                *({k: metrics[f"{x}.{k}"] for k in ROW_KEYS if f"{x}.{k}" in metrics} for x in (base, row)),
+                c.published, c.published_half) != "accounts")
     return results
-
-
-def moved_by_keys(row: str) -> list[str]:
-    """The metrics a cited sensitivity row <file>.<variant>.<metric>.<choice> is judged by: the
-    choice's band and Holm-adjusted p, and the baseline's band (experiments.sensitivity.ROW_KEYS)."""
-    base = row.rsplit(".", 1)[0] + "." + BASELINE
-    return [f"{row}.{k}" for k in ROW_KEYS] + [f"{base}.{k}" for k in ROW_KEYS if k != "p_holm"]
-
-
-def accounts(metrics: Mapping[str, float], row: str, published: float, half: float) -> str:
-    """experiments.sensitivity.accounts_for on a cited row, read from the flat metrics."""
-    base = row.rsplit(".", 1)[0] + "." + BASELINE
-    return accounts_for({k: metrics[f"{base}.{k}"] for k in ROW_KEYS if f"{base}.{k}" in metrics},
-                        {k: metrics[f"{row}.{k}"] for k in ROW_KEYS if f"{row}.{k}" in metrics}, published, half)
 
 
 KINDS = ("conclusion", "finding", "checksum", "value")  # how the verdict counts claims

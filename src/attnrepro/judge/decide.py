@@ -58,11 +58,6 @@ def sequential(family: Sequence[Endpoint], reference: Mapping[str, Sequence[floa
     return out
 
 
-def _records_cost(records) -> tuple[int, int, float]:
-    cpu = sum(float(r.read("timing.json").get("seconds", 0.0)) for r in records if r.path is not None)
-    return len(records), sum(not r.cached for r in records), cpu
-
-
 def rerun_values(params: Mapping, file: str, seeds: Sequence[int], engine: EngineConfig) -> tuple[dict, tuple]:
     """({seed: the metrics of that seed's runs, as metrics/<file>.json nests them}, (runs, trained, cpu
     seconds)) for the train variants or the failures table's models at `seeds`, through the run store."""
@@ -80,7 +75,8 @@ def rerun_values(params: Mapping, file: str, seeds: Sequence[int], engine: Engin
         if file == "train":
             m["comparison"] = comparison(m, pairs_by_dhead(cfg))
         out[s] = m
-    return out, _records_cost(records)
+    cpu = sum(float(r.read("timing.json").get("seconds", 0.0)) for r in records if r.path is not None)
+    return out, (len(records), sum(not r.cached for r in records), cpu)
 
 
 def decide(family: Sequence[Endpoint], ref_dists: Mapping[str, dict], params: Mapping, engine: EngineConfig,

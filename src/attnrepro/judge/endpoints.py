@@ -1,22 +1,6 @@
-"""The primary endpoints (claims.yaml `primary:`): does this run still reproduce the chapter?
-
-Each endpoint is one of the chapter's effects with an equivalence margin in its own unit, declared with
-its reason before any run is judged: a metric, or the contrast `a / b` of two metrics of one stage (a
-ratio, taken per seed, so paired, and judged on the log scale: the unscaled over the scaled model's
-entropy, say). Against the reference's seeds (mean and sd over n_ref seeds, on the log
-scale for attention statistics: stats.log_scale) a rerun of n seeds, its shift's error from the seed
-sd of both samples pooled (`pooled_sd`), is
-
-  SAME           its shift from the reference is shown inside ±margin (TOST, `stats.margin_p`),
-  DIFFERENT      its shift is shown beyond the margin (one-sided, beyond the nearer edge),
-  INCONCLUSIVE   neither; with the rerun seeds that would decide it at the shift observed (at the alpha
-                 --decide spends per look).
-
-Holm's step-down over the family spends alpha once for SAME and once for DIFFERENT, so neither
-answer is given wrongly for any endpoint with probability above alpha; `looks` > 1 (attnrepro check
---decide) spends alpha / looks at each look (Bonferroni over looks). The rules, in words:
-docs/VERDICT.md.
-"""
+"""The primary endpoints (claims.yaml `primary:`): does this run still reproduce the chapter? Each is a metric, or
+the contrast `a / b` of two of one stage (a ratio per seed, judged on the log scale), with an equivalence margin;
+SAME / DIFFERENT / INCONCLUSIVE against the reference's seeds, Holm over the family. The rules: docs/VERDICT.md."""
 
 from __future__ import annotations
 
@@ -34,8 +18,6 @@ SAME, DIFFERENT, INCONCLUSIVE, MISSING = "SAME", "DIFFERENT", "INCONCLUSIVE", "M
 INVALID = "NOT A NUMBER"  # the run's value is nan, inf, or not positive on a log scale: a problem
 MAX_ENDPOINTS = 20
 SEEDS_CAP = 100  # INCONCLUSIVE's hint counts rerun seeds up to this
-
-
 CONTRAST = " / "
 
 
@@ -153,10 +135,6 @@ def reference_values(family: Sequence[Endpoint], dists: Mapping[str, dict]) -> d
     return {e.metric: seed_values(dists, e.metric) for e in family}
 
 
-def _mean(values: Sequence[float], log: bool) -> float:
-    return math.exp(sum(map(math.log, values)) / len(values)) if log else sum(values) / len(values)
-
-
 def pooled_sd(ref: Band, run: Band) -> float:
     """The seed sd of the reference's and the run's seeds pooled (the reference's alone at one rerun seed):
     the run's own spread enters because the reference's seeds can miss a rare mode (docs/VERDICT.md)."""
@@ -182,9 +160,9 @@ def judge(endpoints: Sequence[Endpoint], reference: Mapping[str, Sequence[float]
             continue
         b, r = Band.of(ref, log=e.log), Band.of(mine, log=e.log)
         shift, sd = r.mean - b.mean, pooled_sd(b, r)
-        p_same, p_diff = margin_p(shift, sd, r.n, b.n, e.margin)
-        out.append(Judgement(e, INCONCLUSIVE, r.n, b.n, _mean(ref, e.log), _mean(mine, e.log), shift, b.sd, sd,
-                             shift / b.sd if b.sd > 0 else None, p_same, p_diff))
+        mean = math.exp if e.log else float  # the geometric mean on the log scale
+        out.append(Judgement(e, INCONCLUSIVE, r.n, b.n, mean(b.mean), mean(r.mean), shift, b.sd, sd,
+                             shift / b.sd if b.sd > 0 else None, *margin_p(shift, sd, r.n, b.n, e.margin)))
     judged = [j for j in out if j.answer not in (MISSING, INVALID)]
     for kind, ps in ((SAME, [j.p_same for j in judged]), (DIFFERENT, [j.p_different for j in judged])):
         for j, p in zip(judged, holm_adjusted(ps)):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -18,7 +17,7 @@ import yaml
 
 from attnrepro.config import UserError
 from attnrepro.files import parse_json
-from attnrepro.judge.claims import CONCLUSIONS, METRIC_FILES_EXCLUDED, ClaimError, Expectations, Tol, load
+from attnrepro.judge.claims import CONCLUSIONS, METRIC_FILES_EXCLUDED, Expectations, Tol, load
 from attnrepro.judge.endpoints import parts
 from attnrepro.provenance.lock import METRICS, key_leaves, short
 from attnrepro.stats import flatten
@@ -95,8 +94,7 @@ class Revision:
             raise UserError(f"{self.name}:{path} is not valid YAML ({str(e).splitlines()[0]})") from None
 
     def expectations(self, path: str) -> Expectations:
-        """claims.yaml and the predicates beside it as committed (claims.load reads claims.yaml from a
-        file: the revision's text, in a temporary one; the predicates from the revision's text)."""
+        """claims.yaml and the predicates beside it as committed."""
         text = self.show(path)
         preds = (Path(path).parent / CONCLUSIONS).as_posix()
         try:
@@ -104,13 +102,7 @@ class Revision:
         except UserError:
             raise UserError(f"{self.name} has no {preds} (the predicates of its conclusions): it cannot be the "
                             "reference of this version of the check") from None
-        with tempfile.TemporaryDirectory() as d:
-            tmp = Path(d) / Path(path).name
-            tmp.write_text(text, encoding="utf-8")
-            try:
-                return load(tmp, code, f"{self.name}:{preds}")
-            except ClaimError as e:
-                raise ClaimError(str(e).replace(str(tmp), f"{self.name}:{path}")) from None
+        return load(f"{self.name}:{path}", code, f"{self.name}:{preds}", text=text)
 
     def changed_since(self, paths: list[str]) -> list[str]:
         """The files among `paths` that HEAD's commits change since this revision (a pull request's changes)."""
