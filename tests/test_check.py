@@ -750,8 +750,8 @@ def test_the_projects_own_findings_are_counted_apart_from_the_chapters_conclusio
     lines = render(o).splitlines()
     conclusions = next(i for i, line in enumerate(lines) if line.startswith("  conclusions "))
     assert lines[conclusions:conclusions + 4] == [
-        "  conclusions 2 of 3 hold (the chapter's; each on this run and, where a stage has seeds, on most of the "
-        "reference's seeds), 1 skipped (need a GPU)",
+        "  conclusions 2 of 3 hold (the chapter's; each on most of the reference's seeds where a stage has seeds, else "
+        "on this run), 1 skipped (need a GPU)",
         "              1 not reproduced, as on the reference: heads.c",
         "  findings    1 of 2 hold (this project's own, not the chapter's: d_head 32's small gap, QK-norm's, the "
         "sensitivity sweep's pre-registered one)",

@@ -329,8 +329,7 @@ def run_check(rev: str = "HEAD", root: str | Path = ".", claims_path: str | Path
         c = res.claim
         seeded = c.cls == "conclusion" and res.seeds_n and any(modes.get(k.split(".", 1)[0]) == "statistical"
                                                                for k in res.read)
-        if seeded:  # one run cannot move a share: the reference's seeds decide, the run's own outcome is shown
-            res.status = "pass" if res.most_seeds else "fail"
+        if seeded:  # one run cannot move a share: the reference's seeds decide (judge.claims), the run's own outcome is shown
             out.from_seeds.append(c.id)
             if res.on_run != res.passed:
                 out.run_differs.append(f"{c.id} ({'holds' if res.on_run else 'does not hold'} on this run; the "
@@ -345,6 +344,10 @@ def run_check(rev: str = "HEAD", root: str | Path = ".", claims_path: str | Path
             detail = res.detail or (f"{fmt_number(res.value)} vs published {fmt_number(c.published)} ({c.tol.text()})"
                                     if c.is_cell else "is false")
             out.problems.append(f"{c.cls} {c.id} fails: {c.text} — {detail}" + _what_it_read(res, cur))
+        elif res.on_run is False and res.seeds_n and not seeded and evaluate_claim(c, ref.metrics, {}, ref.envs).passed:
+            # judged exactly, the run must keep the reference run's outcome, whatever the seeds decide
+            out.problems.append(f"conclusion {c.id} fails: {c.text} — is false" + _what_it_read(res, cur)
+                                + f" on this run, where it holds on the reference's run ({ref.name})")
     return out
 
 

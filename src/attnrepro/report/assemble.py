@@ -514,17 +514,19 @@ def verdict_markdown(exp, results: list[ClaimResult], flat: dict, dists: dict, e
         md.append(endpoints.summary_line(judged))
     md += [tally["value"]] if "value" in tally else []
     md += ["```\n"]
+    own = [r for r in results if kind(r.claim) == "finding" and r.status == "fail"]
+    own_text = ("; this project's own finding" + ("s" if len(own) > 1 else "") + " not holding, in its section: "
+                + ", ".join(f"`{r.claim.id}`" for r in own)) if own else ""
     if failed:
-        md.append("**Not reproduced, and why** (the metrics each cause rests on: [the appendix](APPENDIX.md#causes))\n")
+        md.append("**Not reproduced, and why** (the metrics each cause rests on: [the appendix](APPENDIX.md#causes)"
+                  f"{own_text})\n")
         for r in failed:
             cause = exp.causes.get(r.claim.id)
             why = f"Measured cause: {cause.says}." if cause else f"Ours: {_not_holding(r)}. No measured cause."
             md.append(f"- `{r.claim.id}` ({r.claim.text.split(':', 1)[0]}). {why}")
-    own = [r for r in results if kind(r.claim) == "finding" and r.status == "fail"]
-    if own:
-        md.append("- This project's own finding" + ("s" if len(own) > 1 else "") + " not holding: "
-                  + ", ".join(f"`{r.claim.id}`" for r in own) + " (each in its experiment's section).")
-    md.append("")
+        md.append("")
+    elif own:
+        md.append(own_text[2].upper() + own_text[3:] + ".\n")
     spent = run_hours(envs, sorted(envs))
     md.append(f"**Compute spent:** {spent[1]:.1f} h of run wall time over {spent[0]} training runs (a run shared by two "
               "stages through the run store counts in both). " if spent else "**Compute spent:** not recorded. ")
