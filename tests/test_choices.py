@@ -83,6 +83,24 @@ def test_analyse_pairs_corrects_per_arm_and_flags_an_unbounded_ratio():
     assert "unbounded" in C.report_markdown({"x": noisy})
 
 
+def test_the_fall_and_the_last_jacobian_are_one_test_in_an_arms_family():
+    """Issue 63: the fall is log10 of ‖J‖ at step 0 (the shared init's) over ‖J‖ at the last step, so the two are
+    one paired test; made again from the per-seed cells, Holm's family holds it once and ‖J‖ shows the fall's p."""
+    def with_j(rows_):
+        return [{**r, "d256_unscaled.jacobian_fro_step1480": 0.3 / 10 ** r["jacobian_fall_orders"]} for r in rows_]
+
+    base, arm = with_j(rows(seed=1)), with_j(rows(shift=0.5, seed=2))
+    stage = C.analyse(base, arm, 32, 256)  # as the stages ran it: seven tests, the fall twice
+    assert stage["design"]["tests"] == 7
+    again = C.reanalysed({"a": stage, "lost": stage}, {"a": {"baseline": base, "arm": arm}}, 32, 256)
+    a = again["a"]
+    assert a["design"]["tests"] == 6 and "is jacobian_fall_orders's" in a["design"]["correction"]
+    assert a["arm"]["d256_unscaled.jacobian_fro_step1480"]["p_holm"] == a["arm"]["jacobian_fall_orders"]["p_holm"]
+    assert a["arm"]["gap_d256"]["p_holm"] <= stage["arm"]["gap_d256"]["p_holm"]  # a smaller family
+    assert a["arm"]["gap_d256"]["mean"] == pytest.approx(stage["arm"]["gap_d256"]["mean"])
+    assert again["lost"] == stage  # no per-seed cells: the stage's own analysis
+
+
 def test_arm_names_name_files():
     with pytest.raises(ConfigError, match="a-z, 0-9 and _"):
         cfg(arms={"weight_decay_0.01": {"optim": {"weight_decay": 0.01}}})
