@@ -92,7 +92,7 @@ def test_the_fall_and_the_last_jacobian_are_one_test_in_an_arms_family():
     base, arm = with_j(rows(seed=1)), with_j(rows(shift=0.5, seed=2))
     stage = C.analyse(base, arm, 32, 256)  # as the stages ran it: seven tests, the fall twice
     assert stage["design"]["tests"] == 7
-    again = C.reanalysed({"a": stage, "lost": stage}, {"a": {"baseline": base, "arm": arm}}, 32, 256)
+    again = C.reanalysed({"a": stage, "lost": stage}, {"a": {"baseline": base, "arm": arm}})
     a = again["a"]
     assert a["design"]["tests"] == 6 and "is jacobian_fall_orders's" in a["design"]["correction"]
     assert a["arm"]["d256_unscaled.jacobian_fro_step1480"]["p_holm"] == a["arm"]["jacobian_fall_orders"]["p_holm"]

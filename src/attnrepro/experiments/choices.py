@@ -307,8 +307,7 @@ def same_test(cells) -> dict[str, str]:
     return {c: "jacobian_fall_orders" for c in cells if "jacobian_fall_orders" in cells and ".jacobian_fro_step" in c}
 
 
-def reanalysed(arms: Mapping[str, Mapping], seeds: Mapping[str, Mapping[str, list[dict]]], small: int,
-               large: int) -> dict[str, dict]:
+def reanalysed(arms: Mapping[str, Mapping], seeds: Mapping[str, Mapping[str, list[dict]]]) -> dict[str, dict]:
     """Each arm's analysis made again from its per-seed cells (read_seeds) with Holm over its distinct tests: a
     cell that is another's test (same_test) is shown with that cell's p, out of the family. The stages' own
     metrics/choices_<arm>.json counted ‖J‖ at the last step and the fall as two tests (issue 63); an arm without
@@ -320,6 +319,8 @@ def reanalysed(arms: Mapping[str, Mapping], seeds: Mapping[str, Mapping[str, lis
             out[name] = dict(m)
             continue
         twins = same_test(sides[ARM][0])
+        gaps = sorted(int(c[5:]) for c in sides[ARM][0] if c.startswith("gap_d"))
+        small, large = gaps[0], gaps[-1]
         keep = lambda rows: [{k: v for k, v in r.items() if k not in twins} for r in rows]  # noqa: E731
         a = analyse(keep(sides[BASELINE]), keep(sides[ARM]), small, large, runs=m.get("design", {}).get("runs", 0))
         twin_rows = analyse(sides[BASELINE], sides[ARM], small, large)

@@ -329,7 +329,7 @@ def run_check(rev: str = "HEAD", root: str | Path = ".", claims_path: str | Path
         c = res.claim
         seeded = c.cls == "conclusion" and res.seeds_n and any(modes.get(k.split(".", 1)[0]) == "statistical"
                                                                for k in res.read)
-        if seeded:  # one run cannot move a share: the reference's seeds decide (judge.claims), the run's own outcome is shown
+        if seeded:  # one run cannot move a share: the seeds decided (judge.claims); the run's own outcome is shown
             out.from_seeds.append(c.id)
             if res.on_run != res.passed:
                 out.run_differs.append(f"{c.id} ({'holds' if res.on_run else 'does not hold'} on this run; the "

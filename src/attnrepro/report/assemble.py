@@ -351,8 +351,7 @@ def build(claims_path: Path, metrics_dir: Path, plots_dir: Path, pairs, steps: t
     # each section's own metrics file, nested as its stage writes it (and the seed summaries)
     metrics = {k: read_json_or_empty(metrics_dir / f"{k}.json") for k in sorted({s.key for s in SECTIONS} | {"seeds"})}
     arm_seeds = choices.read_seeds(plots_dir)
-    ends = [d for d, _ in pairs] or [0]
-    metrics["choices"] = choices.reanalysed(choices.load_arms(metrics_dir), arm_seeds, min(ends), max(ends))
+    metrics["choices"] = choices.reanalysed(choices.load_arms(metrics_dir), arm_seeds)
     metrics["critical_fit"] = critical_curve.fits(plots_dir)  # the critical curve's model, from its per-seed tables
     seeds = metrics.get("seeds") or {}
     train_dist = dists.get("train", {})
