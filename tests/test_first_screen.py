@@ -75,7 +75,7 @@ def test_a_miss_names_the_arms_whose_prediction_interval_holds_the_figure():
     arm_cells = [choices.cells(r, PAIRS, STEPS) for r in steep]
     rows = {r.cell: r for r in F.rows(dists(), PAIRS, STEPS, exp.claims, arms={"steep": {"arm": arm_cells},
                                                                               "flat": {"arm": []}})}
-    assert rows["jacobian_fall_orders"].reason == "inside the PI of the arm steep"
+    assert rows["jacobian_fall_orders"].reason == "held by the PI of the arm steep"
 
 
 def test_too_few_seeds_or_no_pairs_give_no_table():

@@ -136,7 +136,7 @@ def reason(result: Optional[ClaimResult], cell: str, chapter: float, arms: Mappi
     holding = [name for name, sides in arms.items()
                if (pi := choices.prediction_interval(sides.get(choices.ARM, []), cell)) and pi[0] <= chapter <= pi[1]]
     if holding:
-        parts.append("inside the PI of the arm" + ("s " if len(holding) > 1 else " ") + ", ".join(holding))
+        parts.append("held by the PI of the arm" + ("s " if len(holding) > 1 else " ") + ", ".join(holding))
     return "; ".join(parts) or "no measured cause"
 
 
